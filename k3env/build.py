@@ -1,0 +1,467 @@
+"""Spec + lock -> derived image, reproducibly: a pipeline of small steps.
+
+resolve base -> check inputs (patch hashes, secrets) -> inputs hash (the tag) -> cache hit?
+-> read patch targets -> apply patches -> assemble layer + config -> load -> check ID -> tag.
+
+The tag is the content hash of the inputs, so a rebuild with nothing changed is answered by
+one inspect. Nothing is tagged until the loaded image's ID equals the config digest we wrote.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import __version__
+from ._schema import canonical_sha256, file_sha256
+from .engine import Engine, ImageFile
+from .envpolicy import baked_env, merge_env
+from .errors import EngineError, LockError, PatchError
+from .layer import BaseImage, LayerFile, assemble, docker_archive
+from .lock import BasePin, Lock, verify_patch_file
+from .log import Log
+from .patches import APPLIED, SKIPPED, PatchFile, PatchResult, apply_patch, load_patch_file
+from .spec import ImageSpec
+from .state import State
+
+# Bump when the layout of what we write changes: it is part of every inputs hash.
+BUILD_FORMAT = 1
+PROVENANCE_PATH = "/etc/k3env/provenance.json"
+LABEL_PREFIX = "io.k3env"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolvedBase:
+    pin: BasePin
+    reference: str  # what the engine knows it by
+    name: str  # org.opencontainers.image.base.name
+    digest: str | None  # registry manifest digest, when known
+    image: BaseImage
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildResult:
+    image: str
+    reference: str  # repository:tag
+    image_id: str
+    inputs: str
+    cached: bool
+    base: str
+    base_id: str
+    twin: bool
+    patches: tuple[PatchResult, ...]
+    env: tuple[str, ...]
+    seconds: float = 0.0
+
+    def as_json(self) -> dict[str, object]:
+        return {
+            "image": self.image,
+            "reference": self.reference,
+            "image_id": self.image_id,
+            "inputs": self.inputs,
+            "cached": self.cached,
+            "base": self.base,
+            "base_id": self.base_id,
+            "twin": self.twin,
+            "patches": [
+                {"name": p.name, "target": p.target, "status": p.status, "detail": p.detail}
+                for p in self.patches
+            ],
+            "env": list(self.env),
+            "seconds": round(self.seconds, 3),
+        }
+
+
+# A base resolver returns the base image for a pin (pulling or building it as needed).
+BaseResolver = Callable[[BasePin], ResolvedBase]
+
+
+def registry_base(engine: Engine, log: Log) -> BaseResolver:
+    def resolve(pin: BasePin) -> ResolvedBase:
+        ref = pin.pull_reference
+        if ref is None:
+            raise LockError(
+                f"base {pin.name} ({pin.display}) has no resolved digest",
+                where=f"bases.{pin.name}.digest",
+                fix=(
+                    "resolve it on a host that reaches the registry (`skopeo inspect "
+                    f"docker://{pin.repository}:{pin.tag}`) and record it with "
+                    f"`k3env bump bases.{pin.name}`; or build over the CPU twin with --twin"
+                ),
+            )
+        image = engine.inspect(ref)
+        if image is None:
+            with log.step(f"pull {ref}"):
+                engine.pull(ref, log.detail)
+            image = engine.inspect(ref)
+            if image is None:
+                raise EngineError("pulled image not found", where=ref, fix="pull it by hand")
+        return ResolvedBase(
+            pin=pin, reference=ref, name=f"{pin.repository}:{pin.tag}", digest=pin.digest, image=image
+        )
+
+    return resolve
+
+
+def select_base(lock: Lock, spec: ImageSpec, twin: bool) -> BasePin:
+    pin = lock.base(spec.base, where=f"{spec.path}: base")
+    if twin and pin.kind != "twin":
+        if pin.twin is None:
+            raise LockError(
+                f"base {pin.name} has no CPU twin",
+                where=f"{lock.path}: bases.{pin.name}",
+                fix='add twin = "NAME" naming a [bases.NAME] with kind = "twin", or drop --twin',
+            )
+        pin = lock.bases[pin.twin]
+    return pin
+
+
+def _patch_plan(
+    lock: Lock, spec: ImageSpec, base: BasePin
+) -> tuple[list[tuple[PatchFile, str | None, str | None]], list[PatchResult]]:
+    """Patch files to apply (checked against the lock) and patches skipped on this base."""
+    todo: list[tuple[PatchFile, str | None, str | None]] = []
+    skipped: list[PatchResult] = []
+    for name in spec.patches:
+        pin = lock.container_patches[name]
+        path = verify_patch_file(lock, pin)
+        if base.name not in pin.bases:
+            skipped.append(
+                PatchResult(
+                    name=name,
+                    target=pin.target,
+                    status=SKIPPED,
+                    detail=f"written for base(s) {list(pin.bases)}, not {base.name}",
+                    new_text=None,
+                )
+            )
+            continue
+        todo.append((load_patch_file(pin, path), pin.module, pin.path))
+    return todo, skipped
+
+
+_FIND_MODULES = r"""
+import json, os, sys
+out = {}
+for mod in sys.argv[1:]:
+    parts = mod.split(".")
+    found = None
+    for d in sys.path:
+        if not d or not os.path.isdir(d):
+            continue
+        stem = os.path.join(d, *parts)
+        for cand in (stem + ".py", os.path.join(stem, "__init__.py")):
+            if os.path.isfile(cand):
+                found = os.path.realpath(cand)
+                break
+        if found:
+            break
+    out[mod] = found
+print(json.dumps(out))
+"""
+
+
+def resolve_modules(
+    engine: Engine, state: State, base: ResolvedBase, modules: list[str], log: Log
+) -> dict[str, str | None]:
+    """Module -> file in the image, found on the image's own sys.path without importing."""
+    key = base.image.id.split(":", 1)[1]
+    cached: dict[str, str | None] = state.read_json("images", key, "modules.json") or {}
+    missing = [m for m in modules if m not in cached]
+    if missing:
+        with log.step(f"locate {len(missing)} module(s) in {base.reference}"):
+            result = engine.run(
+                base.image.id, [base.pin.python, "-c", _FIND_MODULES, *missing], timeout=120
+            )
+        if result.exit_code != 0:
+            raise EngineError(
+                f"could not run {base.pin.python} in the base image (exit {result.exit_code}): "
+                f"{result.stderr.strip()[-2000:]}",
+                where=f"bases.{base.pin.name}.python",
+                fix="set `python` in the base pin to the image's interpreter",
+            )
+        try:
+            cached.update(json.loads(result.stdout.strip().splitlines()[-1]))
+        except (ValueError, IndexError) as e:
+            raise EngineError(
+                f"unexpected module probe output: {result.stdout[-500:]!r}",
+                where=base.reference,
+                fix="report this as a k3env bug",
+            ) from e
+        state.write_json(cached, "images", key, "modules.json")
+    return {m: cached.get(m) for m in modules}
+
+
+def read_base_files(
+    engine: Engine, state: State, base: ResolvedBase, paths: list[str]
+) -> dict[str, ImageFile | None]:
+    """Files of the base image; cached by image ID (an image never changes)."""
+    key = base.image.id.split(":", 1)[1]
+    index: dict[str, dict[str, int | str] | None] = state.read_json("images", key, "files.json") or {}
+    out: dict[str, ImageFile | None] = {}
+    missing = []
+    for p in paths:
+        meta = index.get(p, "absent-from-cache")
+        if meta == "absent-from-cache":
+            missing.append(p)
+        elif meta is None:
+            out[p] = None
+        else:
+            assert isinstance(meta, dict)
+            content = state.read_bytes("blobs", str(meta["sha256"]))
+            if content is None:
+                missing.append(p)
+                continue
+            out[p] = ImageFile(
+                path=p, content=content, mode=int(meta["mode"]), uid=int(meta["uid"]), gid=int(meta["gid"])
+            )
+    if missing:
+        for p, f in engine.read_files(base.image.id, missing).items():
+            out[p] = f
+            if f is None:
+                index[p] = None
+                continue
+            from .layer import sha256_digest
+
+            sha = sha256_digest(f.content).split(":", 1)[1]
+            state.write_bytes(f.content, "blobs", sha)
+            index[p] = {"sha256": sha, "mode": f.mode, "uid": f.uid, "gid": f.gid}
+        state.write_json(index, "images", key, "files.json")
+    return out
+
+
+def _relative(path: Path, root: Path) -> str:
+    try:
+        return str(path.resolve().relative_to(root))
+    except ValueError:
+        return path.name
+
+
+class Builder:
+    def __init__(
+        self,
+        *,
+        lock: Lock,
+        engine: Engine,
+        state: State,
+        log: Log,
+        resolve_base: Callable[[BasePin], ResolvedBase],
+        twin: bool = False,
+    ) -> None:
+        self.lock = lock
+        self.engine = engine
+        self.state = state
+        self.log = log
+        self.resolve_base = resolve_base
+        self.twin = twin
+
+    def inputs_hash(self, spec: ImageSpec, base: ResolvedBase, patches: list[PatchFile]) -> str:
+        return canonical_sha256(
+            {
+                "format": BUILD_FORMAT,
+                "base": {"id": base.image.id, "name": base.name, "digest": base.digest},
+                "lock": self.lock.sha256,
+                "spec": spec.sha256,
+                "spec_name": spec.name,
+                "patches": {p.name: file_sha256(p.path) for p in patches},
+                "twin": self.twin,
+            }
+        )
+
+    def build(self, spec: ImageSpec) -> BuildResult:
+        import time
+
+        start = time.monotonic()
+        pin = select_base(self.lock, spec, self.twin)
+        env = baked_env(self.lock, spec)  # refuses credentials before anything else happens
+        todo, skipped = _patch_plan(self.lock, spec, pin)
+        base = self.resolve_base(pin)
+        inputs = self.inputs_hash(spec, base, [p for p, _, _ in todo])
+        tag = inputs[:20]
+        reference = f"{spec.repository}:{tag}"
+
+        existing = self.engine.labels(reference)
+        if existing is not None and existing.get(f"{LABEL_PREFIX}.inputs") == inputs:
+            image = self.engine.inspect(reference)
+            assert image is not None
+            self.log.info(f"    {spec.name}: cache hit {reference}")
+            return BuildResult(
+                image=spec.name,
+                reference=reference,
+                image_id=image.id,
+                inputs=inputs,
+                cached=True,
+                base=base.name,
+                base_id=base.image.id,
+                twin=self.twin,
+                patches=tuple(_cached_patches(existing, spec, skipped)),
+                env=tuple(sorted(env)),
+                seconds=time.monotonic() - start,
+            )
+
+        results, files = self._apply_patches(spec, base, todo)
+        results = [*results, *skipped]
+        provenance = self._provenance(spec, base, inputs, results, env)
+        files.append(LayerFile(path="/etc/k3env", is_dir=True, mode=0o755))
+        files.append(LayerFile(path=PROVENANCE_PATH, content=provenance, mode=0o644))
+        labels = self._labels(spec, base, inputs, results)
+        assembled = assemble(
+            base.image,
+            files,
+            env=merge_env(list(base.image.config.get("Env") or []), env),
+            labels=labels,
+            created_by=f"k3env build {spec.name} (inputs {inputs[:20]})",
+            comment=f"k3env {__version__}",
+        )
+        with self.log.step(f"load {spec.name} ({len(assembled.layer_tar)} byte layer)"):
+            loaded = self.engine.load(docker_archive(assembled, base.image.diff_ids))
+        if loaded != assembled.image_id:
+            self.engine.remove(loaded)
+            raise EngineError(
+                f"the engine stored {loaded}, expected {assembled.image_id}",
+                where=f"image {spec.name}",
+                fix="the engine rewrote the config (a containerd image store?); report it",
+            )
+        self.engine.tag(assembled.image_id, spec.repository, tag)
+        return BuildResult(
+            image=spec.name,
+            reference=reference,
+            image_id=assembled.image_id,
+            inputs=inputs,
+            cached=False,
+            base=base.name,
+            base_id=base.image.id,
+            twin=self.twin,
+            patches=tuple(results),
+            env=tuple(sorted(env)),
+            seconds=time.monotonic() - start,
+        )
+
+    def _apply_patches(
+        self, spec: ImageSpec, base: ResolvedBase, todo: list[tuple[PatchFile, str | None, str | None]]
+    ) -> tuple[list[PatchResult], list[LayerFile]]:
+        if not todo:
+            return [], []
+        modules = [m for _, m, _ in todo if m]
+        located = resolve_modules(self.engine, self.state, base, modules, self.log) if modules else {}
+        targets: list[tuple[PatchFile, str]] = []
+        for patch, module, path in todo:
+            target = located.get(module) if module else path
+            if target is None:
+                raise PatchError(
+                    f"target module {module} is not on the image's sys.path",
+                    where=f"container patch {patch.name} ({patch.path}) in {base.reference}",
+                    fix=(
+                        "the upstream layout changed: find where the code moved, update `module` "
+                        f"in {self.lock.path} [container_patches.{patch.name}], or drop the patch"
+                    ),
+                )
+            targets.append((patch, target))
+        contents = read_base_files(self.engine, self.state, base, sorted({t for _, t in targets}))
+        texts: dict[str, str] = {}
+        results: list[PatchResult] = []
+        for patch, target in targets:
+            f = contents.get(target)
+            if f is None:
+                raise PatchError(
+                    f"target file {target} does not exist in the image",
+                    where=f"container patch {patch.name} ({patch.path}) in {base.reference}",
+                    fix=f"update the target in {self.lock.path}, or drop the patch",
+                )
+            text = texts.get(target, f.content.decode("utf-8"))
+            result = apply_patch(patch, target, text, image=base.reference)
+            if result.new_text is not None:
+                texts[target] = result.new_text
+            results.append(result)
+        files = [
+            LayerFile(
+                path=t,
+                content=texts[t].encode("utf-8"),
+                mode=contents[t].mode,  # type: ignore[union-attr]
+                uid=contents[t].uid,  # type: ignore[union-attr]
+                gid=contents[t].gid,  # type: ignore[union-attr]
+            )
+            for t in sorted(texts)
+        ]
+        return results, files
+
+    def _provenance(
+        self,
+        spec: ImageSpec,
+        base: ResolvedBase,
+        inputs: str,
+        patches: list[PatchResult],
+        env: dict[str, str],
+    ) -> bytes:
+        doc = {
+            "k3env_build_format": BUILD_FORMAT,
+            "image": spec.name,
+            "inputs": inputs,
+            "lock": {"path": _relative(self.lock.path, self.lock.root), "sha256": self.lock.sha256},
+            "spec": {"path": _relative(spec.path, self.lock.root), "sha256": spec.sha256},
+            "base": {
+                "pin": base.pin.name,
+                "name": base.name,
+                "digest": base.digest,
+                "image_id": base.image.id,
+                "twin": self.twin,
+            },
+            "pins": self.lock.pins_summary(),
+            "patches": [
+                {
+                    "name": p.name,
+                    "target": p.target,
+                    "status": p.status,
+                    "sha256": self.lock.container_patches[p.name].sha256,
+                }
+                for p in patches
+            ],
+            "env": env,
+        }
+        return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+
+    def _labels(
+        self, spec: ImageSpec, base: ResolvedBase, inputs: str, patches: list[PatchResult]
+    ) -> dict[str, str]:
+        labels = {
+            "org.opencontainers.image.title": spec.name,
+            "org.opencontainers.image.description": spec.description,
+            "org.opencontainers.image.version": inputs[:20],
+            "org.opencontainers.image.base.name": base.name,
+            f"{LABEL_PREFIX}.inputs": inputs,
+            f"{LABEL_PREFIX}.lock.sha256": self.lock.sha256,
+            f"{LABEL_PREFIX}.lock.path": _relative(self.lock.path, self.lock.root),
+            f"{LABEL_PREFIX}.spec.sha256": spec.sha256,
+            f"{LABEL_PREFIX}.base.id": base.image.id,
+            f"{LABEL_PREFIX}.base.pin": base.pin.name,
+            f"{LABEL_PREFIX}.twin": str(self.twin).lower(),
+            f"{LABEL_PREFIX}.provenance": PROVENANCE_PATH,
+        }
+        if base.digest:
+            labels["org.opencontainers.image.base.digest"] = base.digest
+        for key, value in self.lock.pins_summary().items():
+            labels[f"{LABEL_PREFIX}.pin.{key}"] = value
+        for p in patches:
+            labels[f"{LABEL_PREFIX}.patch.{p.name}"] = p.status
+        return labels
+
+
+def _cached_patches(
+    labels: dict[str, str] | object, spec: ImageSpec, skipped: list[PatchResult]
+) -> list[PatchResult]:
+    assert isinstance(labels, dict)
+    skipped_names = {s.name for s in skipped}
+    out = [
+        PatchResult(
+            name=name,
+            target="",
+            status=str(labels.get(f"{LABEL_PREFIX}.patch.{name}", APPLIED)),
+            detail="from the cached image's labels",
+            new_text=None,
+        )
+        for name in spec.patches
+        if name not in skipped_names
+    ]
+    return [*out, *skipped]

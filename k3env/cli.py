@@ -1,0 +1,232 @@
+"""The ``k3env`` command: argparse subcommands, and the only place errors are caught."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from . import __version__
+from .errors import CheckFailed, K3envError
+from .lock import DEFAULT_LOCK, Lock, check_files, load_lock
+from .log import Log
+from .spec import DEFAULT_IMAGES, load_specs
+from .state import State
+
+
+def _emit(args: argparse.Namespace, payload: Any, human: Callable[[], None]) -> None:
+    if args.json:
+        json.dump(payload, sys.stdout, indent=2, sort_keys=True)
+        sys.stdout.write("\n")
+    else:
+        human()
+
+
+# ---------------------------------------------------------------------------------------------
+# lock
+# ---------------------------------------------------------------------------------------------
+def cmd_lock(args: argparse.Namespace, log: Log) -> int:
+    lock = load_lock(args.lock)
+    if args.update_hashes:
+        from .lock_edit import update_hashes
+
+        changes = update_hashes(lock)
+        _emit(
+            args,
+            {"lock": str(args.lock), "changes": [c.__dict__ for c in changes]},
+            lambda: print(
+                "\n".join(f"{c.key}: {c.old} -> {c.new}" for c in changes)
+                or f"{args.lock}: every pinned file matches its sha256"
+            ),
+        )
+        return 0
+    files = check_files(lock)
+    stale = [f for f in files if f.expected is not None and f.actual != f.expected]
+    payload = {
+        "lock": str(args.lock),
+        "version": lock.version,
+        "sha256": lock.sha256,
+        "pins": lock.pins_summary(),
+        "unresolved": [{"key": u.key, "hint": u.hint} for u in lock.unresolved],
+        "files": [
+            {"key": f.key, "file": f.file, "expected": f.expected, "actual": f.actual, "ok": f.ok}
+            for f in files
+        ],
+        "stale": [f.key for f in stale],
+        "ok": not stale and (not args.require_resolved or not lock.unresolved),
+    }
+
+    def human() -> None:
+        print(f"{args.lock}: version {lock.version}, content sha256 {lock.sha256[:16]}")
+        for key, value in lock.pins_summary().items():
+            print(f"  {key:34} {value}")
+        for u in lock.unresolved:
+            print(f"  UNRESOLVED {u.key}  (resolve: {u.hint})")
+        for f in files:
+            if f.expected is None:
+                continue
+            state = "ok" if f.ok else ("MISSING" if f.actual is None else "SHA256 DIFFERS")
+            print(f"  {state:14} {f.file}  ({f.key})")
+        print(
+            f"{len(lock.unresolved)} unresolved pin(s), {len(stale)} stale file hash(es)"
+        )
+
+    _emit(args, payload, human)
+    if stale:
+        raise CheckFailed(
+            f"{len(stale)} pinned file(s) differ from the lock: {[f.key for f in stale]}",
+            where=str(args.lock),
+            fix="restore the files, or record deliberate edits with `k3env lock --update-hashes`",
+        )
+    if args.require_resolved and lock.unresolved:
+        raise CheckFailed(
+            f"{len(lock.unresolved)} pin(s) unresolved: {[u.key for u in lock.unresolved]}",
+            where=str(args.lock),
+            fix="resolve them on a host that reaches their source (hints above)",
+        )
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# build / twin
+# ---------------------------------------------------------------------------------------------
+def _engine() -> Any:
+    from .docker_engine import DockerEngine
+
+    return DockerEngine()
+
+
+def make_builder(lock: Lock, engine: Any, state: State, log: Log, twin: bool) -> Any:
+    from .build import Builder, ResolvedBase, registry_base
+    from .lock import BasePin
+    from .twin import twin_base
+
+    registry = registry_base(engine, log)
+
+    def resolve(pin: BasePin) -> ResolvedBase:
+        if pin.kind == "twin":
+            return twin_base(lock, engine, state, log, pin)
+        return registry(pin)
+
+    return Builder(lock=lock, engine=engine, state=state, log=log, resolve_base=resolve, twin=twin)
+
+
+def cmd_build(args: argparse.Namespace, log: Log) -> int:
+    lock = load_lock(args.lock)
+    specs = load_specs(args.images, lock, tuple(args.image))
+    engine = _engine()
+    log.info(f"engine: {engine.describe()}")
+    builder = make_builder(lock, engine, State(), log, args.twin)
+    results = []
+    start = time.monotonic()
+    for spec in specs:
+        with log.step(f"build {spec.name}" + (" (over the CPU twin)" if args.twin else "")):
+            results.append(builder.build(spec))
+    payload = {
+        "lock": str(args.lock),
+        "lock_sha256": lock.sha256,
+        "twin": args.twin,
+        "images": [r.as_json() for r in results],
+        "seconds": round(time.monotonic() - start, 3),
+    }
+
+    def human() -> None:
+        for r in results:
+            state = "cached" if r.cached else "built "
+            print(f"{state} {r.image:24} {r.reference}  {r.image_id[:19]}  ({r.seconds:.2f} s)")
+            for p in r.patches:
+                print(f"         patch {p.name}: {p.status} ({p.detail})")
+
+    _emit(args, payload, human)
+    return 0
+
+
+def cmd_twin(args: argparse.Namespace, log: Log) -> int:
+    from .twin import ensure_twin
+
+    lock = load_lock(args.lock)
+    engine = _engine()
+    reference, digest = ensure_twin(lock, engine, State(), log)
+    image = engine.inspect(reference)
+    payload = {"reference": reference, "digest": digest, "image_id": image.id if image else None}
+    _emit(args, payload, lambda: print(f"{reference}@{digest}"))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# main
+# ---------------------------------------------------------------------------------------------
+def parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
+    common.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
+    common.add_argument(
+        "--lock", type=Path, default=DEFAULT_LOCK, help=f"the lockfile (default: {DEFAULT_LOCK})"
+    )
+
+    p = argparse.ArgumentParser(
+        prog="k3env",
+        description=(
+            "Build pinned, patched, verified serving images (vLLM, Dynamo) for Slurm clusters, "
+            "from one lockfile (pins/) and image specs (images/)."
+        ),
+    )
+    p.add_argument("--version", action="version", version=f"k3env {__version__}")
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    lock = sub.add_parser("lock", parents=[common], help="check the lockfile against what it pins")
+    mode = lock.add_mutually_exclusive_group()
+    mode.add_argument(
+        "--check",
+        action="store_true",
+        help="report unresolved pins; fail when a pinned file's sha256 differs (default)",
+    )
+    mode.add_argument(
+        "--update-hashes",
+        action="store_true",
+        help="record the sha256 of pinned files in place (comments and order kept)",
+    )
+    lock.add_argument(
+        "--require-resolved", action="store_true", help="also fail on unresolved pins"
+    )
+    lock.set_defaults(func=cmd_lock)
+
+    build = sub.add_parser("build", parents=[common], help="build derived images from specs")
+    build.add_argument("image", nargs="*", help="image spec names (default: all in --images)")
+    build.add_argument(
+        "--images", type=Path, default=DEFAULT_IMAGES, help="image spec directory (default: images)"
+    )
+    build.add_argument(
+        "--twin",
+        action="store_true",
+        help="build over each base's CPU twin (offline default; verification on a CPU host)",
+    )
+    build.set_defaults(func=cmd_build)
+
+    twin = sub.add_parser("twin", parents=[common], help="build and push the CPU twin base")
+    twin.set_defaults(func=cmd_twin)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    log = Log(quiet=args.quiet)
+    try:
+        return int(args.func(args, log))
+    except K3envError as e:
+        if getattr(args, "json", False):
+            json.dump(e.as_json(), sys.stdout, indent=2)
+            sys.stdout.write("\n")
+        print(f"k3env: error: {e.render()}", file=sys.stderr)
+        return e.return_code
+    except KeyboardInterrupt:
+        print("k3env: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""The engine boundary: only the verbs k3env uses. ``docker_engine`` implements it.
+
+A test fake satisfies this Protocol without inheritance; the same paths also run against a
+real dockerd in the tests marked ``engine``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+from .layer import BaseImage
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageFile:
+    path: str
+    content: bytes
+    mode: int
+    uid: int
+    gid: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerPaths:
+    """Where the engine keeps an image's layers (overlay2: the upper dirs, base first)."""
+
+    driver: str
+    dirs: tuple[str, ...]
+
+
+Progress = Callable[[str], None]
+
+
+class Engine(Protocol):
+    def describe(self) -> str:
+        """Engine name, version and storage driver, for reports."""
+
+    def inspect(self, ref: str) -> BaseImage | None:
+        """The image's config, or ``None`` when the engine does not have it."""
+
+    def labels(self, ref: str) -> Mapping[str, str] | None:
+        """The image's labels, or ``None`` when the engine does not have it."""
+
+    def layer_paths(self, ref: str) -> LayerPaths:
+        """Where the image's layers live on the engine's disk (for sharing checks)."""
+
+    def pull(self, reference: str, progress: Progress) -> None:
+        """Pull ``repository@digest``."""
+
+    def read_files(self, image: str, paths: Sequence[str]) -> dict[str, ImageFile | None]:
+        """Files from the image's filesystem, without starting a container."""
+
+    def run(
+        self,
+        image: str,
+        argv: Sequence[str],
+        *,
+        timeout: float,
+        env: Mapping[str, str] | None = None,
+        mounts: Mapping[str, str] | None = None,
+    ) -> RunResult:
+        """Run ``argv`` (entrypoint replaced) with no network; the container is always removed."""
+
+    def load(self, archive: bytes) -> str:
+        """``docker load`` an archive; returns the loaded image ID."""
+
+    def tag(self, image_id: str, repository: str, tag: str) -> None: ...
+
+    def remove(self, ref: str) -> None:
+        """Remove an image (or just this tag of it); a missing image is not an error."""
+
+    def import_rootfs(self, tarball: Path, repository: str, tag: str) -> str:
+        """``docker import`` a root filesystem tarball; returns the image ID."""
+
+    def run_and_commit(
+        self,
+        image: str,
+        argv: Sequence[str],
+        *,
+        repository: str,
+        tag: str,
+        mounts: Mapping[str, str],
+        changes: Iterable[str],
+        progress: Progress,
+    ) -> str:
+        """Run ``argv`` in a container (with network), commit it; returns the image ID."""
+
+    def push(self, repository: str, tag: str, progress: Progress) -> str:
+        """Push ``repository:tag``; returns the registry's manifest digest."""

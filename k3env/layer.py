@@ -1,0 +1,183 @@
+"""Deterministic image assembly: one new layer over an existing base, as bytes.
+
+Pure functions, no engine. The builder hands the result to ``Engine.load``.
+
+Why not ``docker build``: the legacy builder (the only one the docker SDK drives) stamps
+``created`` and parent-directory mtimes, so the same Dockerfile twice gives two image IDs.
+Here the layer tar has sorted entries, fixed owners and a fixed mtime, and the config JSON is
+written by us, so the image ID (the sha256 of that JSON) is known before the load. The
+docker-archive lists the base's layers by diff ID but carries only the new layer's tar: the
+engine resolves the base's chain from its layer store and never reads or copies the base
+(moby image/tarexport/load.go looks a layer up by chain ID before opening its file).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import tarfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+
+@dataclass(frozen=True, kw_only=True)
+class LayerFile:
+    path: str  # absolute path in the image
+    content: bytes = b""
+    mode: int = 0o644
+    uid: int = 0
+    gid: int = 0
+    is_dir: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class HistoryEntry:
+    created: str
+    created_by: str
+    comment: str = ""
+    empty_layer: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class BaseImage:
+    """What the builder needs to know of a base image (read from the engine)."""
+
+    id: str  # sha256:... (config digest)
+    created: str  # RFC 3339
+    architecture: str
+    os: str
+    variant: str | None
+    config: Mapping[str, Any]  # the image's container config (Env, Cmd, Entrypoint, Labels, ...)
+    diff_ids: tuple[str, ...]
+    history: tuple[HistoryEntry, ...] = field(default=())
+
+
+@dataclass(frozen=True, kw_only=True)
+class Assembled:
+    config_json: bytes
+    image_id: str  # sha256 of config_json
+    layer_tar: bytes
+    diff_id: str  # sha256 of layer_tar
+
+
+def epoch_of(created: str) -> int:
+    """Seconds since the epoch for an RFC 3339 timestamp (nanoseconds allowed)."""
+    text = created.rstrip("Z")
+    if "." in text:
+        head, frac = text.split(".", 1)
+        text = head + "." + frac[:6]
+    return int(datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp())
+
+
+def layer_tar(files: Sequence[LayerFile], mtime: int) -> bytes:
+    """A tar with sorted entries, fixed owners and ``mtime``: same files, same bytes."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for f in sorted(files, key=lambda f: f.path):
+            info = tarfile.TarInfo(f.path.lstrip("/") + ("/" if f.is_dir else ""))
+            info.mtime = mtime
+            info.uid, info.gid = f.uid, f.gid
+            info.uname = info.gname = ""
+            info.mode = f.mode
+            if f.is_dir:
+                info.type = tarfile.DIRTYPE
+                tar.addfile(info)
+            else:
+                info.size = len(f.content)
+                tar.addfile(info, io.BytesIO(f.content))
+    return buf.getvalue()
+
+
+def sha256_digest(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def image_config(
+    base: BaseImage,
+    *,
+    diff_id: str,
+    env: Sequence[str],
+    labels: Mapping[str, str],
+    created_by: str,
+    comment: str,
+) -> dict[str, Any]:
+    config = dict(base.config)
+    config["Env"] = list(env)
+    merged = dict(base.config.get("Labels") or {})
+    merged.update(labels)
+    config["Labels"] = dict(sorted(merged.items()))
+    history: list[dict[str, Any]] = [_history_json(h) for h in base.history]
+    history.append(
+        _history_json(HistoryEntry(created=base.created, created_by=created_by, comment=comment))
+    )
+    out: dict[str, Any] = {
+        "architecture": base.architecture,
+        "os": base.os,
+        # The base's timestamp: nothing about this build's wall clock enters the image.
+        "created": base.created,
+        "config": config,
+        "rootfs": {"type": "layers", "diff_ids": [*base.diff_ids, diff_id]},
+        "history": history,
+    }
+    if base.variant:
+        out["variant"] = base.variant
+    return out
+
+
+def _history_json(h: HistoryEntry) -> dict[str, Any]:
+    out: dict[str, Any] = {"created": h.created, "created_by": h.created_by}
+    if h.comment:
+        out["comment"] = h.comment
+    if h.empty_layer:
+        out["empty_layer"] = True
+    return out
+
+
+def assemble(
+    base: BaseImage,
+    files: Sequence[LayerFile],
+    *,
+    env: Sequence[str],
+    labels: Mapping[str, str],
+    created_by: str,
+    comment: str,
+) -> Assembled:
+    tar = layer_tar(files, epoch_of(base.created))
+    diff_id = sha256_digest(tar)
+    config = image_config(
+        base, diff_id=diff_id, env=env, labels=labels, created_by=created_by, comment=comment
+    )
+    config_json = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+    return Assembled(
+        config_json=config_json,
+        image_id=sha256_digest(config_json),
+        layer_tar=tar,
+        diff_id=diff_id,
+    )
+
+
+def docker_archive(assembled: Assembled, base_diff_ids: Sequence[str]) -> bytes:
+    """A ``docker load`` archive holding only the config and the new layer.
+
+    The manifest still lists every layer: the base's are found in the engine's layer store
+    by chain ID, so their (absent) files are never opened. No ``RepoTags``: the builder tags
+    only after it has checked the loaded image's ID.
+    """
+    layers = [f"{d.split(':', 1)[1]}/layer.tar" for d in (*base_diff_ids, assembled.diff_id)]
+    config_name = assembled.image_id.split(":", 1)[1] + ".json"
+    manifest = [{"Config": config_name, "RepoTags": None, "Layers": layers}]
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in (
+            (config_name, assembled.config_json),
+            (layers[-1], assembled.layer_tar),
+            ("manifest.json", json.dumps(manifest).encode()),
+        ):
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mtime = 0
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()

@@ -1,0 +1,415 @@
+"""The lockfile (``pins/*.lock.toml``): read, validate, and check against the files it pins.
+
+Parsed at the edge into frozen dataclasses; nothing past this module sees a TOML table.
+Editing the lock in place is ``lock_edit``'s job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ._schema import (
+    COMMIT_RE,
+    DIGEST_RE,
+    ENV_NAME_RE,
+    SHA256_RE,
+    Table,
+    canonical_sha256,
+    each_entry,
+    file_sha256,
+    load_toml,
+)
+from .errors import LockError
+
+LOCK_VERSION = 1
+DEFAULT_LOCK = Path("pins/k3.lock.toml")
+
+_SHA_FIX = "write the 64-hex sha256 of the file (`sha256sum FILE`), or \"unresolved\""
+_DIGEST_FIX = 'write "sha256:" + 64 hex digits (`skopeo inspect docker://REF`), or "unresolved"'
+_COMMIT_FIX = "write the full 40-hex commit id (`git rev-parse TAG^{commit}`)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class BasePin:
+    name: str
+    kind: str  # "registry" (pulled by digest) or "twin" (built locally by k3env)
+    repository: str | None
+    tag: str | None
+    digest: str | None  # None: unresolved
+    python: str
+    twin: str | None
+
+    @property
+    def display(self) -> str:
+        if self.kind == "twin":
+            return f"{self.name} (CPU twin, built locally)"
+        return f"{self.repository}:{self.tag}"
+
+    @property
+    def pull_reference(self) -> str | None:
+        """``repository@digest``: the only way k3env pulls a registry base."""
+        if self.digest is None or self.repository is None:
+            return None
+        return f"{self.repository}@{self.digest}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class TwinPin:
+    debian_suite: str
+    debian_mirror: str
+    debian_packages: tuple[str, ...]
+    requirements: str
+    requirements_sha256: str | None
+    registry: str
+    repository: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class DynamoPin:
+    name: str
+    git: str
+    commit: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SrtPatchPin:
+    index: int
+    pr: int | None
+    title: str
+    file: str
+    range: str | None
+    sha256: str | None
+    why: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SrtSlurmPin:
+    git: str
+    version: str
+    commit: str
+    patches: tuple[SrtPatchPin, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContainerPatchPin:
+    name: str
+    file: str
+    sha256: str
+    module: str | None
+    path: str | None
+    bases: tuple[str, ...]
+    expects: str
+    why: str
+
+    @property
+    def target(self) -> str:
+        return f"module {self.module}" if self.module else f"path {self.path}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class AiperfPin:
+    name: str
+    version: str
+    wheel: str
+    sha256: str | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Unresolved:
+    key: str
+    hint: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Lock:
+    path: Path
+    root: Path  # paths in the lock are relative to the repository root (the parent of pins/)
+    version: int
+    sha256: str  # canonical hash of the parsed content
+    env: Mapping[str, str]
+    bases: Mapping[str, BasePin]
+    twin: TwinPin | None
+    dynamo: DynamoPin | None
+    srt_slurm: SrtSlurmPin | None
+    container_patches: Mapping[str, ContainerPatchPin]
+    aiperf: AiperfPin | None
+    unresolved: tuple[Unresolved, ...] = field(default=())
+
+    def base(self, name: str, where: str) -> BasePin:
+        try:
+            return self.bases[name]
+        except KeyError:
+            raise LockError(
+                f"base {name!r} is not pinned in {self.path}",
+                where=where,
+                fix=f"use one of {sorted(self.bases)} or add [bases.{name}] to the lock",
+            ) from None
+
+    def resolve_path(self, relative: str) -> Path:
+        return (self.root / relative).resolve()
+
+    def pins_summary(self) -> dict[str, str]:
+        """Flat ``pin -> identity`` map, for image labels and reports."""
+        out: dict[str, str] = {}
+        for b in self.bases.values():
+            if b.kind == "registry":
+                out[f"base.{b.name}"] = f"{b.repository}:{b.tag}@{b.digest or 'unresolved'}"
+        if self.dynamo:
+            out["dynamo"] = f"{self.dynamo.name}@{self.dynamo.commit}"
+        if self.srt_slurm:
+            s = self.srt_slurm
+            out["srt-slurm"] = f"{s.version}@{s.commit}"
+            for p in s.patches:
+                label = f"pr{p.pr}" if p.pr else f"patch{p.index}"
+                out[f"srt-slurm.{label}"] = p.sha256 or "unresolved"
+        for cp in self.container_patches.values():
+            out[f"patch.{cp.name}"] = cp.sha256
+        if self.aiperf:
+            out["aiperf"] = f"{self.aiperf.version}@sha256:{self.aiperf.sha256 or 'unresolved'}"
+        return out
+
+
+def load_lock(path: Path) -> Lock:
+    data = load_toml(path, LockError)
+    top = Table(data, file=path, path="", error=LockError)
+    version = top.int("version")
+    if version != LOCK_VERSION:
+        raise top.fail(
+            "version",
+            f"lock version {version} is not supported by this k3env (it reads {LOCK_VERSION})",
+            "upgrade k3env, or regenerate the lock with this version",
+        )
+    unresolved: list[Unresolved] = []
+    root = path.resolve().parent.parent if path.resolve().parent.name == "pins" else Path.cwd()
+
+    env = _env(top.table("env", required=False))
+    bases = each_entry(top.table("bases"), lambda n, t: _base(n, t, unresolved))
+    for b in bases.values():
+        if b.twin is not None and (b.twin not in bases or bases[b.twin].kind != "twin"):
+            raise top.fail(
+                f"bases.{b.name}.twin",
+                f"{b.twin!r} is not a twin base in this lock",
+                'name a [bases.NAME] with kind = "twin"',
+            )
+    twin = _twin(top.table("twin"), unresolved) if top.has("twin") else None
+    if any(b.kind == "twin" for b in bases.values()) and twin is None:
+        raise top.fail("twin", "a twin base is pinned but [twin] is missing", "add [twin]")
+    dynamo = _dynamo(top.table("dynamo")) if top.has("dynamo") else None
+    srt = _srt(top.table("srt_slurm"), unresolved) if top.has("srt_slurm") else None
+    patches = each_entry(
+        top.table("container_patches", required=False), lambda n, t: _container_patch(n, t, bases)
+    )
+    aiperf = _aiperf(top.table("aiperf"), unresolved) if top.has("aiperf") else None
+    top.done()
+    return Lock(
+        path=path,
+        root=root,
+        version=version,
+        sha256=canonical_sha256(data),
+        env=env,
+        bases=bases,
+        twin=twin,
+        dynamo=dynamo,
+        srt_slurm=srt,
+        container_patches=patches,
+        aiperf=aiperf,
+        unresolved=tuple(unresolved),
+    )
+
+
+def _env(t: Table) -> dict[str, str]:
+    out = {}
+    for key in t.keys():
+        if not ENV_NAME_RE.match(key):
+            raise t.fail(key, f"{key!r} is not a valid environment variable name", "rename it")
+        out[key] = t.str(key)
+    t.done()
+    return out
+
+
+def _base(name: str, t: Table, unresolved: list[Unresolved]) -> BasePin:
+    kind = t.str("kind", required=False, default="registry")
+    if kind not in ("registry", "twin"):
+        raise t.fail("kind", f"unknown base kind {kind!r}", 'use "registry" or "twin"')
+    python = t.str("python", required=False, default="python3")
+    if kind == "twin":
+        t.done()
+        return BasePin(
+            name=name, kind=kind, repository=None, tag=None, digest=None, python=python, twin=None
+        )
+    repository = t.str("repository")
+    tag = t.str("tag")
+    digest = t.matching("digest", DIGEST_RE, _DIGEST_FIX, allow_unresolved=True)
+    if digest is None:
+        unresolved.append(
+            Unresolved(
+                key=f"bases.{name}.digest",
+                hint=f"skopeo inspect docker://{repository}:{tag} --format '{{{{.Digest}}}}'",
+            )
+        )
+    twin = t.str("twin", required=False)
+    t.done()
+    return BasePin(
+        name=name, kind=kind, repository=repository, tag=tag, digest=digest, python=python, twin=twin
+    )
+
+
+def _twin(t: Table, unresolved: list[Unresolved]) -> TwinPin:
+    sha = t.matching("requirements_sha256", SHA256_RE, _SHA_FIX, allow_unresolved=True)
+    req = t.str("requirements")
+    if sha is None:
+        unresolved.append(
+            Unresolved(key="twin.requirements_sha256", hint=f"k3env lock --update-hashes ({req})")
+        )
+    pin = TwinPin(
+        debian_suite=t.str("debian_suite"),
+        debian_mirror=t.str("debian_mirror"),
+        debian_packages=t.str_list("debian_packages"),
+        requirements=req,
+        requirements_sha256=sha,
+        registry=t.str("registry"),
+        repository=t.str("repository"),
+    )
+    t.done()
+    return pin
+
+
+def _dynamo(t: Table) -> DynamoPin:
+    pin = DynamoPin(
+        name=t.str("name"),
+        git=t.str("git"),
+        commit=str(t.matching("commit", COMMIT_RE, _COMMIT_FIX)),
+    )
+    t.done()
+    return pin
+
+
+def _srt(t: Table, unresolved: list[Unresolved]) -> SrtSlurmPin:
+    git = t.str("git")
+    version = t.str("version")
+    commit = str(t.matching("commit", COMMIT_RE, _COMMIT_FIX))
+    patches = []
+    for i, p in enumerate(t.tables("patches")):
+        sha = p.matching("sha256", SHA256_RE, _SHA_FIX, allow_unresolved=True)
+        rng = p.str("range", required=False)
+        if rng is not None:
+            ends = rng.split("..")
+            if len(ends) != 2 or not all(COMMIT_RE.match(e) for e in ends):
+                raise p.fail("range", f"{rng!r} is not BASE..HEAD", "write two 40-hex commits")
+        pr = p.int("pr", required=False)
+        if sha is None:
+            hint = f"git format-patch --stdout {rng}" if rng else "write the patch file"
+            unresolved.append(
+                Unresolved(key=f"srt_slurm.patches[{i}].sha256", hint=f"{hint} > {p.str('file')}")
+            )
+        patches.append(
+            SrtPatchPin(
+                index=i,
+                pr=pr,
+                title=p.str("title"),
+                file=p.str("file"),
+                range=rng,
+                sha256=sha,
+                why=p.str("why"),
+            )
+        )
+        p.done()
+    t.done()
+    return SrtSlurmPin(git=git, version=version, commit=commit, patches=tuple(patches))
+
+
+def _container_patch(name: str, t: Table, bases: Mapping[str, BasePin]) -> ContainerPatchPin:
+    module = t.str("module", required=False)
+    path = t.str("path", required=False)
+    if (module is None) == (path is None):
+        raise t.fail(
+            None,
+            "a container patch needs exactly one target: `module` or `path`",
+            'set module = "pkg.mod" (found on the image\'s sys.path) or path = "/abs/file"',
+        )
+    if path is not None and not path.startswith("/"):
+        raise t.fail("path", f"{path!r} is not absolute", "write the absolute path in the image")
+    pin_bases = t.str_list("bases", required=True)
+    for b in pin_bases:
+        if b not in bases:
+            raise t.fail("bases", f"unknown base {b!r}", f"use one of {sorted(bases)}")
+    pin = ContainerPatchPin(
+        name=name,
+        file=t.str("file"),
+        sha256=str(t.matching("sha256", SHA256_RE, _SHA_FIX)),
+        module=module,
+        path=path,
+        bases=pin_bases,
+        expects=t.str("expects"),
+        why=t.str("why"),
+    )
+    t.done()
+    return pin
+
+
+def _aiperf(t: Table, unresolved: list[Unresolved]) -> AiperfPin:
+    sha = t.matching("sha256", SHA256_RE, _SHA_FIX, allow_unresolved=True)
+    if sha is None:
+        unresolved.append(Unresolved(key="aiperf.sha256", hint="pip download --no-deps aiperf"))
+    pin = AiperfPin(name=t.str("name"), version=t.str("version"), wheel=t.str("wheel"), sha256=sha)
+    t.done()
+    return pin
+
+
+# ---------------------------------------------------------------------------------------------
+# lock --check: the lock against the files it pins
+# ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class FileCheck:
+    key: str
+    file: str
+    expected: str | None
+    actual: str | None  # None: the file is missing
+
+    @property
+    def ok(self) -> bool:
+        return self.expected is not None and self.expected == self.actual
+
+
+def pinned_files(lock: Lock) -> list[tuple[str, str, str | None]]:
+    """``(key, file, sha256)`` for every file the lock pins by hash."""
+    out: list[tuple[str, str, str | None]] = []
+    for cp in lock.container_patches.values():
+        out.append((f"container_patches.{cp.name}.sha256", cp.file, cp.sha256))
+    if lock.srt_slurm:
+        for p in lock.srt_slurm.patches:
+            out.append((f"srt_slurm.patches[{p.index}].sha256", p.file, p.sha256))
+    if lock.twin:
+        out.append(("twin.requirements_sha256", lock.twin.requirements, lock.twin.requirements_sha256))
+    return out
+
+
+def check_files(lock: Lock) -> list[FileCheck]:
+    results = []
+    for key, rel, expected in pinned_files(lock):
+        path = lock.resolve_path(rel)
+        actual = file_sha256(path) if path.is_file() else None
+        results.append(FileCheck(key=key, file=rel, expected=expected, actual=actual))
+    return results
+
+
+def verify_patch_file(lock: Lock, pin: ContainerPatchPin) -> Path:
+    """The patch file's path, after checking its sha256 against the lock."""
+    path = lock.resolve_path(pin.file)
+    where = f"{lock.path}: container_patches.{pin.name}"
+    if not path.is_file():
+        raise LockError(
+            f"patch file {pin.file} is missing",
+            where=where,
+            fix="restore the file, or fix `file` in the lock",
+        )
+    actual = file_sha256(path)
+    if actual != pin.sha256:
+        raise LockError(
+            f"patch file {pin.file} has sha256 {actual}, the lock pins {pin.sha256}",
+            where=f"{where}.sha256",
+            fix="if the edit is deliberate, run `k3env lock --update-hashes`; else restore the file",
+        )
+    return path

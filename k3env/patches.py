@@ -1,0 +1,130 @@
+"""Container patches: anchored edits applied to one file of the base image at build time.
+
+A patch file (``patches/container/NAME.toml``) holds ordered edits::
+
+    [[edits]]
+    anchor = "exact text that must occur exactly once in the target"
+    replacement = "what it becomes"
+
+Per edit: the replacement already present (and the anchor gone) means the fix is there
+already (upstream, or an earlier build): nothing is applied twice. An anchor found once is
+replaced. An anchor found zero or several times means the upstream layout changed: the build
+refuses, naming the patch, the file and what differs. Pure text in, text out: reading and
+writing the image is the builder's job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ._schema import Table, load_toml
+from .errors import PatchError, SpecError
+from .lock import ContainerPatchPin
+
+APPLIED = "applied"
+ALREADY_PRESENT = "already-present"
+SKIPPED = "skipped"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Edit:
+    anchor: str
+    replacement: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PatchFile:
+    name: str
+    path: Path
+    description: str
+    edits: tuple[Edit, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PatchResult:
+    name: str
+    target: str  # path in the image
+    status: str  # applied | already-present | skipped
+    detail: str
+    new_text: str | None  # None unless applied
+
+
+def load_patch_file(pin: ContainerPatchPin, path: Path) -> PatchFile:
+    t = Table(load_toml(path, SpecError), file=path, path="", error=SpecError)
+    edits = []
+    for e in t.tables("edits"):
+        anchor = e.str("anchor")
+        replacement = e.str("replacement")
+        if not anchor:
+            raise e.fail("anchor", "empty anchor", "write the exact text the edit replaces")
+        if anchor == replacement:
+            raise e.fail("replacement", "replacement equals the anchor", "this edit does nothing")
+        edits.append(Edit(anchor=anchor, replacement=replacement))
+        e.done()
+    if not edits:
+        raise t.fail("edits", "a patch needs at least one [[edits]] entry", "add [[edits]]")
+    pf = PatchFile(
+        name=pin.name,
+        path=path,
+        description=t.str("description", required=False, default=""),
+        edits=tuple(edits),
+    )
+    t.done()
+    return pf
+
+
+def _lines_of(text: str, needle: str) -> list[int]:
+    lines = []
+    start = 0
+    while (i := text.find(needle, start)) != -1:
+        lines.append(text.count("\n", 0, i) + 1)
+        start = i + 1
+    return lines
+
+
+def apply_patch(patch: PatchFile, target: str, text: str, *, image: str) -> PatchResult:
+    """Apply every edit of ``patch`` to ``text`` (the content of ``target`` in ``image``)."""
+    where = f"container patch {patch.name} ({patch.path}) on {target} in {image}"
+    applied = 0
+    present = 0
+    for n, edit in enumerate(patch.edits, start=1):
+        anchor_at = _lines_of(text, edit.anchor)
+        done_at = _lines_of(text, edit.replacement)
+        # An anchor inside the replacement is not a fresh match.
+        fresh = len(anchor_at) - len(done_at) * edit.replacement.count(edit.anchor)
+        if done_at and fresh <= 0:
+            present += 1
+            continue
+        if fresh == 1 and len(anchor_at) == 1:
+            text = text.replace(edit.anchor, edit.replacement, 1)
+            applied += 1
+            continue
+        first_line = edit.anchor.strip().splitlines()[0] if edit.anchor.strip() else edit.anchor
+        if not anchor_at:
+            raise PatchError(
+                f"edit {n}: anchor not found, and the replacement is not there either: "
+                f"the file does not look as the patch expects (expected a line like "
+                f"{first_line!r})",
+                where=where,
+                fix=(
+                    "the upstream layout changed: compare the file in the image with the patch, "
+                    "then update the anchor (and `k3env lock --update-hashes`) or drop the patch"
+                ),
+            )
+        raise PatchError(
+            f"edit {n}: anchor found {len(anchor_at)} times (lines {anchor_at}); it must match "
+            "exactly once",
+            where=where,
+            fix="make the anchor longer so that it matches one place only",
+        )
+    if applied == 0:
+        return PatchResult(
+            name=patch.name,
+            target=target,
+            status=ALREADY_PRESENT,
+            detail=f"all {present} edit(s) already present: not applied twice",
+            new_text=None,
+        )
+    detail = f"{applied} edit(s) applied" + (f", {present} already present" if present else "")
+    return PatchResult(name=patch.name, target=target, status=APPLIED, detail=detail, new_text=text)

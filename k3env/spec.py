@@ -1,0 +1,155 @@
+"""Image specs (``images/*.toml``): what a person edits.
+
+Each names its base pin, the container patches and environment to bake, and its serve
+profiles: the exact command lines that will run in the image, with the parser names and the
+tokenizer ``model_type`` they rely on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from ._schema import ENV_NAME_RE, NAME_RE, Table, canonical_sha256, load_toml
+from .errors import SpecError
+from .lock import Lock
+
+ROLES = ("vllm-serve", "dynamo-frontend", "dynamo-worker")
+DEFAULT_IMAGES = Path("images")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Command:
+    role: str
+    argv: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeProfile:
+    name: str
+    description: str
+    tokenizer_model_type: str | None
+    tool_call_parser: str | None
+    reasoning_parser: str | None
+    commands: tuple[Command, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageSpec:
+    name: str
+    path: Path
+    sha256: str  # canonical hash of the parsed spec
+    description: str
+    base: str
+    repository: str
+    patches: tuple[str, ...]
+    env: Mapping[str, str]
+    env_readers: Mapping[str, str]  # env var -> what reads it, for vars no engine registry lists
+    allow_credentials: tuple[str, ...]
+    profiles: Mapping[str, ServeProfile]
+
+
+def load_spec(path: Path, lock: Lock) -> ImageSpec:
+    data = load_toml(path, SpecError)
+    t = Table(data, file=path, path="", error=SpecError)
+    name = path.stem
+    if not NAME_RE.match(name):
+        raise SpecError(
+            f"image name {name!r} (from the file name) is not valid",
+            where=str(path),
+            fix="rename the file: lowercase letters, digits, '.', '_', '-'",
+        )
+    base = t.str("base")
+    lock.base(base, where=t.where("base"))
+    patches = t.str_list("patches")
+    for i, p in enumerate(patches):
+        if p not in lock.container_patches:
+            raise t.fail(
+                f"patches[{i}]",
+                f"container patch {p!r} is not in the lock {lock.path}",
+                f"use one of {sorted(lock.container_patches)} or add it under [container_patches]",
+            )
+    if len(set(patches)) != len(patches):
+        raise t.fail("patches", "a patch is listed twice", "list each patch once")
+    env = _env(t.table("env", required=False))
+    readers_t = t.table("env_readers", required=False)
+    readers = {k: readers_t.str(k) for k in readers_t.keys()}
+    readers_t.done()
+    allow = t.str_list("allow_credentials")
+    for i, a in enumerate(allow):
+        if a not in env and a not in lock.env:
+            raise t.fail(f"allow_credentials[{i}]", f"{a!r} is not set in [env]", "remove it")
+    profiles_t = t.table("profiles", required=False)
+    profiles = {p: _profile(p, profiles_t.table(p)) for p in profiles_t.keys()}
+    profiles_t.done()
+    spec = ImageSpec(
+        name=name,
+        path=path,
+        sha256=canonical_sha256(data),
+        description=t.str("description", required=False, default=""),
+        base=base,
+        repository=t.str("repository", required=False, default=f"k3env/{name}"),
+        patches=patches,
+        env=env,
+        env_readers=readers,
+        allow_credentials=allow,
+        profiles=profiles,
+    )
+    t.done()
+    return spec
+
+
+def load_specs(directory: Path, lock: Lock, only: tuple[str, ...] = ()) -> list[ImageSpec]:
+    files = sorted(directory.glob("*.toml"))
+    if not files:
+        raise SpecError(
+            "no image specs found", where=str(directory), fix="add images/NAME.toml, or pass --images"
+        )
+    specs = [load_spec(f, lock) for f in files]
+    if only:
+        known = {s.name for s in specs}
+        missing = [n for n in only if n not in known]
+        if missing:
+            raise SpecError(
+                f"unknown image(s) {missing}",
+                where=str(directory),
+                fix=f"choose from {sorted(known)}",
+            )
+        specs = [s for s in specs if s.name in only]
+    return specs
+
+
+def _env(t: Table) -> dict[str, str]:
+    out = {}
+    for key in t.keys():
+        if not ENV_NAME_RE.match(key):
+            raise t.fail(key, f"{key!r} is not a valid environment variable name", "rename it")
+        out[key] = t.str(key)
+    t.done()
+    return out
+
+
+def _profile(name: str, t: Table) -> ServeProfile:
+    commands = []
+    for c in t.tables("commands"):
+        role = c.str("role")
+        if role not in ROLES:
+            raise c.fail("role", f"unknown role {role!r}", f"use one of {list(ROLES)}")
+        argv = c.str_list("argv", required=True)
+        if not argv:
+            raise c.fail("argv", "empty command line", "write the full command line")
+        commands.append(Command(role=role, argv=argv))
+        c.done()
+    if not commands:
+        raise t.fail("commands", "a serve profile needs at least one command", "add [[commands]]")
+    profile = ServeProfile(
+        name=name,
+        description=t.str("description", required=False, default=""),
+        tokenizer_model_type=t.str("tokenizer_model_type", required=False),
+        tool_call_parser=t.str("tool_call_parser", required=False),
+        reasoning_parser=t.str("reasoning_parser", required=False),
+        commands=tuple(commands),
+    )
+    t.done()
+    return profile

@@ -1,0 +1,53 @@
+"""What k3env remembers on this host, keyed by content so it is never stale.
+
+``$K3ENV_STATE_DIR`` (default ``~/.cache/k3env``) holds: facts about base images keyed by image
+ID (which file a module resolves to, file contents read for patching), the CPU twin's records
+keyed by its input hash, and the wheelhouse. An entry keyed by an image ID describes an
+immutable image, so it is reused without checks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+
+class State:
+    def __init__(self, root: Path | None = None) -> None:
+        env = os.environ.get("K3ENV_STATE_DIR")
+        self.root = root or (Path(env) if env else Path.home() / ".cache" / "k3env")
+
+    def path(self, *parts: str) -> Path:
+        return self.root.joinpath(*parts)
+
+    def read_json(self, *parts: str) -> Any:
+        p = self.path(*parts)
+        try:
+            return json.loads(p.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def write_json(self, value: Any, *parts: str) -> None:
+        self.write_bytes(json.dumps(value, indent=2, sort_keys=True).encode(), *parts)
+
+    def read_bytes(self, *parts: str) -> bytes | None:
+        try:
+            return self.path(*parts).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def write_bytes(self, data: bytes, *parts: str) -> None:
+        """Atomic: a reader sees the old content or the new, never half of it."""
+        p = self.path(*parts)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, p)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
