@@ -61,7 +61,12 @@ def load_spec(path: Path, lock: Lock) -> ImageSpec:
             fix="rename the file: lowercase letters, digits, '.', '_', '-'",
         )
     base = t.str("base")
-    lock.base(base, where=t.where("base"))
+    if base not in lock.bases:
+        raise t.fail(
+            "base",
+            f"base {base!r} is not pinned in {lock.path}",
+            f"use one of {sorted(lock.bases)} or add [bases.{base}] to the lock",
+        )
     patches = t.str_list("patches")
     for i, p in enumerate(patches):
         if p not in lock.container_patches:

@@ -1,0 +1,59 @@
+"""Sessions that drive k3env: `nox -l` lists them, `nox -s NAME -- ARGS` passes ARGS through."""
+
+from __future__ import annotations
+
+import nox
+
+nox.options.sessions = ["tests", "lint"]
+nox.options.reuse_venv = "yes"
+
+PYTHON = "3.11"
+
+
+def _install(session: nox.Session, *extras: str) -> None:
+    spec = f".[{','.join(extras)}]" if extras else "."
+    session.install("-e", spec)
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    """Run the test suite: unit tests, then the real-engine tests (dockerd, registry, twin)."""
+    _install(session, "test")
+    session.run("pytest", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    """ruff (lint + format check) and mypy --strict."""
+    _install(session, "lint")
+    session.run("ruff", "check", "k3env", "tests", "noxfile.py", "benchmarks")
+    session.run("ruff", "format", "--check", "k3env", "tests", "noxfile.py", "benchmarks")
+    session.run("mypy")
+
+
+@nox.session(name="lock", python=PYTHON)
+def lock_check(session: nox.Session) -> None:
+    """Check pins/k3.lock.toml against the files it pins; report unresolved pins."""
+    _install(session)
+    session.run("k3env", "lock", "--check", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def twin(session: nox.Session) -> None:
+    """Build (once, cached by content) and push the CPU twin base to the local registry."""
+    _install(session)
+    session.run("k3env", "twin", *session.posargs)
+
+
+@nox.session(name="build-image", python=PYTHON)
+def build_image(session: nox.Session) -> None:
+    """Build the derived images of images/ (pass `-- --twin` for the offline CPU twin)."""
+    _install(session)
+    session.run("k3env", "build", *session.posargs)
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    """Benchmark: derived build vs plain `docker build` over the >2 GB twin, and no-op rebuild."""
+    _install(session)
+    session.run("python", "benchmarks/bench_build.py", *session.posargs)

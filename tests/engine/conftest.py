@@ -1,0 +1,182 @@
+"""Real-engine fixtures: a running dockerd, the local registry, and a small Python base image.
+
+The base is the twin's first stage (debootstrap + python3, cached by content) plus a module
+with a known bug, committed and pushed to the local registry so that test locks pin it by
+digest exactly like a real base.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import textwrap
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from k3env import twin
+from k3env.docker_engine import DockerEngine
+from k3env.errors import EngineError
+from k3env.lock import load_lock
+from k3env.log import Log
+
+from ..conftest import REPO
+
+REGISTRY = "127.0.0.1:5000"
+BUGGY = textwrap.dedent(
+    """\
+    def postprocess_state(self, idx_mapping, num_sampled):
+        self.num_accepted_tokens_gpu.index_fill_(0, idx_mapping, max(num_sampled, 1))
+    """
+)
+FIXED = BUGGY.replace("idx_mapping, max", "idx_mapping.long(), max")
+PATCH = textwrap.dedent(
+    """\
+    description = "test: int64 index"
+    [[edits]]
+    anchor = "index_fill_(0, idx_mapping,"
+    replacement = "index_fill_(0, idx_mapping.long(),"
+    """
+)
+
+
+def _require(what: str) -> None:
+    if os.environ.get("CI") or os.environ.get("K3ENV_REQUIRE_ENGINE"):
+        pytest.fail(f"{what} is required here (CI): .ci/run starts it")
+    pytest.skip(f"{what} not available")
+
+
+@pytest.fixture(scope="session")
+def engine() -> DockerEngine:
+    try:
+        return DockerEngine()
+    except EngineError:
+        _require("a Docker engine")
+        raise
+
+
+@pytest.fixture(scope="session")
+def registry() -> str:
+    try:
+        urllib.request.urlopen(f"http://{REGISTRY}/v2/", timeout=3).read()
+    except OSError:
+        _require(f"a docker-registry on {REGISTRY}")
+    return REGISTRY
+
+
+@dataclass(frozen=True)
+class BaseFixture:
+    repository: str
+    tag: str
+    digest: str
+    image_id: str
+
+
+def _make_base(engine: DockerEngine, registry: str, name: str, content: str) -> BaseFixture:
+    lock = load_lock(REPO / "pins/k3.lock.toml")
+    stage1 = twin.ensure_stage1(lock, twin.plan(lock), engine, Log())
+    repository = f"{registry}/k3env-test/{name}"
+    script = (
+        "mkdir -p /usr/lib/python3/dist-packages/k3test && "
+        "touch /usr/lib/python3/dist-packages/k3test/__init__.py && "
+        f"printf '%s' '{content}' > /usr/lib/python3/dist-packages/k3test/mod.py"
+    )
+    image_id = engine.run_and_commit(
+        stage1,
+        ["sh", "-c", script],
+        repository=repository,
+        tag="1",
+        mounts={},
+        changes=['CMD ["python3"]'],
+        progress=lambda _: None,
+    )
+    digest = engine.push(repository, "1", lambda _: None)
+    return BaseFixture(repository=repository, tag="1", digest=digest, image_id=image_id)
+
+
+@pytest.fixture(scope="session")
+def test_base(engine: DockerEngine, registry: str) -> BaseFixture:
+    return _make_base(engine, registry, "base", BUGGY)
+
+
+@pytest.fixture(scope="session")
+def fixed_base(engine: DockerEngine, registry: str) -> BaseFixture:
+    """A base whose module already carries the fix (the patch went upstream)."""
+    return _make_base(engine, registry, "fixed", FIXED)
+
+
+def write_project(root: Path, base: BaseFixture, *, env: dict[str, str] | None = None) -> Path:
+    """A lock + spec + patch pinning ``base`` by digest; returns the lock path."""
+    from k3env._schema import file_sha256
+
+    (root / "pins").mkdir(parents=True, exist_ok=True)
+    (root / "images").mkdir(exist_ok=True)
+    (root / "patches/container").mkdir(parents=True, exist_ok=True)
+    patch = root / "patches/container/int64.toml"
+    patch.write_text(PATCH)
+    lock = root / "pins/test.lock.toml"
+    lock.write_text(
+        textwrap.dedent(
+            f"""\
+            # test lock
+            version = 1
+            [env]
+            STACK_WIDE = "1"
+            [bases.testbase]
+            repository = "{base.repository}"
+            tag = "{base.tag}"
+            digest = "{base.digest}"
+            [container_patches.int64]
+            file = "patches/container/int64.toml"
+            sha256 = "{file_sha256(patch)}"
+            module = "k3test.mod"
+            bases = ["testbase"]
+            expects = "index_fill_ with the int32 idx_mapping"
+            why = "test"
+            """
+        )
+    )
+    env_lines = "\n".join(f'{k} = "{v}"' for k, v in (env or {"A": "1"}).items())
+    (root / "images/probe.toml").write_text(
+        textwrap.dedent(
+            """\
+            description = "test image"
+            base = "testbase"
+            repository = "k3env-test/probe"
+            patches = ["int64"]
+            [env]
+            """
+        )
+        + env_lines
+        + "\n"
+    )
+    return lock
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, test_base: BaseFixture) -> Iterator[Path]:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("K3ENV_STATE_DIR", str(tmp_path / "state"))
+    write_project(tmp_path, test_base)
+    yield tmp_path
+    shutil.rmtree(tmp_path / "state", ignore_errors=True)
+
+
+@pytest.fixture
+def clean_probe_images(engine: DockerEngine) -> Iterator[None]:
+    """Remove every k3env-test/probe image before and after the test."""
+
+    def clean() -> None:
+        for image in engine.client.images.list(name="k3env-test/probe"):
+            engine.client.images.remove(image.id, force=True)
+
+    clean()
+    yield
+    clean()
+
+
+def probe_tags(engine: DockerEngine) -> list[str]:
+    return [t for i in engine.client.images.list(name="k3env-test/probe") for t in i.tags]

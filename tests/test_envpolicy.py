@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from k3env.envpolicy import baked_env, credential_reason, merge_env
+from k3env.errors import SecretError
+from k3env.lock import load_lock
+from k3env.spec import load_spec
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("HF_TOKEN", "hf_abcdefghijklmnopqrstuvwxyz0123"),
+        ("SOME_VAR", "hf_abcdefghijklmnopqrstuvwxyz0123"),
+        ("WANDB_API_KEY", "0123456789abcdef"),
+        ("DB_PASSWORD", "hunter2"),
+        ("GH", "ghp_abcdefghijklmnopqrstuvwxyz0123456789"),
+        ("AWS_ID", "AKIAABCDEFGHIJKLMNOP"),
+        ("PROXY", "http://user:secret@proxy:3128"),
+        ("NGC", "nvapi-abcdefghijklmnopqrstuvwxyz"),
+    ],
+)
+def test_credentials_are_detected(name: str, value: str) -> None:
+    assert credential_reason(name, value) is not None
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [
+        ("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True"),
+        ("VLLM_MAX_TOKENS_PER_BATCH", "8192"),
+        ("NCCL_CUMEM_ENABLE", "1"),
+        ("PYTHONHASHSEED", "42"),
+        ("HF_TOKEN", ""),
+        ("HTTP_PROXY", "http://proxy:3128"),
+    ],
+)
+def test_ordinary_env_is_not_flagged(name: str, value: str) -> None:
+    assert credential_reason(name, value) is None
+
+
+def test_credential_env_refused_unless_deliberate(repo: Path) -> None:
+    spec_path = Path("images/kimi-k3-direct-d.toml")
+    text = spec_path.read_text().replace("[env]\n", '[env]\nHF_TOKEN = "hf_abcdefghijklmnopqrstuvwxyz0123"\n')
+    spec_path.write_text(text)
+    lock = load_lock(Path("pins/k3.lock.toml"))
+    with pytest.raises(SecretError) as e:
+        baked_env(lock, load_spec(spec_path, lock))
+    assert "HF_TOKEN" in str(e.value) and "allow_credentials" in str(e.value)
+    assert "images/kimi-k3-direct-d.toml: env.HF_TOKEN" in str(e.value)
+    spec_path.write_text('allow_credentials = ["HF_TOKEN"]\n' + text)
+    env = baked_env(lock, load_spec(spec_path, lock))
+    assert env["HF_TOKEN"].startswith("hf_")
+
+
+def test_merge_env_overrides_in_place_and_appends_sorted() -> None:
+    out = merge_env(["PATH=/bin", "A=1"], {"Z": "9", "A": "2", "B": "3"})
+    assert out == ["PATH=/bin", "A=2", "B=3", "Z=9"]

@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from k3env.cli import main
+from k3env.errors import LockError
+from k3env.lock import load_lock
+
+from .conftest import REPO, replace_in
+
+LOCK = Path("pins/k3.lock.toml")
+
+
+def test_real_lock_loads_with_the_kimi_k3_stack() -> None:
+    lock = load_lock(REPO / "pins/k3.lock.toml")
+    assert lock.version == 1
+    assert lock.dynamo is not None
+    assert lock.dynamo.commit == "ba83080ecd31c1ce918559e576d3c5bc9e092ff1"
+    assert lock.srt_slurm is not None
+    assert lock.srt_slurm.version == "v1.0.36"
+    assert lock.srt_slurm.commit == "cb651682117df129162cd276cf567ec70dc57b36"
+    assert [p.pr for p in lock.srt_slurm.patches] == [278, None]
+    base = lock.bases["vllm-kimi-k3"]
+    assert (base.repository, base.tag, base.digest) == ("docker.io/vllm/vllm-openai", "kimi-k3", None)
+    assert "bases.vllm-kimi-k3.digest" in [u.key for u in lock.unresolved]
+    assert "mamba-hybrid-index-int64" in lock.container_patches
+
+
+def test_lock_check_reports_unresolved_and_passes(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["lock", "--check", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["ok"] is True
+    keys = {u["key"] for u in out["unresolved"]}
+    assert "bases.vllm-kimi-k3.digest" in keys
+    assert out["stale"] == []
+
+
+def test_lock_check_require_resolved_fails(repo: Path) -> None:
+    assert main(["lock", "--check", "--require-resolved"]) == 4
+
+
+def _run_bad(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str]:
+    code = main(argv)
+    return code, capsys.readouterr().err
+
+
+def test_malformed_toml_names_file_and_line(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    replace_in(LOCK, 'tag = "kimi-k3"', 'tag = "kimi-k3')
+    before = LOCK.read_bytes()
+    code, err = _run_bad(capsys, ["lock", "--check"])
+    assert code == 2
+    assert "pins/k3.lock.toml" in err and "not valid TOML" in err and "line" in err
+    assert LOCK.read_bytes() == before
+
+
+def test_unknown_key_is_named_with_a_suggestion(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    replace_in(LOCK, 'tag = "kimi-k3"', 'tag = "kimi-k3"\ndigets = "x"')
+    code, err = _run_bad(capsys, ["lock", "--check"])
+    assert code == 2
+    assert "bases.vllm-kimi-k3.digets: unknown key" in err
+    assert "did you mean `digest`" in err
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "key"),
+    [
+        ('digest = "unresolved"', 'digest = "sha256:1234"', "bases.vllm-kimi-k3.digest"),
+        (
+            'commit = "ba83080ecd31c1ce918559e576d3c5bc9e092ff1"',
+            'commit = "ba83080"',
+            "dynamo.commit",
+        ),
+        (
+            'commit = "cb651682117df129162cd276cf567ec70dc57b36"',
+            'commit = "v1.0.36"',
+            "srt_slurm.commit",
+        ),
+    ],
+)
+def test_bad_digest_or_commit_format(
+    repo: Path, capsys: pytest.CaptureFixture[str], old: str, new: str, key: str
+) -> None:
+    replace_in(LOCK, old, new)
+    code, err = _run_bad(capsys, ["lock", "--check"])
+    assert code == 2
+    assert key in err and "is not a valid value" in err and "fix:" in err
+
+
+def test_patch_file_sha256_differs_from_the_lock(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    patch = Path("patches/container/mamba-hybrid-index-int64.toml")
+    patch.write_text(patch.read_text() + "\n# edited\n")
+    before = LOCK.read_bytes()
+    code, err = _run_bad(capsys, ["lock", "--check"])
+    assert code == 4
+    assert "container_patches.mamba-hybrid-index-int64.sha256" in err
+    assert "--update-hashes" in err
+    assert LOCK.read_bytes() == before
+
+
+def test_update_hashes_edits_only_the_leaf_and_keeps_comments(repo: Path) -> None:
+    patch = Path("patches/container/mamba-hybrid-index-int64.toml")
+    patch.write_text(patch.read_text() + "\n# edited\n")
+    before = LOCK.read_text().splitlines()
+    assert main(["lock", "--update-hashes"]) == 0
+    after = LOCK.read_text().splitlines()
+    changed = [(a, b) for a, b in zip(before, after, strict=True) if a != b]
+    assert len(changed) == 1 and changed[0][1].startswith("sha256 = ")
+    assert main(["lock", "--check"]) == 0
+
+
+def test_unsupported_version(repo: Path) -> None:
+    replace_in(LOCK, "version = 1", "version = 2")
+    with pytest.raises(LockError, match="version 2 is not supported"):
+        load_lock(LOCK)
+
+
+def test_container_patch_needs_one_target(repo: Path) -> None:
+    replace_in(LOCK, 'module = "vllm.v1', 'path = "/x.py"\nmodule = "vllm.v1')
+    with pytest.raises(LockError, match="exactly one target"):
+        load_lock(LOCK)
