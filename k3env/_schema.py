@@ -103,13 +103,13 @@ class Table:
             )
         return value
 
-    def str(self, key: str, *, required: bool = True, default: str | None = None) -> Any:
+    def string(self, key: str, *, required: bool = True, default: str | None = None) -> Any:
         return self._get(key, str, required, default)
 
-    def int(self, key: str, *, required: bool = True, default: int | None = None) -> Any:
+    def integer(self, key: str, *, required: bool = True, default: int | None = None) -> Any:
         return self._get(key, int, required, default)
 
-    def bool(self, key: str, *, default: bool = False) -> bool:
+    def boolean(self, key: str, *, default: bool = False) -> bool:
         return bool(self._get(key, bool, False, default))
 
     def str_list(self, key: str, *, required: bool = False) -> tuple[str, ...]:
@@ -145,7 +145,7 @@ class Table:
         allow_unresolved: bool = False,
     ) -> str | None:
         """A string matching ``pattern``; ``None`` for "unresolved" where allowed."""
-        value = self.str(key, required=required)
+        value = self.string(key, required=required)
         if value is None:
             return None
         if allow_unresolved and value == UNRESOLVED:
@@ -182,7 +182,13 @@ def _join(a: str, b: str) -> str:
 
 
 def _kind_name(kind: type | tuple[type, ...]) -> str:
-    names = {str: "a string", int: "an integer", bool: "a boolean", list: "an array", dict: "a table"}
+    names = {
+        str: "a string",
+        int: "an integer",
+        bool: "a boolean",
+        list: "an array",
+        dict: "a table",
+    }
     if isinstance(kind, tuple):
         return " or ".join(names.get(k, k.__name__) for k in kind)
     return names.get(kind, kind.__name__)

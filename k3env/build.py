@@ -10,7 +10,7 @@ one inspect. Nothing is tagged until the loaded image's ID equals the config dig
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,7 +99,11 @@ def registry_base(engine: Engine, log: Log) -> BaseResolver:
             if image is None:
                 raise EngineError("pulled image not found", where=ref, fix="pull it by hand")
         return ResolvedBase(
-            pin=pin, reference=ref, name=f"{pin.repository}:{pin.tag}", digest=pin.digest, image=image
+            pin=pin,
+            reference=ref,
+            name=f"{pin.repository}:{pin.tag}",
+            digest=pin.digest,
+            image=image,
         )
 
     return resolve
@@ -142,7 +146,7 @@ def _patch_plan(
     return todo, skipped
 
 
-_FIND_MODULES = r"""
+FIND_MODULES = r"""
 import json, os, sys
 out = {}
 for mod in sys.argv[1:]:
@@ -173,7 +177,7 @@ def resolve_modules(
     if missing:
         with log.step(f"locate {len(missing)} module(s) in {base.reference}"):
             result = engine.run(
-                base.image.id, [base.pin.python, "-c", _FIND_MODULES, *missing], timeout=120
+                base.image.id, [base.pin.python, "-c", FIND_MODULES, *missing], timeout=120
             )
         if result.exit_code != 0:
             raise EngineError(
@@ -199,7 +203,9 @@ def read_base_files(
 ) -> dict[str, ImageFile | None]:
     """Files of the base image; cached by image ID (an image never changes)."""
     key = base.image.id.split(":", 1)[1]
-    index: dict[str, dict[str, int | str] | None] = state.read_json("images", key, "files.json") or {}
+    index: dict[str, dict[str, int | str] | None] = (
+        state.read_json("images", key, "files.json") or {}
+    )
     out: dict[str, ImageFile | None] = {}
     missing = []
     for p in paths:
@@ -215,7 +221,11 @@ def read_base_files(
                 missing.append(p)
                 continue
             out[p] = ImageFile(
-                path=p, content=content, mode=int(meta["mode"]), uid=int(meta["uid"]), gid=int(meta["gid"])
+                path=p,
+                content=content,
+                mode=int(meta["mode"]),
+                uid=int(meta["uid"]),
+                gid=int(meta["gid"]),
             )
     if missing:
         for p, f in engine.read_files(base.image.id, missing).items():
@@ -254,8 +264,15 @@ class Builder:
         self.engine = engine
         self.state = state
         self.log = log
-        self.resolve_base = resolve_base
+        self._resolve_base = resolve_base
+        self._bases: dict[str, ResolvedBase] = {}
         self.twin = twin
+
+    def resolve_base(self, pin: BasePin) -> ResolvedBase:
+        """Each base once per run (pull or twin build included)."""
+        if pin.name not in self._bases:
+            self._bases[pin.name] = self._resolve_base(pin)
+        return self._bases[pin.name]
 
     def inputs_hash(self, spec: ImageSpec, base: ResolvedBase, patches: list[PatchFile]) -> str:
         return canonical_sha256(
@@ -282,21 +299,19 @@ class Builder:
         tag = inputs[:20]
         reference = f"{spec.repository}:{tag}"
 
-        existing = self.engine.labels(reference)
-        if existing is not None and existing.get(f"{LABEL_PREFIX}.inputs") == inputs:
-            image = self.engine.inspect(reference)
-            assert image is not None
+        existing = self.engine.lookup(reference)
+        if existing is not None and existing.labels.get(f"{LABEL_PREFIX}.inputs") == inputs:
             self.log.info(f"    {spec.name}: cache hit {reference}")
             return BuildResult(
                 image=spec.name,
                 reference=reference,
-                image_id=image.id,
+                image_id=existing.id,
                 inputs=inputs,
                 cached=True,
                 base=base.name,
                 base_id=base.image.id,
                 twin=self.twin,
-                patches=tuple(_cached_patches(existing, spec, skipped)),
+                patches=tuple(_cached_patches(existing.labels, spec, skipped)),
                 env=tuple(sorted(env)),
                 seconds=time.monotonic() - start,
             )
@@ -340,12 +355,17 @@ class Builder:
         )
 
     def _apply_patches(
-        self, spec: ImageSpec, base: ResolvedBase, todo: list[tuple[PatchFile, str | None, str | None]]
+        self,
+        spec: ImageSpec,
+        base: ResolvedBase,
+        todo: list[tuple[PatchFile, str | None, str | None]],
     ) -> tuple[list[PatchResult], list[LayerFile]]:
         if not todo:
             return [], []
         modules = [m for _, m, _ in todo if m]
-        located = resolve_modules(self.engine, self.state, base, modules, self.log) if modules else {}
+        located = (
+            resolve_modules(self.engine, self.state, base, modules, self.log) if modules else {}
+        )
         targets: list[tuple[PatchFile, str]] = []
         for patch, module, path in todo:
             target = located.get(module) if module else path
@@ -449,9 +469,8 @@ class Builder:
 
 
 def _cached_patches(
-    labels: dict[str, str] | object, spec: ImageSpec, skipped: list[PatchResult]
+    labels: Mapping[str, str], spec: ImageSpec, skipped: list[PatchResult]
 ) -> list[PatchResult]:
-    assert isinstance(labels, dict)
     skipped_names = {s.name for s in skipped}
     out = [
         PatchResult(

@@ -71,9 +71,7 @@ def cmd_lock(args: argparse.Namespace, log: Log) -> int:
                 continue
             state = "ok" if f.ok else ("MISSING" if f.actual is None else "SHA256 DIFFERS")
             print(f"  {state:14} {f.file}  ({f.key})")
-        print(
-            f"{len(lock.unresolved)} unresolved pin(s), {len(stale)} stale file hash(es)"
-        )
+        print(f"{len(lock.unresolved)} unresolved pin(s), {len(stale)} stale file hash(es)")
 
     _emit(args, payload, human)
     if stale:
@@ -119,7 +117,8 @@ def cmd_build(args: argparse.Namespace, log: Log) -> int:
     lock = load_lock(args.lock)
     specs = load_specs(args.images, lock, tuple(args.image))
     engine = _engine()
-    log.info(f"engine: {engine.describe()}")
+    if not log.quiet:
+        log.info(f"engine: {engine.describe()}")
     builder = make_builder(lock, engine, State(), log, args.twin)
     results = []
     start = time.monotonic()

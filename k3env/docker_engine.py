@@ -15,7 +15,7 @@ import docker
 import docker.errors
 import requests.exceptions
 
-from .engine import ImageFile, LayerPaths, Progress, RunResult
+from .engine import ImageFile, LayerPaths, Progress, RunResult, Tagged
 from .errors import EngineError
 from .layer import BaseImage, HistoryEntry
 
@@ -27,22 +27,26 @@ _FIX_DAEMON = (
 class DockerEngine:
     def __init__(self, base_url: str | None = None, timeout: int = 600) -> None:
         try:
+            # version="auto" negotiates the API version with one /version call, which also
+            # proves the daemon is reachable: no separate ping.
             if base_url:
-                self.client = docker.DockerClient(base_url=base_url, timeout=timeout)
+                self.client = docker.DockerClient(
+                    base_url=base_url, timeout=timeout, version="auto"
+                )
             else:
-                self.client = docker.from_env(timeout=timeout)
-            self.client.ping()
+                self.client = docker.from_env(timeout=timeout, version="auto")
         except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
             raise EngineError(
-                f"cannot reach the Docker engine: {e}", where=base_url or "DOCKER_HOST", fix=_FIX_DAEMON
+                f"cannot reach the Docker engine: {e}",
+                where=base_url or "DOCKER_HOST",
+                fix=_FIX_DAEMON,
             ) from e
         self.api = self.client.api
 
     # -- reading ---------------------------------------------------------------------------
     def describe(self) -> str:
         info = self.client.info()
-        version = self.client.version()
-        return f"dockerd {version.get('Version')} ({info.get('Driver')})"
+        return f"dockerd {info.get('ServerVersion')} ({info.get('Driver')})"
 
     def _attrs(self, ref: str) -> dict[str, Any] | None:
         try:
@@ -91,11 +95,11 @@ class DockerEngine:
             return ()
         return entries
 
-    def labels(self, ref: str) -> Mapping[str, str] | None:
+    def lookup(self, ref: str) -> Tagged | None:
         attrs = self._attrs(ref)
         if attrs is None:
             return None
-        return dict((attrs.get("Config") or {}).get("Labels") or {})
+        return Tagged(id=attrs["Id"], labels=dict((attrs.get("Config") or {}).get("Labels") or {}))
 
     def layer_paths(self, ref: str) -> LayerPaths:
         attrs = self._attrs(ref)
@@ -125,7 +129,9 @@ class DockerEngine:
         except docker.errors.ImageNotFound as e:
             raise EngineError("image not found", where=image, fix="build or pull it first") from e
         except docker.errors.APIError as e:
-            raise EngineError(f"cannot create a container: {e}", where=image, fix=_FIX_DAEMON) from e
+            raise EngineError(
+                f"cannot create a container: {e}", where=image, fix=_FIX_DAEMON
+            ) from e
 
     def _read_one(self, container: Any, path: str, hops: int = 0) -> ImageFile | None:
         try:
@@ -227,19 +233,29 @@ class DockerEngine:
             raise EngineError(f"pull failed: {e}", where=reference, fix=_FIX_DAEMON) from e
 
     def load(self, archive: bytes) -> str:
+        loaded = []
         try:
-            images = self.client.images.load(archive)
+            for event in self.api.load_image(archive):
+                if "error" in event:
+                    raise EngineError(
+                        f"docker load failed: {event['error']}",
+                        where="docker load",
+                        fix="check that the base image is in this engine (k3env pulls it)",
+                    )
+                stream = event.get("stream", "")
+                if stream.startswith("Loaded image ID: "):
+                    loaded.append(stream.split(": ", 1)[1].strip())
         except docker.errors.APIError as e:
             raise EngineError(
                 f"docker load failed: {e}",
                 where="docker load",
-                fix="check that the base image is present in this engine (k3env pulls it by digest)",
+                fix="check that the base image is in this engine (k3env pulls it by digest)",
             ) from e
-        if len(images) != 1:
+        if len(loaded) != 1:
             raise EngineError(
-                f"docker load gave {len(images)} images, expected 1", where="docker load", fix=""
+                f"docker load gave {len(loaded)} images, expected 1", where="docker load", fix=""
             )
-        return str(images[0].id)
+        return str(loaded[0])
 
     def tag(self, image_id: str, repository: str, tag: str) -> None:
         if not self.api.tag(image_id, repository, tag, force=True):
@@ -258,7 +274,9 @@ class DockerEngine:
         try:
             self.api.import_image_from_file(str(tarball), repository=repository, tag=tag)
         except docker.errors.APIError as e:
-            raise EngineError(f"docker import failed: {e}", where=str(tarball), fix=_FIX_DAEMON) from e
+            raise EngineError(
+                f"docker import failed: {e}", where=str(tarball), fix=_FIX_DAEMON
+            ) from e
         attrs = self._attrs(f"{repository}:{tag}")
         if attrs is None:
             raise EngineError("imported image not found", where=f"{repository}:{tag}", fix="")

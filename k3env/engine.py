@@ -24,6 +24,14 @@ class ImageFile:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Tagged:
+    """An image the engine has under some reference: its ID and labels."""
+
+    id: str
+    labels: Mapping[str, str]
+
+
+@dataclass(frozen=True, kw_only=True)
 class RunResult:
     exit_code: int
     stdout: str
@@ -48,8 +56,8 @@ class Engine(Protocol):
     def inspect(self, ref: str) -> BaseImage | None:
         """The image's config, or ``None`` when the engine does not have it."""
 
-    def labels(self, ref: str) -> Mapping[str, str] | None:
-        """The image's labels, or ``None`` when the engine does not have it."""
+    def lookup(self, ref: str) -> Tagged | None:
+        """The image's ID and labels (one cheap call), or ``None`` when the engine lacks it."""
 
     def layer_paths(self, ref: str) -> LayerPaths:
         """Where the image's layers live on the engine's disk (for sharing checks)."""

@@ -26,7 +26,7 @@ from .errors import LockError
 LOCK_VERSION = 1
 DEFAULT_LOCK = Path("pins/k3.lock.toml")
 
-_SHA_FIX = "write the 64-hex sha256 of the file (`sha256sum FILE`), or \"unresolved\""
+_SHA_FIX = 'write the 64-hex sha256 of the file (`sha256sum FILE`), or "unresolved"'
 _DIGEST_FIX = 'write "sha256:" + 64 hex digits (`skopeo inspect docker://REF`), or "unresolved"'
 _COMMIT_FIX = "write the full 40-hex commit id (`git rev-parse TAG^{commit}`)"
 
@@ -174,7 +174,7 @@ class Lock:
 def load_lock(path: Path) -> Lock:
     data = load_toml(path, LockError)
     top = Table(data, file=path, path="", error=LockError)
-    version = top.int("version")
+    version = top.integer("version")
     if version != LOCK_VERSION:
         raise top.fail(
             "version",
@@ -224,23 +224,23 @@ def _env(t: Table) -> dict[str, str]:
     for key in t.keys():
         if not ENV_NAME_RE.match(key):
             raise t.fail(key, f"{key!r} is not a valid environment variable name", "rename it")
-        out[key] = t.str(key)
+        out[key] = t.string(key)
     t.done()
     return out
 
 
 def _base(name: str, t: Table, unresolved: list[Unresolved]) -> BasePin:
-    kind = t.str("kind", required=False, default="registry")
+    kind = t.string("kind", required=False, default="registry")
     if kind not in ("registry", "twin"):
         raise t.fail("kind", f"unknown base kind {kind!r}", 'use "registry" or "twin"')
-    python = t.str("python", required=False, default="python3")
+    python = t.string("python", required=False, default="python3")
     if kind == "twin":
         t.done()
         return BasePin(
             name=name, kind=kind, repository=None, tag=None, digest=None, python=python, twin=None
         )
-    repository = t.str("repository")
-    tag = t.str("tag")
+    repository = t.string("repository")
+    tag = t.string("tag")
     digest = t.matching("digest", DIGEST_RE, _DIGEST_FIX, allow_unresolved=True)
     if digest is None:
         unresolved.append(
@@ -249,28 +249,34 @@ def _base(name: str, t: Table, unresolved: list[Unresolved]) -> BasePin:
                 hint=f"skopeo inspect docker://{repository}:{tag} --format '{{{{.Digest}}}}'",
             )
         )
-    twin = t.str("twin", required=False)
+    twin = t.string("twin", required=False)
     t.done()
     return BasePin(
-        name=name, kind=kind, repository=repository, tag=tag, digest=digest, python=python, twin=twin
+        name=name,
+        kind=kind,
+        repository=repository,
+        tag=tag,
+        digest=digest,
+        python=python,
+        twin=twin,
     )
 
 
 def _twin(t: Table, unresolved: list[Unresolved]) -> TwinPin:
     sha = t.matching("requirements_sha256", SHA256_RE, _SHA_FIX, allow_unresolved=True)
-    req = t.str("requirements")
+    req = t.string("requirements")
     if sha is None:
         unresolved.append(
             Unresolved(key="twin.requirements_sha256", hint=f"k3env lock --update-hashes ({req})")
         )
     pin = TwinPin(
-        debian_suite=t.str("debian_suite"),
-        debian_mirror=t.str("debian_mirror"),
+        debian_suite=t.string("debian_suite"),
+        debian_mirror=t.string("debian_mirror"),
         debian_packages=t.str_list("debian_packages"),
         requirements=req,
         requirements_sha256=sha,
-        registry=t.str("registry"),
-        repository=t.str("repository"),
+        registry=t.string("registry"),
+        repository=t.string("repository"),
     )
     t.done()
     return pin
@@ -278,8 +284,8 @@ def _twin(t: Table, unresolved: list[Unresolved]) -> TwinPin:
 
 def _dynamo(t: Table) -> DynamoPin:
     pin = DynamoPin(
-        name=t.str("name"),
-        git=t.str("git"),
+        name=t.string("name"),
+        git=t.string("git"),
         commit=str(t.matching("commit", COMMIT_RE, _COMMIT_FIX)),
     )
     t.done()
@@ -287,32 +293,34 @@ def _dynamo(t: Table) -> DynamoPin:
 
 
 def _srt(t: Table, unresolved: list[Unresolved]) -> SrtSlurmPin:
-    git = t.str("git")
-    version = t.str("version")
+    git = t.string("git")
+    version = t.string("version")
     commit = str(t.matching("commit", COMMIT_RE, _COMMIT_FIX))
     patches = []
     for i, p in enumerate(t.tables("patches")):
         sha = p.matching("sha256", SHA256_RE, _SHA_FIX, allow_unresolved=True)
-        rng = p.str("range", required=False)
+        rng = p.string("range", required=False)
         if rng is not None:
             ends = rng.split("..")
             if len(ends) != 2 or not all(COMMIT_RE.match(e) for e in ends):
                 raise p.fail("range", f"{rng!r} is not BASE..HEAD", "write two 40-hex commits")
-        pr = p.int("pr", required=False)
+        pr = p.integer("pr", required=False)
         if sha is None:
             hint = f"git format-patch --stdout {rng}" if rng else "write the patch file"
             unresolved.append(
-                Unresolved(key=f"srt_slurm.patches[{i}].sha256", hint=f"{hint} > {p.str('file')}")
+                Unresolved(
+                    key=f"srt_slurm.patches[{i}].sha256", hint=f"{hint} > {p.string('file')}"
+                )
             )
         patches.append(
             SrtPatchPin(
                 index=i,
                 pr=pr,
-                title=p.str("title"),
-                file=p.str("file"),
+                title=p.string("title"),
+                file=p.string("file"),
                 range=rng,
                 sha256=sha,
-                why=p.str("why"),
+                why=p.string("why"),
             )
         )
         p.done()
@@ -321,8 +329,8 @@ def _srt(t: Table, unresolved: list[Unresolved]) -> SrtSlurmPin:
 
 
 def _container_patch(name: str, t: Table, bases: Mapping[str, BasePin]) -> ContainerPatchPin:
-    module = t.str("module", required=False)
-    path = t.str("path", required=False)
+    module = t.string("module", required=False)
+    path = t.string("path", required=False)
     if (module is None) == (path is None):
         raise t.fail(
             None,
@@ -337,13 +345,13 @@ def _container_patch(name: str, t: Table, bases: Mapping[str, BasePin]) -> Conta
             raise t.fail("bases", f"unknown base {b!r}", f"use one of {sorted(bases)}")
     pin = ContainerPatchPin(
         name=name,
-        file=t.str("file"),
+        file=t.string("file"),
         sha256=str(t.matching("sha256", SHA256_RE, _SHA_FIX)),
         module=module,
         path=path,
         bases=pin_bases,
-        expects=t.str("expects"),
-        why=t.str("why"),
+        expects=t.string("expects"),
+        why=t.string("why"),
     )
     t.done()
     return pin
@@ -353,7 +361,9 @@ def _aiperf(t: Table, unresolved: list[Unresolved]) -> AiperfPin:
     sha = t.matching("sha256", SHA256_RE, _SHA_FIX, allow_unresolved=True)
     if sha is None:
         unresolved.append(Unresolved(key="aiperf.sha256", hint="pip download --no-deps aiperf"))
-    pin = AiperfPin(name=t.str("name"), version=t.str("version"), wheel=t.str("wheel"), sha256=sha)
+    pin = AiperfPin(
+        name=t.string("name"), version=t.string("version"), wheel=t.string("wheel"), sha256=sha
+    )
     t.done()
     return pin
 
@@ -382,7 +392,9 @@ def pinned_files(lock: Lock) -> list[tuple[str, str, str | None]]:
         for p in lock.srt_slurm.patches:
             out.append((f"srt_slurm.patches[{p.index}].sha256", p.file, p.sha256))
     if lock.twin:
-        out.append(("twin.requirements_sha256", lock.twin.requirements, lock.twin.requirements_sha256))
+        out.append(
+            ("twin.requirements_sha256", lock.twin.requirements, lock.twin.requirements_sha256)
+        )
     return out
 
 
@@ -410,6 +422,6 @@ def verify_patch_file(lock: Lock, pin: ContainerPatchPin) -> Path:
         raise LockError(
             f"patch file {pin.file} has sha256 {actual}, the lock pins {pin.sha256}",
             where=f"{where}.sha256",
-            fix="if the edit is deliberate, run `k3env lock --update-hashes`; else restore the file",
+            fix="if deliberate, run `k3env lock --update-hashes`; else restore the file",
         )
     return path

@@ -54,8 +54,8 @@ def load_patch_file(pin: ContainerPatchPin, path: Path) -> PatchFile:
     t = Table(load_toml(path, SpecError), file=path, path="", error=SpecError)
     edits = []
     for e in t.tables("edits"):
-        anchor = e.str("anchor")
-        replacement = e.str("replacement")
+        anchor = e.string("anchor")
+        replacement = e.string("replacement")
         if not anchor:
             raise e.fail("anchor", "empty anchor", "write the exact text the edit replaces")
         if anchor == replacement:
@@ -67,7 +67,7 @@ def load_patch_file(pin: ContainerPatchPin, path: Path) -> PatchFile:
     pf = PatchFile(
         name=pin.name,
         path=path,
-        description=t.str("description", required=False, default=""),
+        description=t.string("description", required=False, default=""),
         edits=tuple(edits),
     )
     t.done()

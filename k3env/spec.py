@@ -60,7 +60,7 @@ def load_spec(path: Path, lock: Lock) -> ImageSpec:
             where=str(path),
             fix="rename the file: lowercase letters, digits, '.', '_', '-'",
         )
-    base = t.str("base")
+    base = t.string("base")
     if base not in lock.bases:
         raise t.fail(
             "base",
@@ -79,7 +79,7 @@ def load_spec(path: Path, lock: Lock) -> ImageSpec:
         raise t.fail("patches", "a patch is listed twice", "list each patch once")
     env = _env(t.table("env", required=False))
     readers_t = t.table("env_readers", required=False)
-    readers = {k: readers_t.str(k) for k in readers_t.keys()}
+    readers = {k: readers_t.string(k) for k in readers_t.keys()}
     readers_t.done()
     allow = t.str_list("allow_credentials")
     for i, a in enumerate(allow):
@@ -92,9 +92,9 @@ def load_spec(path: Path, lock: Lock) -> ImageSpec:
         name=name,
         path=path,
         sha256=canonical_sha256(data),
-        description=t.str("description", required=False, default=""),
+        description=t.string("description", required=False, default=""),
         base=base,
-        repository=t.str("repository", required=False, default=f"k3env/{name}"),
+        repository=t.string("repository", required=False, default=f"k3env/{name}"),
         patches=patches,
         env=env,
         env_readers=readers,
@@ -109,7 +109,9 @@ def load_specs(directory: Path, lock: Lock, only: tuple[str, ...] = ()) -> list[
     files = sorted(directory.glob("*.toml"))
     if not files:
         raise SpecError(
-            "no image specs found", where=str(directory), fix="add images/NAME.toml, or pass --images"
+            "no image specs found",
+            where=str(directory),
+            fix="add images/NAME.toml, or pass --images",
         )
     specs = [load_spec(f, lock) for f in files]
     if only:
@@ -130,7 +132,7 @@ def _env(t: Table) -> dict[str, str]:
     for key in t.keys():
         if not ENV_NAME_RE.match(key):
             raise t.fail(key, f"{key!r} is not a valid environment variable name", "rename it")
-        out[key] = t.str(key)
+        out[key] = t.string(key)
     t.done()
     return out
 
@@ -138,7 +140,7 @@ def _env(t: Table) -> dict[str, str]:
 def _profile(name: str, t: Table) -> ServeProfile:
     commands = []
     for c in t.tables("commands"):
-        role = c.str("role")
+        role = c.string("role")
         if role not in ROLES:
             raise c.fail("role", f"unknown role {role!r}", f"use one of {list(ROLES)}")
         argv = c.str_list("argv", required=True)
@@ -150,10 +152,10 @@ def _profile(name: str, t: Table) -> ServeProfile:
         raise t.fail("commands", "a serve profile needs at least one command", "add [[commands]]")
     profile = ServeProfile(
         name=name,
-        description=t.str("description", required=False, default=""),
-        tokenizer_model_type=t.str("tokenizer_model_type", required=False),
-        tool_call_parser=t.str("tool_call_parser", required=False),
-        reasoning_parser=t.str("reasoning_parser", required=False),
+        description=t.string("description", required=False, default=""),
+        tokenizer_model_type=t.string("tokenizer_model_type", required=False),
+        tool_call_parser=t.string("tool_call_parser", required=False),
+        reasoning_parser=t.string("reasoning_parser", required=False),
         commands=tuple(commands),
     )
     t.done()

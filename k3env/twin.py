@@ -13,6 +13,7 @@ digest like any other base. Two stages, each cached on its own:
 from __future__ import annotations
 
 import tempfile
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,7 +54,7 @@ def plan(lock: Lock) -> TwinPlan:
         raise LockError(
             f"{twin.requirements} has sha256 {actual}, the lock pins {twin.requirements_sha256}",
             where=f"{lock.path}: twin.requirements_sha256",
-            fix="if the edit is deliberate, run `k3env lock --update-hashes`; else restore the file",
+            fix="if deliberate, run `k3env lock --update-hashes`; else restore the file",
         )
     stage1 = canonical_sha256(
         {"suite": twin.debian_suite, "mirror": twin.debian_mirror, "packages": twin.debian_packages}
@@ -83,7 +84,9 @@ def ensure_stage1(lock: Lock, p: TwinPlan, engine: Engine, log: Log) -> str:
     with tempfile.TemporaryDirectory(prefix="k3env-twin-") as tmp:
         root = Path(tmp) / "rootfs"
         tarball = Path(tmp) / "rootfs.tar"
-        with log.step(f"debootstrap {twin.debian_suite} (minbase + {', '.join(twin.debian_packages)})"):
+        with log.step(
+            f"debootstrap {twin.debian_suite} (minbase + {', '.join(twin.debian_packages)})"
+        ):
             run(
                 [
                     debootstrap,
@@ -98,7 +101,15 @@ def ensure_stage1(lock: Lock, p: TwinPlan, engine: Engine, log: Log) -> str:
                 what="debootstrap",
             )
             # Nothing of the build host's apt cache belongs in the image.
-            run(["rm", "-rf", str(root / "var/cache/apt/archives"), str(root / "var/lib/apt/lists")], log)
+            run(
+                [
+                    "rm",
+                    "-rf",
+                    str(root / "var/cache/apt/archives"),
+                    str(root / "var/lib/apt/lists"),
+                ],
+                log,
+            )
             run(["tar", "--numeric-owner", "-C", str(root), "-cf", str(tarball), "."], log)
         with log.step(f"import {p.stage1_ref}"):
             return engine.import_rootfs(tarball, *p.stage1_ref.split(":"))
@@ -110,11 +121,29 @@ def download_wheels(p: TwinPlan, state: State, log: Log) -> Path:
     with log.step(f"wheelhouse {wheelhouse} (pip download --require-hashes)"):
         run(
             [
-                "python3", "-m", "pip", "download", "--no-deps", "--require-hashes",
-                "--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
-                "--platform", "manylinux_2_28_x86_64", "--platform", "manylinux2014_x86_64",
-                "--platform", "linux_x86_64", "--platform", "any",
-                "-d", str(wheelhouse), "-r", str(p.requirements),
+                "python3",
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--require-hashes",
+                "--only-binary=:all:",
+                "--python-version",
+                "3.11",
+                "--implementation",
+                "cp",
+                "--platform",
+                "manylinux_2_28_x86_64",
+                "--platform",
+                "manylinux2014_x86_64",
+                "--platform",
+                "linux_x86_64",
+                "--platform",
+                "any",
+                "-d",
+                str(wheelhouse),
+                "-r",
+                str(p.requirements),
             ],
             log,
             capture=True,
@@ -130,7 +159,8 @@ python3 "$pip_whl/pip" install --no-index --no-deps --require-hashes --no-compil
   --break-system-packages --disable-pip-version-check --root-user-action=ignore \
   --find-links /k3env/wheels -r /k3env/req/requirements.txt
 echo "byte-compiling site-packages"
-python3 -m compileall -q -j 2 "$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" >/dev/null || true
+purelib=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+python3 -m compileall -q -j 2 "$purelib" >/dev/null || true
 rm -rf /root/.cache
 """
 
@@ -139,10 +169,11 @@ def ensure_twin(lock: Lock, engine: Engine, state: State, log: Log) -> tuple[str
     """The twin's (image reference, registry digest), building and pushing what is missing."""
     p = plan(lock)
     record = state.read_json("twin", f"{p.inputs}.json")
-    labels = engine.labels(p.reference)
-    if labels is not None and labels.get(LABEL) == p.inputs and record and record.get("digest"):
+    found = engine.lookup(p.reference)
+    built = found is not None and found.labels.get(LABEL) == p.inputs
+    if built and record and record.get("digest") and _registry_has(p, str(record["digest"])):
         return p.reference, str(record["digest"])
-    if labels is None or labels.get(LABEL) != p.inputs:
+    if not built:
         stage1 = ensure_stage1(lock, p, engine, log)
         wheelhouse = download_wheels(p, state, log)
         with log.step(f"install the pinned wheels into {p.reference} (minutes; progress below)"):
@@ -161,6 +192,22 @@ def ensure_twin(lock: Lock, engine: Engine, state: State, log: Log) -> tuple[str
         digest = engine.push(repository, tag, log.detail)
     state.write_json({"reference": p.reference, "digest": digest}, "twin", f"{p.inputs}.json")
     return p.reference, digest
+
+
+def _registry_has(p: TwinPlan, digest: str) -> bool:
+    """Whether the registry still serves the manifest (a registry can be wiped)."""
+    registry, _, rest = p.reference.partition("/")
+    repository = rest.rsplit(":", 1)[0]
+    request = urllib.request.Request(
+        f"http://{registry}/v2/{repository}/manifests/{digest}",
+        method="HEAD",
+        headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:
+            return bool(response.status == 200)
+    except OSError:
+        return False
 
 
 def _req_dir(p: TwinPlan, state: State) -> Path:

@@ -44,7 +44,9 @@ def test_ordinary_env_is_not_flagged(name: str, value: str) -> None:
 
 def test_credential_env_refused_unless_deliberate(repo: Path) -> None:
     spec_path = Path("images/kimi-k3-direct-d.toml")
-    text = spec_path.read_text().replace("[env]\n", '[env]\nHF_TOKEN = "hf_abcdefghijklmnopqrstuvwxyz0123"\n')
+    text = spec_path.read_text().replace(
+        "[env]\n", '[env]\nHF_TOKEN = "hf_abcdefghijklmnopqrstuvwxyz0123"\n'
+    )
     spec_path.write_text(text)
     lock = load_lock(Path("pins/k3.lock.toml"))
     with pytest.raises(SecretError) as e:

@@ -23,7 +23,9 @@ FILES = [
 
 
 def _build(env: list[str]) -> bytes:
-    return assemble(BASE, FILES, env=env, labels={"k": "v"}, created_by="t", comment="c").config_json
+    return assemble(
+        BASE, FILES, env=env, labels={"k": "v"}, created_by="t", comment="c"
+    ).config_json
 
 
 def test_layer_tar_is_deterministic_and_sorted() -> None:

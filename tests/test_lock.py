@@ -24,12 +24,18 @@ def test_real_lock_loads_with_the_kimi_k3_stack() -> None:
     assert lock.srt_slurm.commit == "cb651682117df129162cd276cf567ec70dc57b36"
     assert [p.pr for p in lock.srt_slurm.patches] == [278, None]
     base = lock.bases["vllm-kimi-k3"]
-    assert (base.repository, base.tag, base.digest) == ("docker.io/vllm/vllm-openai", "kimi-k3", None)
+    assert (base.repository, base.tag, base.digest) == (
+        "docker.io/vllm/vllm-openai",
+        "kimi-k3",
+        None,
+    )
     assert "bases.vllm-kimi-k3.digest" in [u.key for u in lock.unresolved]
     assert "mamba-hybrid-index-int64" in lock.container_patches
 
 
-def test_lock_check_reports_unresolved_and_passes(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_lock_check_reports_unresolved_and_passes(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     assert main(["lock", "--check", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["ok"] is True
@@ -56,7 +62,9 @@ def test_malformed_toml_names_file_and_line(repo: Path, capsys: pytest.CaptureFi
     assert LOCK.read_bytes() == before
 
 
-def test_unknown_key_is_named_with_a_suggestion(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_unknown_key_is_named_with_a_suggestion(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     replace_in(LOCK, 'tag = "kimi-k3"', 'tag = "kimi-k3"\ndigets = "x"')
     code, err = _run_bad(capsys, ["lock", "--check"])
     assert code == 2
@@ -89,7 +97,9 @@ def test_bad_digest_or_commit_format(
     assert key in err and "is not a valid value" in err and "fix:" in err
 
 
-def test_patch_file_sha256_differs_from_the_lock(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_patch_file_sha256_differs_from_the_lock(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     patch = Path("patches/container/mamba-hybrid-index-int64.toml")
     patch.write_text(patch.read_text() + "\n# edited\n")
     before = LOCK.read_bytes()

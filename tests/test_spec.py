@@ -14,7 +14,9 @@ from .conftest import REPO, replace_in
 def test_all_shipped_specs_load() -> None:
     lock = load_lock(REPO / "pins/k3.lock.toml")
     specs = {s.name: s for s in load_specs(REPO / "images", lock)}
-    assert {"kimi-k3-dynamo", "kimi-k3-direct-d", "kimi-k3-direct-e", "kimi-k3-direct-f"} <= set(specs)
+    assert {"kimi-k3-dynamo", "kimi-k3-direct-d", "kimi-k3-direct-e", "kimi-k3-direct-f"} <= set(
+        specs
+    )
     f = specs["kimi-k3-direct-f"]
     assert f.env["VLLM_PREFIX_CACHE_RETENTION_INTERVAL"] == "0"
     argv = f.profiles["agg"].commands[0].argv

@@ -157,7 +157,9 @@ def write_project(root: Path, base: BaseFixture, *, env: dict[str, str] | None =
 
 
 @pytest.fixture
-def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, test_base: BaseFixture) -> Iterator[Path]:
+def project(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, test_base: BaseFixture
+) -> Iterator[Path]:
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("K3ENV_STATE_DIR", str(tmp_path / "state"))
     write_project(tmp_path, test_base)

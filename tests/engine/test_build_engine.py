@@ -28,7 +28,10 @@ def build(capsys: pytest.CaptureFixture[str], *extra: str) -> dict[str, object]:
 
 
 def test_same_inputs_same_image_id_after_removal(
-    project: Path, engine: DockerEngine, capsys: pytest.CaptureFixture[str], clean_probe_images: None
+    project: Path,
+    engine: DockerEngine,
+    capsys: pytest.CaptureFixture[str],
+    clean_probe_images: None,
 ) -> None:
     first = build(capsys)
     assert first["cached"] is False
@@ -101,8 +104,9 @@ def test_patch_env_labels_and_provenance_are_in_the_image(
     assert doc["lock"]["path"] == LOCK
     assert doc["base"]["digest"] == test_base.digest
     assert doc["patches"][0]["status"] == "applied"
-    labels = engine.labels(ref)
-    assert labels is not None
+    found = engine.lookup(ref)
+    assert found is not None
+    labels = found.labels
     assert labels["org.opencontainers.image.base.digest"] == test_base.digest
     assert labels["org.opencontainers.image.base.name"] == f"{test_base.repository}:1"
     assert labels["io.k3env.lock.sha256"] == doc["lock"]["sha256"]
@@ -121,7 +125,9 @@ def test_patch_already_upstream_is_detected_not_applied_twice(
     patches = result["patches"]
     assert isinstance(patches, list) and patches[0]["status"] == "already-present"
     run = engine.run(
-        str(result["reference"]), ["cat", "/usr/lib/python3/dist-packages/k3test/mod.py"], timeout=60
+        str(result["reference"]),
+        ["cat", "/usr/lib/python3/dist-packages/k3test/mod.py"],
+        timeout=60,
     )
     assert run.stdout == FIXED
 

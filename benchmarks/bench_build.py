@@ -1,0 +1,183 @@
+"""Benchmark: `k3env build` against a plain `docker build` of the same change, over the twin.
+
+One run prints, for a base of at least 2 GB (the CPU twin: Debian + vLLM + Dynamo + torch):
+  * cold derived build (nothing cached: patch target read from the base, layer, load)
+  * rebuild after editing one env var, k3env vs `docker build` (legacy builder, the one the
+    docker SDK drives) of an equivalent Dockerfile: FROM base, COPY patched file, ENV, LABEL
+  * ratio k3env / docker build (goal <= 1.0)
+  * no-op rebuild (cache hit), as a whole `k3env build` process (goal < 1 s)
+Each figure is the median of --repeat runs; every command is a fresh process, like a user's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from k3env._schema import file_sha256  # noqa: E402
+from k3env.build import FIND_MODULES  # noqa: E402
+from k3env.docker_engine import DockerEngine  # noqa: E402
+from k3env.lock import load_lock  # noqa: E402
+from k3env.log import Log  # noqa: E402
+from k3env.state import State  # noqa: E402
+from k3env.twin import ensure_twin  # noqa: E402
+
+ANCHOR = '__version__ = "dev"'
+REPLACEMENT = '__version__ = "dev+k3env-bench"'
+
+
+def timed(argv: list[str], *, cwd: Path, env: dict[str, str] | None = None) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(
+        argv, cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True, text=True
+    )
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        sys.exit(f"benchmark command failed: {' '.join(argv)}\n{proc.stdout}\n{proc.stderr}")
+    return elapsed
+
+
+def write_project(root: Path, base_repo: str, base_tag: str, digest: str, value: str) -> None:
+    (root / "pins").mkdir(parents=True, exist_ok=True)
+    (root / "images").mkdir(exist_ok=True)
+    (root / "patches").mkdir(exist_ok=True)
+    patch = root / "patches/version.toml"
+    patch.write_text(f"[[edits]]\nanchor = '{ANCHOR}'\nreplacement = '{REPLACEMENT}'\n")
+    (root / "pins/bench.lock.toml").write_text(
+        textwrap.dedent(
+            f"""\
+            version = 1
+            [bases.twin]
+            repository = "{base_repo}"
+            tag = "{base_tag}"
+            digest = "{digest}"
+            [container_patches.version]
+            file = "patches/version.toml"
+            sha256 = "{file_sha256(patch)}"
+            module = "vllm.version"
+            bases = ["twin"]
+            expects = "the dev fallback version string"
+            why = "benchmark"
+            """
+        )
+    )
+    (root / "images/bench.toml").write_text(
+        textwrap.dedent(
+            f"""\
+            base = "twin"
+            repository = "k3env-bench/derived"
+            patches = ["version"]
+            [env]
+            BENCH_VALUE = "{value}"
+            """
+        )
+    )
+
+
+def docker_context(root: Path, base_ref: str, target: str, text: str, value: str) -> Path:
+    ctx = root / "docker-ctx"
+    ctx.mkdir(exist_ok=True)
+    (ctx / "version.py").write_text(text.replace(ANCHOR, REPLACEMENT, 1))
+    (ctx / "Dockerfile").write_text(
+        f"FROM {base_ref}\nCOPY version.py {target}\nENV BENCH_VALUE={value}\n"
+        f"LABEL io.k3env.bench={value}\n"
+    )
+    return ctx
+
+
+def clean(engine: DockerEngine) -> None:
+    for name in ("k3env-bench/derived", "k3env-bench/docker"):
+        for image in engine.client.images.list(name=name):
+            engine.client.images.remove(image.id, force=True)
+    engine.client.images.prune(filters={"dangling": True})
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    engine = DockerEngine()
+    lock = load_lock(REPO / "pins/k3.lock.toml")
+    reference, digest = ensure_twin(lock, engine, State(), Log())
+    base_repo, base_tag = reference.rsplit(":", 1)
+    base = engine.inspect(reference)
+    assert base is not None
+    size = engine.client.images.get(reference).attrs["Size"]
+    probe = engine.run(reference, ["python3", "-c", FIND_MODULES, "vllm.version"], timeout=120)
+    target = json.loads(probe.stdout)["vllm.version"]
+    original = engine.read_files(reference, [target])[target]
+    assert original is not None
+    k3env = [sys.executable, "-m", "k3env", "build", "-q", "--lock", "pins/bench.lock.toml"]
+
+    cold, warm, docker_cold, docker_warm, noop = [], [], [], [], []
+    with tempfile.TemporaryDirectory(prefix="k3env-bench-") as tmp:
+        root = Path(tmp)
+        state = {"K3ENV_STATE_DIR": str(root / "state")}
+        for i in range(args.repeat):
+            clean(engine)
+            shutil.rmtree(root / "state", ignore_errors=True)
+            # k3env: cold build (no facts cached), then an env edit, then a no-op rebuild.
+            write_project(root, base_repo, base_tag, digest, f"{i}-a")
+            cold.append(timed(k3env, cwd=root, env=state))
+            write_project(root, base_repo, base_tag, digest, f"{i}-b")
+            warm.append(timed(k3env, cwd=root, env=state))
+            noop.append(timed(k3env, cwd=root, env=state))
+            # docker build of the same change: first build, then the same env edit.
+            build = ["docker", "build", "-q", "-t", "k3env-bench/docker:x"]
+            legacy = {"DOCKER_BUILDKIT": "0"}
+            ctx = docker_context(root, reference, target, original.content.decode(), f"{i}-a")
+            docker_cold.append(timed([*build, str(ctx)], cwd=root, env=legacy))
+            ctx = docker_context(root, reference, target, original.content.decode(), f"{i}-b")
+            docker_warm.append(timed([*build, str(ctx)], cwd=root, env=legacy))
+        clean(engine)
+
+    med = statistics.median
+    result = {
+        "engine": engine.describe(),
+        "base": reference,
+        "base_size_bytes": size,
+        "repeat": args.repeat,
+        "k3env_cold_s": round(med(cold), 3),
+        "k3env_env_edit_s": round(med(warm), 3),
+        "docker_build_cold_s": round(med(docker_cold), 3),
+        "docker_build_env_edit_s": round(med(docker_warm), 3),
+        "ratio_cold": round(med(cold) / med(docker_cold), 3),
+        "ratio_env_edit": round(med(warm) / med(docker_warm), 3),
+        "noop_rebuild_s": round(med(noop), 3),
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(
+            f"base {reference}: {size / 1e9:.2f} GB on {result['engine']}, median of {args.repeat}"
+        )
+        print(f"  {'':28} {'k3env':>8} {'docker build':>13} {'ratio':>7}")
+        print(
+            f"  {'first build (cold)':28} {result['k3env_cold_s']:>7.3f}s "
+            f"{result['docker_build_cold_s']:>12.3f}s {result['ratio_cold']:>7.3f}"
+        )
+        print(
+            f"  {'rebuild after env edit':28} {result['k3env_env_edit_s']:>7.3f}s "
+            f"{result['docker_build_env_edit_s']:>12.3f}s {result['ratio_env_edit']:>7.3f}"
+        )
+        print(f"  {'no-op rebuild (cache hit)':28} {result['noop_rebuild_s']:>7.3f}s")
+        print("  goal: ratio <= 1.0, no-op < 1 s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

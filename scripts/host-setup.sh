@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Prepare a Debian 12 build host (as root) for k3env: install the host tools from Debian,
+# start dockerd and a local registry on 127.0.0.1:5000 if they are not running. Idempotent.
+# On a Nix host use `nix develop` for the tools instead (flake.nix); the services still apply.
+set -euo pipefail
+
+need=()
+for pair in dockerd:docker.io docker-registry:docker-registry skopeo:skopeo \
+            mksquashfs:squashfs-tools debootstrap:debootstrap nix-instantiate:nix-bin \
+            curl:curl git:git; do
+  command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair##*:}")
+done
+if [ "${#need[@]}" -gt 0 ]; then
+  echo "+ apt-get install ${need[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+if ! docker info >/dev/null 2>&1; then
+  echo "+ dockerd (log: /var/log/k3env-dockerd.log)"
+  nohup dockerd >/var/log/k3env-dockerd.log 2>&1 &
+  for _ in $(seq 1 60); do docker info >/dev/null 2>&1 && break; sleep 0.5; done
+  docker info >/dev/null 2>&1 || { echo "dockerd did not start; see /var/log/k3env-dockerd.log" >&2; exit 1; }
+fi
+
+if ! curl -fsS http://127.0.0.1:5000/v2/ >/dev/null 2>&1; then
+  conf=/etc/k3env/registry.yml
+  mkdir -p /etc/k3env /var/lib/k3env-registry
+  cat >"$conf" <<'YML'
+version: 0.1
+storage:
+  filesystem:
+    rootdirectory: /var/lib/k3env-registry
+  delete:
+    enabled: true
+http:
+  addr: 127.0.0.1:5000
+YML
+  echo "+ docker-registry serve $conf (log: /var/log/k3env-registry.log)"
+  nohup docker-registry serve "$conf" >/var/log/k3env-registry.log 2>&1 &
+  for _ in $(seq 1 40); do curl -fsS http://127.0.0.1:5000/v2/ >/dev/null 2>&1 && break; sleep 0.25; done
+  curl -fsS http://127.0.0.1:5000/v2/ >/dev/null || { echo "registry did not start" >&2; exit 1; }
+fi
+
+python3 -m pip --version >/dev/null 2>&1 && { python3 -m nox --version >/dev/null 2>&1 || python3 -m pip install -q nox; }
+echo "host ready: $(docker version -f 'dockerd {{.Server.Version}}'), registry 127.0.0.1:5000"

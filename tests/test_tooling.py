@@ -1,0 +1,60 @@
+"""The project's own tooling: CLI help, nox sessions, flake.nix, .ci/run."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from k3env.cli import main
+
+from .conftest import REPO
+
+
+def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as e:
+        main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for command in ("lock", "build", "twin"):
+        assert command in out
+
+
+def test_nox_lists_build_image() -> None:
+    nox = shutil.which("nox")
+    argv = [nox] if nox else [sys.executable, "-m", "nox"]
+    out = subprocess.run([*argv, "-l"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    for session in ("build-image", "tests", "bench", "lock", "twin"):
+        assert f" {session} -> " in out
+
+
+def test_flake_parses() -> None:
+    nix = shutil.which("nix-instantiate")
+    if nix is None:
+        pytest.skip("nix-instantiate not installed (apt-get install nix-bin)")
+    proc = subprocess.run([nix, "--parse", str(REPO / "flake.nix")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    # The dev shell pins nixpkgs to a commit and carries the host tools.
+    text = (REPO / "flake.nix").read_text()
+    assert "github:NixOS/nixpkgs/50ab793786d9de88ee30ec4e4c24fb4236fc2674" in text
+    for tool in ("nox", "docker-client", "skopeo", "squashfsTools", "git"):
+        assert tool in text
+
+
+def test_flake_parse_rejects_a_broken_flake(tmp_path: pytest.TempPathFactory) -> None:
+    nix = shutil.which("nix-instantiate")
+    if nix is None:
+        pytest.skip("nix-instantiate not installed")
+    bad = tmp_path / "flake.nix"  # type: ignore[operator]
+    bad.write_text((REPO / "flake.nix").read_text().replace("outputs =", "outputs = {"))
+    assert subprocess.run([nix, "--parse", str(bad)], capture_output=True).returncode != 0
+
+
+def test_ci_runs_the_readme_test_command() -> None:
+    readme = (REPO / "README.md").read_text()
+    ci = (REPO / ".ci/run").read_text()
+    assert "nox -s tests" in readme
+    assert "\nnox -s tests\n" in ci
+    assert "scripts/host-setup.sh" in ci
