@@ -1,8 +1,14 @@
-"""The Docker engine through the docker SDK: the only module that imports ``docker``."""
+"""The Docker engine: the only module that imports the docker SDK.
+
+The rebuild path (inspect, history, load, tag) talks to the daemon's unix socket through
+``_engine_http`` (stdlib); every other verb goes through the docker SDK, imported on first use.
+With DOCKER_HOST naming a non-unix endpoint (tcp://, ssh://) everything goes through the SDK.
+"""
 
 from __future__ import annotations
 
 import io
+import os
 import posixpath
 import tarfile
 import time
@@ -11,10 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import docker
-import docker.errors
-import requests.exceptions
-
+from ._engine_http import EngineHTTP, EngineHTTPError
 from .engine import ImageFile, LayerPaths, Progress, RunResult, Tagged
 from .errors import EngineError
 from .layer import BaseImage, HistoryEntry
@@ -24,24 +27,57 @@ _FIX_DAEMON = (
 )
 
 
+def _connection_error() -> Any:
+    import requests.exceptions  # what the SDK raises on a read timeout or a dropped socket
+
+    return requests.exceptions.ConnectionError
+
+
+def _sdk() -> Any:
+    import docker  # the SDK costs ~120 ms to import: only when a verb needs it
+    import docker.errors
+
+    return docker
+
+
 class DockerEngine:
-    def __init__(self, base_url: str | None = None, timeout: int = 600) -> None:
-        try:
-            # version="auto" negotiates the API version with one /version call, which also
-            # proves the daemon is reachable: no separate ping.
-            if base_url:
-                self.client = docker.DockerClient(
-                    base_url=base_url, timeout=timeout, version="auto"
+    def __init__(self, base_url: str | None = None, *, use_sdk_only: bool = False) -> None:
+        self.base_url = base_url or os.environ.get("DOCKER_HOST") or "unix:///var/run/docker.sock"
+        self._client: Any = None
+        self.http: EngineHTTP | None = None
+        if self.base_url.startswith("unix://") and not use_sdk_only:
+            self.http = EngineHTTP(self.base_url.removeprefix("unix://"))
+            try:
+                self.http.ping()
+            except (OSError, EngineHTTPError) as e:
+                raise EngineError(
+                    f"cannot reach the Docker engine: {e}", where=self.base_url, fix=_FIX_DAEMON
+                ) from e
+        else:
+            self.client.ping()
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            docker = _sdk()
+            try:
+                # version="auto" negotiates the API version with one /version call.
+                self._client = docker.DockerClient(
+                    base_url=self.base_url, timeout=600, version="auto"
                 )
-            else:
-                self.client = docker.from_env(timeout=timeout, version="auto")
-        except (docker.errors.DockerException, requests.exceptions.RequestException) as e:
-            raise EngineError(
-                f"cannot reach the Docker engine: {e}",
-                where=base_url or "DOCKER_HOST",
-                fix=_FIX_DAEMON,
-            ) from e
-        self.api = self.client.api
+            except self.errors.DockerException as e:
+                raise EngineError(
+                    f"cannot reach the Docker engine: {e}", where=self.base_url, fix=_FIX_DAEMON
+                ) from e
+        return self._client
+
+    @property
+    def api(self) -> Any:
+        return self.client.api
+
+    @property
+    def errors(self) -> Any:
+        return _sdk().errors
 
     # -- reading ---------------------------------------------------------------------------
     def describe(self) -> str:
@@ -49,12 +85,18 @@ class DockerEngine:
         return f"dockerd {info.get('ServerVersion')} ({info.get('Driver')})"
 
     def _attrs(self, ref: str) -> dict[str, Any] | None:
+        if self.http is not None:
+            try:
+                return self.http.inspect_image(ref)
+            except (OSError, EngineHTTPError) as e:
+                raise EngineError(f"inspect failed: {e}", where=ref, fix=_FIX_DAEMON) from e
+        errors = self.errors
         try:
             attrs: dict[str, Any] = self.api.inspect_image(ref)
             return attrs
-        except docker.errors.ImageNotFound:
+        except errors.ImageNotFound:
             return None
-        except docker.errors.APIError as e:
+        except errors.APIError as e:
             if e.status_code == 404:
                 return None
             raise EngineError(f"inspect failed: {e}", where=ref, fix=_FIX_DAEMON) from e
@@ -79,7 +121,8 @@ class DockerEngine:
         # The engine's history API drops `empty_layer`; a size of 0 stands in for it. When
         # that does not add up to the layer count, the base history is left out rather than
         # written wrong (it is informational: the image ID only needs it to be stable).
-        rows = list(reversed(self.api.history(ref)))
+        raw = self.http.history(ref) if self.http is not None else self.api.history(ref)
+        rows = list(reversed(raw))
         entries = tuple(
             HistoryEntry(
                 created=datetime.fromtimestamp(int(r.get("Created") or 0), UTC).strftime(
@@ -126,9 +169,9 @@ class DockerEngine:
             return self.client.containers.create(
                 image, command=list(argv[1:]), entrypoint=[argv[0]], **kwargs
             )
-        except docker.errors.ImageNotFound as e:
+        except self.errors.ImageNotFound as e:
             raise EngineError("image not found", where=image, fix="build or pull it first") from e
-        except docker.errors.APIError as e:
+        except self.errors.APIError as e:
             raise EngineError(
                 f"cannot create a container: {e}", where=image, fix=_FIX_DAEMON
             ) from e
@@ -136,7 +179,7 @@ class DockerEngine:
     def _read_one(self, container: Any, path: str, hops: int = 0) -> ImageFile | None:
         try:
             chunks, _stat = container.get_archive(path)
-        except docker.errors.NotFound:
+        except self.errors.NotFound:
             return None
         with tarfile.open(fileobj=io.BytesIO(b"".join(chunks))) as tar:
             member = tar.next()
@@ -174,7 +217,7 @@ class DockerEngine:
             try:
                 status = container.wait(timeout=timeout)
                 code = int(status.get("StatusCode", -1))
-            except requests.exceptions.ConnectionError:
+            except _connection_error():
                 container.kill()
                 code = -9
             stdout = container.logs(stdout=True, stderr=False).decode(errors="replace")
@@ -229,13 +272,17 @@ class DockerEngine:
                     )
                 if event.get("status") and not event.get("progressDetail"):
                     progress(f"{event.get('id', '')} {event['status']}".strip())
-        except docker.errors.APIError as e:
+        except self.errors.APIError as e:
             raise EngineError(f"pull failed: {e}", where=reference, fix=_FIX_DAEMON) from e
 
     def load(self, archive: bytes) -> str:
         loaded = []
+        errors = (OSError, EngineHTTPError) if self.http is not None else (self.errors.APIError,)
         try:
-            for event in self.api.load_image(archive):
+            events = (
+                self.http.load(archive) if self.http is not None else self.api.load_image(archive)
+            )
+            for event in events:
                 if "error" in event:
                     raise EngineError(
                         f"docker load failed: {event['error']}",
@@ -245,7 +292,7 @@ class DockerEngine:
                 stream = event.get("stream", "")
                 if stream.startswith("Loaded image ID: "):
                     loaded.append(stream.split(": ", 1)[1].strip())
-        except docker.errors.APIError as e:
+        except errors as e:
             raise EngineError(
                 f"docker load failed: {e}",
                 where="docker load",
@@ -258,22 +305,30 @@ class DockerEngine:
         return str(loaded[0])
 
     def tag(self, image_id: str, repository: str, tag: str) -> None:
+        if self.http is not None:
+            try:
+                self.http.tag(image_id, repository, tag)
+                return
+            except (OSError, EngineHTTPError) as e:
+                raise EngineError(
+                    f"tag failed: {e}", where=f"{repository}:{tag}", fix=_FIX_DAEMON
+                ) from e
         if not self.api.tag(image_id, repository, tag, force=True):
             raise EngineError("tag failed", where=f"{repository}:{tag}", fix=_FIX_DAEMON)
 
     def remove(self, ref: str) -> None:
         try:
             self.api.remove_image(ref, force=False, noprune=False)
-        except docker.errors.ImageNotFound:
+        except self.errors.ImageNotFound:
             pass
-        except docker.errors.APIError as e:
+        except self.errors.APIError as e:
             if e.status_code != 404:
                 raise EngineError(f"cannot remove image: {e}", where=ref, fix=_FIX_DAEMON) from e
 
     def import_rootfs(self, tarball: Path, repository: str, tag: str) -> str:
         try:
             self.api.import_image_from_file(str(tarball), repository=repository, tag=tag)
-        except docker.errors.APIError as e:
+        except self.errors.APIError as e:
             raise EngineError(
                 f"docker import failed: {e}", where=str(tarball), fix=_FIX_DAEMON
             ) from e
@@ -301,7 +356,7 @@ class DockerEngine:
                         last = time.monotonic()
                         progress(f"{event.get('id', '')} {event['status']}".strip())
                 break
-            except (docker.errors.APIError, requests.exceptions.ConnectionError) as e:
+            except (self.errors.APIError, _connection_error()) as e:
                 if attempt == 2:
                     raise EngineError(
                         f"push failed: {e}", where=f"{repository}:{tag}", fix="check the registry"

@@ -206,3 +206,24 @@ def test_patch_anchor_problems_fail_cleanly(
     assert message in err and "container patch int64" in err and "k3test/mod.py" in err
     assert probe_tags(engine) == []
     assert (project / LOCK).read_bytes() == lock_before
+
+
+def test_sdk_path_builds_the_same_image_id(
+    project: Path,
+    engine: DockerEngine,
+    capsys: pytest.CaptureFixture[str],
+    clean_probe_images: None,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The stdlib socket path and the docker SDK path (DOCKER_HOST=tcp://...) agree."""
+    import k3env.cli
+
+    fast = build(capsys)
+    engine.remove(str(fast["reference"]))
+    shutil.rmtree(project / "state")
+    sdk = DockerEngine(use_sdk_only=True)
+    assert sdk.http is None
+    monkeypatch.setattr(k3env.cli, "_engine", lambda: sdk)
+    slow = build(capsys)
+    assert slow["cached"] is False
+    assert slow["image_id"] == fast["image_id"]
