@@ -53,6 +53,13 @@ def build_image(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def preflight(session: nox.Session) -> None:
+    """Check serve profiles against the bring-up's failure rules (no engine)."""
+    _install(session)
+    session.run("k3env", "preflight", *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Benchmark: derived build vs plain `docker build` over the >2 GB twin, and no-op rebuild."""
     _install(session)

@@ -109,6 +109,12 @@ class Table:
     def integer(self, key: str, *, required: bool = True, default: int | None = None) -> Any:
         return self._get(key, int, required, default)
 
+    def number(self, key: str, *, required: bool = True, default: float | None = None) -> float:
+        value = self._get(key, (int, float), required, default)
+        if value is None or value < 0:
+            raise self.fail(key, f"expected a non-negative number, got {value!r}", "fix the value")
+        return float(value)
+
     def boolean(self, key: str, *, default: bool = False) -> bool:
         return bool(self._get(key, bool, False, default))
 

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from . import __version__
-from .errors import CheckFailed, K3envError
+from .cluster import DEFAULT_CLUSTER
+from .errors import CheckFailed, ConfigError, K3envError
 from .lock import DEFAULT_LOCK, Lock, check_files, load_lock
 from .log import Log
 from .spec import DEFAULT_IMAGES, load_specs
@@ -119,12 +120,20 @@ def cmd_build(args: argparse.Namespace, log: Log) -> int:
     engine = _engine()
     if not log.quiet:
         log.info(f"engine: {engine.describe()}")
-    builder = make_builder(lock, engine, State(), log, args.twin)
+    state = State()
+    builder = make_builder(lock, engine, state, log, args.twin)
     results = []
     start = time.monotonic()
     for spec in specs:
         with log.step(f"build {spec.name}" + (" (over the CPU twin)" if args.twin else "")):
-            results.append(builder.build(spec))
+            result = builder.build(spec)
+        results.append(result)
+        # Where preflight finds the facts verify learned about this image.
+        state.write_json(
+            {"image_id": result.image_id, "reference": result.reference, "twin": result.twin},
+            "builds",
+            f"{spec.name}.json",
+        )
     payload = {
         "lock": str(args.lock),
         "lock_sha256": lock.sha256,
@@ -153,6 +162,63 @@ def cmd_twin(args: argparse.Namespace, log: Log) -> int:
     image = engine.inspect(reference)
     payload = {"reference": reference, "digest": digest, "image_id": image.id if image else None}
     _emit(args, payload, lambda: print(f"{reference}@{digest}"))
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# preflight
+# ---------------------------------------------------------------------------------------------
+def cmd_preflight(args: argparse.Namespace, log: Log) -> int:
+    from .cluster import load_cluster
+    from .preflight import contexts, run
+    from .rules import RULES, RULES_BY_ID
+
+    if args.explain:
+        rule = RULES_BY_ID.get(args.explain)
+        if rule is None:
+            raise ConfigError(
+                f"unknown rule {args.explain!r}",
+                where="--explain",
+                fix=f"choose from {sorted(RULES_BY_ID)}",
+            )
+        _emit(
+            args,
+            {k: v for k, v in rule.__dict__.items() if k != "check"},
+            lambda: print(rule.explain()),
+        )
+        return 0
+    if args.list_rules:
+        _emit(
+            args,
+            [{"id": r.id, "severity": r.severity, "title": r.title} for r in RULES],
+            lambda: print("\n".join(f"{r.id:26} {r.severity:8} {r.title}" for r in RULES)),
+        )
+        return 0
+    start = time.perf_counter()
+    lock = load_lock(args.lock)
+    specs = load_specs(args.images, lock, tuple(args.image))
+    cluster = load_cluster(args.cluster)
+    report = run(contexts(lock, specs, cluster, State()), tuple(args.rule))
+    elapsed = time.perf_counter() - start
+    payload = {**report.as_json(), "cluster": str(args.cluster), "seconds": round(elapsed, 4)}
+
+    def human() -> None:
+        for f in report.findings:
+            print(f.line())
+        for name, facts in report.lacked.items():
+            print(f"{name}: lacked facts {list(facts)} (run `k3env verify` to learn them)")
+        print(
+            f"{len(report.checked)} profile(s), {report.rules} rules, on {cluster.name}: "
+            f"{report.errors} error(s), {report.warnings} warning(s) ({elapsed * 1000:.0f} ms)"
+        )
+
+    _emit(args, payload, human)
+    if report.errors:
+        raise CheckFailed(
+            f"preflight found {report.errors} error(s)",
+            where=", ".join(sorted({f.image for f in report.findings if f.severity == "error"})),
+            fix="apply each finding's fix; `k3env preflight --explain RULE` says why",
+        )
     return 0
 
 
@@ -208,6 +274,21 @@ def parser() -> argparse.ArgumentParser:
 
     twin = sub.add_parser("twin", parents=[common], help="build and push the CPU twin base")
     twin.set_defaults(func=cmd_twin)
+
+    pre = sub.add_parser(
+        "preflight",
+        parents=[common],
+        help="check serve profiles against the bring-up's failure rules (no engine, < 1 s)",
+    )
+    pre.add_argument("image", nargs="*", help="image spec names (default: all in --images)")
+    pre.add_argument("--images", type=Path, default=DEFAULT_IMAGES, help="image spec directory")
+    pre.add_argument(
+        "--cluster", type=Path, default=DEFAULT_CLUSTER, help=f"cluster profile ({DEFAULT_CLUSTER})"
+    )
+    pre.add_argument("--rule", action="append", default=[], help="run only this rule (repeatable)")
+    pre.add_argument("--explain", metavar="RULE", help="print what RULE prevents and its fix")
+    pre.add_argument("--list-rules", action="store_true", help="list the rules")
+    pre.set_defaults(func=cmd_preflight)
     return p
 
 

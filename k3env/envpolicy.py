@@ -42,10 +42,14 @@ def credential_reason(name: str, value: str) -> str | None:
     return None
 
 
+def merged_env(lock: Lock, spec: ImageSpec) -> dict[str, str]:
+    """The lock's stack-wide env, overridden by the spec's."""
+    return {**lock.env, **spec.env}
+
+
 def baked_env(lock: Lock, spec: ImageSpec) -> dict[str, str]:
-    """The env to bake: the lock's, overridden by the spec's; refuses credentials."""
-    env: dict[str, str] = dict(lock.env)
-    env.update(spec.env)
+    """The env to bake (``merged_env``); refuses credentials."""
+    env = merged_env(lock, spec)
     for name, value in env.items():
         reason = credential_reason(name, value)
         if reason and name not in spec.allow_credentials:

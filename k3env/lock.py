@@ -22,6 +22,7 @@ from ._schema import (
     load_toml,
 )
 from .errors import LockError
+from .versions import InvalidVersion, Version
 
 LOCK_VERSION = 1
 DEFAULT_LOCK = Path("pins/k3.lock.toml")
@@ -69,6 +70,7 @@ class TwinPin:
 @dataclass(frozen=True, kw_only=True)
 class DynamoPin:
     name: str
+    version: str | None  # PEP 440 form of the tag, for version-dependent rules
     git: str
     commit: str
 
@@ -81,6 +83,7 @@ class SrtPatchPin:
     file: str
     range: str | None
     sha256: str | None
+    provides: tuple[str, ...]
     why: str
 
 
@@ -283,8 +286,17 @@ def _twin(t: Table, unresolved: list[Unresolved]) -> TwinPin:
 
 
 def _dynamo(t: Table) -> DynamoPin:
+    version = t.string("version", required=False)
+    if version is not None:
+        try:
+            Version(version)
+        except InvalidVersion as e:
+            raise t.fail(
+                "version", f"{version!r} is not a PEP 440 version", 'e.g. "1.4.0.dev1"'
+            ) from e
     pin = DynamoPin(
         name=t.string("name"),
+        version=version,
         git=t.string("git"),
         commit=str(t.matching("commit", COMMIT_RE, _COMMIT_FIX)),
     )
@@ -320,6 +332,7 @@ def _srt(t: Table, unresolved: list[Unresolved]) -> SrtSlurmPin:
                 file=p.string("file"),
                 range=rng,
                 sha256=sha,
+                provides=p.str_list("provides"),
                 why=p.string("why"),
             )
         )

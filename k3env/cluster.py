@@ -1,0 +1,44 @@
+"""Cluster profiles (``clusters/*.toml``): the machines a serve profile will run on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ._schema import Table, load_toml
+from .errors import ConfigError
+
+DEFAULT_CLUSTER = Path("clusters/b200-dgxc.toml")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cluster:
+    name: str
+    path: Path
+    description: str
+    gpu: str
+    gpu_memory_gib: float
+    gpus_per_node: int
+    dram_per_node_gb: float
+    nodes: int
+    outside_pool_overhead_gib: float
+
+
+def load_cluster(path: Path) -> Cluster:
+    t = Table(load_toml(path), file=path, path="", error=ConfigError)
+
+    cluster = Cluster(
+        name=path.stem,
+        path=path,
+        description=t.string("description", required=False, default=""),
+        gpu=t.string("gpu"),
+        gpu_memory_gib=t.number("gpu_memory_gib"),
+        gpus_per_node=int(t.number("gpus_per_node")),
+        dram_per_node_gb=t.number("dram_per_node_gb"),
+        nodes=int(t.number("nodes")),
+        outside_pool_overhead_gib=t.number(
+            "outside_pool_overhead_gib", required=False, default=0.0
+        ),
+    )
+    t.done()
+    return cluster

@@ -1,0 +1,220 @@
+"""Preflight: check serve profiles against rules before any GPU is allocated.
+
+Pipeline: load lock + specs + cluster -> build one Context per (image, profile) -> run every
+rule -> findings, sorted, one line each. No engine; well under a second for all of images/.
+Facts that ``k3env verify`` learned about an image (cached by image ID) sharpen rules whose
+truth depends on what is inside the image; preflight says which facts it lacked.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .cluster import Cluster
+from .envpolicy import merged_env
+from .lock import Lock
+from .spec import ImageSpec, ServeProfile
+from .state import State
+
+ERROR = "error"
+WARNING = "warning"
+ENGINE_ROLES = ("vllm-serve", "dynamo-worker")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Command:
+    role: str
+    index: int
+    argv: tuple[str, ...]
+    options: Mapping[str, str | bool]
+
+    def opt(self, name: str) -> str | bool | None:
+        return self.options.get(name)
+
+    def has(self, name: str) -> bool:
+        value = self.options.get(name)
+        return value is not None and value is not False
+
+
+def parse_options(argv: Iterable[str]) -> dict[str, str | bool]:
+    """``--flag value`` / ``--flag=value`` / bare ``--flag`` -> mapping. Positionals are ignored.
+
+    A flag followed by another flag (or nothing) is a switch. This does not replace the
+    image's own parser (``k3env verify`` runs that); it reads values for the rules.
+    """
+    out: dict[str, str | bool] = {}
+    tokens = list(argv)
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        if token.startswith("--"):
+            if "=" in token:
+                name, value = token.split("=", 1)
+                out[name] = value
+            elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+                out[token] = tokens[i + 1]
+                i += 1
+            else:
+                out[token] = True
+        i += 1
+    return out
+
+
+@dataclass(kw_only=True)
+class Context:
+    spec: ImageSpec
+    profile: ServeProfile
+    lock: Lock
+    cluster: Cluster
+    env: Mapping[str, str]
+    facts: Mapping[str, Any] | None
+    commands: tuple[Command, ...]
+    lacked: set[str] = field(default_factory=set)
+
+    def engine_commands(self) -> list[Command]:
+        return [c for c in self.commands if c.role in ENGINE_ROLES]
+
+    def roles(self) -> set[str]:
+        return {c.role for c in self.commands}
+
+    def key(self, command: Command) -> str:
+        return f"profiles.{self.profile.name}.commands[{command.index}].argv"
+
+    def fact(self, *path: str, lacking: str) -> Any:
+        """A fact verify learned about the image, or ``None`` (and the lack is recorded)."""
+        node: Any = self.facts
+        for p in path:
+            if not isinstance(node, Mapping) or p not in node:
+                self.lacked.add(lacking)
+                return None
+            node = node[p]
+        return node
+
+
+@dataclass(frozen=True, kw_only=True)
+class Finding:
+    rule: str
+    severity: str
+    image: str
+    profile: str
+    file: str
+    key: str
+    message: str
+    fix: str
+
+    def line(self) -> str:
+        return (
+            f"{self.file}: {self.key}: {self.rule} {self.severity}: {self.message}\n"
+            f"    fix: {self.fix}"
+        )
+
+    def as_json(self) -> dict[str, str]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Report:
+    findings: tuple[Finding, ...]
+    checked: tuple[str, ...]  # image/profile pairs
+    lacked: Mapping[str, tuple[str, ...]]  # image/profile -> facts the rules did not have
+    rules: int
+
+    @property
+    def errors(self) -> int:
+        return sum(f.severity == ERROR for f in self.findings)
+
+    @property
+    def warnings(self) -> int:
+        return sum(f.severity == WARNING for f in self.findings)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "findings": [f.as_json() for f in self.findings],
+            "checked": list(self.checked),
+            "lacked_facts": {k: list(v) for k, v in self.lacked.items()},
+            "rules": self.rules,
+            "errors": self.errors,
+            "warnings": self.warnings,
+        }
+
+
+def load_facts(state: State, spec: ImageSpec) -> Mapping[str, Any] | None:
+    """Facts verify cached for the last image built from ``spec`` (by image ID)."""
+    build = state.read_json("builds", f"{spec.name}.json")
+    if not build:
+        return None
+    image_id = str(build.get("image_id", "")).removeprefix("sha256:")
+    facts = state.read_json("facts", f"{image_id}.json")
+    return facts if isinstance(facts, Mapping) else None
+
+
+def contexts(
+    lock: Lock, specs: Iterable[ImageSpec], cluster: Cluster, state: State | None
+) -> list[Context]:
+    out = []
+    for spec in specs:
+        facts = load_facts(state, spec) if state else None
+        env = merged_env(lock, spec)
+        for profile in spec.profiles.values():
+            commands = tuple(
+                Command(role=c.role, index=i, argv=c.argv, options=parse_options(c.argv))
+                for i, c in enumerate(profile.commands)
+            )
+            out.append(
+                Context(
+                    spec=spec,
+                    profile=profile,
+                    lock=lock,
+                    cluster=cluster,
+                    env=env,
+                    facts=facts,
+                    commands=commands,
+                )
+            )
+    return out
+
+
+def run(ctxs: Iterable[Context], only: tuple[str, ...] = ()) -> Report:
+    from .rules import RULES
+
+    rules = [r for r in RULES if not only or r.id in only]
+    findings: list[Finding] = []
+    checked = []
+    lacked: dict[str, tuple[str, ...]] = {}
+    for ctx in ctxs:
+        name = f"{ctx.spec.name}/{ctx.profile.name}"
+        checked.append(name)
+        for rule in rules:
+            if not rule.applies(ctx):
+                continue
+            for hit in rule.check(ctx):
+                findings.append(
+                    Finding(
+                        rule=rule.id,
+                        severity=hit.severity or rule.severity,
+                        image=ctx.spec.name,
+                        profile=ctx.profile.name,
+                        file=hit.file or str(ctx.spec.path),
+                        key=hit.key,
+                        message=hit.message,
+                        fix=hit.fix or rule.fix,
+                    )
+                )
+        if ctx.lacked:
+            lacked[name] = tuple(sorted(ctx.lacked))
+    findings.sort(key=lambda f: (f.severity != ERROR, f.file, f.key, f.rule))
+    return Report(findings=tuple(findings), checked=tuple(checked), lacked=lacked, rules=len(rules))
+
+
+def kv_transfer_config(command: Command) -> dict[str, Any] | None:
+    raw = command.opt("--kv-transfer-config")
+    if not isinstance(raw, str):
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None

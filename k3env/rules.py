@@ -1,0 +1,566 @@
+"""Preflight rules: each a small function with the metadata a reviewer needs.
+
+Every rule names the failure it prevents as a user saw it in the Kimi-K3 bring-up
+(../shared/context), the components and versions it applies to, its severity and the fix.
+Known model and hardware numbers live in the tables below, each with where it came from;
+facts learned by ``k3env verify`` about the image override them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .preflight import ERROR, WARNING, Command, Context, kv_transfer_config
+from .versions import in_range
+
+# --- Known facts, by source --------------------------------------------------------------------
+# Models, keyed by tokenizer model_type.
+MODELS: Mapping[str, Mapping[str, Any]] = {
+    "kimi_k3": {
+        # "must be non-negative and a multiple of scheduler_block_size (3145728)" (#2359)
+        "scheduler_block_size": 3_145_728,
+        # KDA linear attention + gated MLA layers (24 MLA layers; 12 per PP2 stage).
+        "hybrid": True,
+        "mla": True,
+        # MXFP4 MoE weights: flashinfer's trtllm MoE kernel on Blackwell.
+        "moe_quant": "mxfp4",
+    },
+}
+# Workspaces allocated outside vLLM's memory pool on the first forward, per (GPU, MoE quant).
+OUT_OF_POOL_WORKSPACE_GIB: Mapping[tuple[str, str], tuple[float, str]] = {
+    ("B200", "mxfp4"): (1.6, "flashinfer trtllm MXFP4 MoE runtime workspace"),
+}
+# Dynamo Rust frontend: tiktoken model_types it loads, by Dynamo version. kimi_k3 came with
+# ba83080 ("feat: Added support for Kimi-K3", tag v1.4.0-kimi-k3-dev.1); 1.2.1 listed
+# "kimi, kimi_k2, kimi_k25, deepseek_v3" in its error.
+DYNAMO_TIKTOKEN: Mapping[str, str] = {
+    "kimi": ">=1.2.1",
+    "kimi_k2": ">=1.2.1",
+    "kimi_k25": ">=1.2.1",
+    "deepseek_v3": ">=1.2.1",
+    "kimi_k3": ">=1.4.0.dev1",
+}
+DYNAMO_TIKTOKEN_KNOWN_UNTIL = "1.2.1"  # at or below this, the list above is complete
+# srt-slurm features by upstream version (PR #278 -> v1.0.37, PR #296 -> v1.0.49).
+SRT_FEATURES: Mapping[str, str] = {
+    "frontend.vllm": ">=1.0.37",
+    "frontend.vllm.multinode": ">=1.0.49",
+}
+VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+OFFLOAD_DRAM_BUDGET_PERCENT = 80  # the framework's CPU-offload budget per node
+FRONTEND_ONLY_FLAGS = ("--tool-call-parser", "--enable-auto-tool-choice")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hit:
+    key: str
+    message: str
+    severity: str | None = None
+    fix: str | None = None
+    file: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class Rule:
+    id: str
+    title: str
+    symptom: str
+    components: str
+    severity: str
+    fix: str
+    source: str
+    check: Callable[[Context], Iterable[Hit]]
+    applies_to: Mapping[str, str] = field(default_factory=dict)  # component -> version range
+
+    def applies(self, ctx: Context) -> bool:
+        """False only when a pinned version is known and outside the rule's range."""
+        for component, spec in self.applies_to.items():
+            if in_range(component_version(ctx, component), spec) is False:
+                return False
+        return True
+
+    def explain(self) -> str:
+        lines = [
+            f"{self.id} ({self.severity}): {self.title}",
+            f"  prevents:   {self.symptom}",
+            f"  components: {self.components}",
+            f"  fix:        {self.fix}",
+            f"  source:     {self.source}",
+        ]
+        if self.applies_to:
+            lines.insert(3, f"  versions:   {dict(self.applies_to)}")
+        return "\n".join(lines)
+
+
+def component_version(ctx: Context, component: str) -> str | None:
+    """A component's version: verify's facts about the image first, then the lock."""
+    fact = (ctx.facts or {}).get("versions", {}).get(component)
+    if fact:
+        return str(fact)
+    if component == "dynamo" and ctx.lock.dynamo:
+        return ctx.lock.dynamo.version
+    if component == "srt-slurm" and ctx.lock.srt_slurm:
+        return ctx.lock.srt_slurm.version.removeprefix("v")
+    if component == "aiperf" and ctx.lock.aiperf:
+        return ctx.lock.aiperf.version
+    return None
+
+
+def _model(ctx: Context) -> Mapping[str, Any]:
+    return MODELS.get(ctx.profile.tokenizer_model_type or "", {})
+
+
+def _int(value: str | bool | None, default: int) -> int:
+    try:
+        return int(value) if isinstance(value, str) else default
+    except ValueError:
+        return default
+
+
+def _ranks(cmd: Command) -> int:
+    tp = _int(cmd.opt("--tensor-parallel-size") or cmd.opt("-tp"), 1)
+    pp = _int(cmd.opt("--pipeline-parallel-size") or cmd.opt("-pp"), 1)
+    return tp * pp
+
+
+def _expandable(ctx: Context) -> bool:
+    conf = ctx.env.get("PYTORCH_CUDA_ALLOC_CONF", "")
+    return "expandable_segments:true" in conf.replace(" ", "").lower()
+
+
+def _connector(cmd: Command) -> str | None:
+    cfg = kv_transfer_config(cmd)
+    return str(cfg.get("kv_connector")) if cfg and cfg.get("kv_connector") else None
+
+
+# --- Rules ---------------------------------------------------------------------------------------
+def parser_flag_spelling(ctx: Context) -> Iterable[Hit]:
+    for cmd in ctx.commands:
+        if cmd.role == "dynamo-worker":
+            for flag in FRONTEND_ONLY_FLAGS:
+                if cmd.has(flag):
+                    yield Hit(
+                        key=ctx.key(cmd),
+                        message=(
+                            f"`python -m dynamo.vllm` rejects the vLLM frontend-only flag {flag} "
+                            "(unrecognized arguments): it is not an engine arg"
+                        ),
+                    )
+            if ctx.profile.tool_call_parser and not cmd.has("--dyn-tool-call-parser"):
+                yield Hit(
+                    key=ctx.key(cmd),
+                    severity=WARNING,
+                    message=(
+                        f"profile declares tool_call_parser {ctx.profile.tool_call_parser!r} "
+                        "but the worker has no --dyn-tool-call-parser: tool calls stay unparsed"
+                    ),
+                )
+        if cmd.role == "vllm-serve":
+            for flag in cmd.options:
+                if flag.startswith("--dyn-"):
+                    yield Hit(
+                        key=ctx.key(cmd),
+                        message=f"`vllm serve` does not know the Dynamo flag {flag}",
+                        fix=f"use the vLLM spelling ({flag.replace('--dyn-', '--')})",
+                    )
+
+
+def tokenizer_model_type(ctx: Context) -> Iterable[Hit]:
+    model_type = ctx.profile.tokenizer_model_type
+    if "dynamo-frontend" not in ctx.roles() or not model_type:
+        return
+    key = f"profiles.{ctx.profile.name}.tokenizer_model_type"
+    known = ctx.fact("dynamo", "tiktoken_model_types", lacking="dynamo.tiktoken_model_types")
+    if isinstance(known, list):
+        if model_type not in known:
+            yield Hit(
+                key=key,
+                message=(
+                    f"the image's Dynamo frontend does not load tiktoken model_type {model_type!r} "
+                    f"(it knows {sorted(known)}): the model never registers, every request 404s"
+                ),
+            )
+        return
+    version = component_version(ctx, "dynamo")
+    needed = DYNAMO_TIKTOKEN.get(model_type)
+    if version is None:
+        yield Hit(key=key, severity=WARNING, message="the Dynamo version is unknown: run verify")
+        return
+    if needed is not None and in_range(version, needed):
+        return
+    if in_range(version, f"<={DYNAMO_TIKTOKEN_KNOWN_UNTIL}") or needed is not None:
+        yield Hit(
+            key=key,
+            message=(
+                f"Dynamo {version} (pinned) does not load tiktoken model_type {model_type!r}"
+                + (f" (needs Dynamo {needed})" if needed else "")
+                + ": the model never registers, every chat completion returns 404"
+            ),
+        )
+        return
+    yield Hit(
+        key=key,
+        severity=WARNING,
+        message=f"no record of model_type {model_type!r} in Dynamo {version}: run k3env verify",
+    )
+
+
+def aiperf_session_control(ctx: Context) -> Iterable[Hit]:
+    if "dynamo-frontend" not in ctx.roles() or ctx.lock.aiperf is None:
+        return
+    if ctx.env.get("AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING") == "0":
+        return
+    yield Hit(
+        key="env.AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING",
+        message=(
+            f"aiperf {ctx.lock.aiperf.version} sends nvext.session_control (conversation-aware "
+            f"routing); the pinned Dynamo ({component_version(ctx, 'dynamo')}) removed that POC "
+            "field: every warmup request gets 400"
+        ),
+    )
+
+
+def gpu_memory_headroom(ctx: Context) -> Iterable[Hit]:
+    model = _model(ctx)
+    workspace = OUT_OF_POOL_WORKSPACE_GIB.get((ctx.cluster.gpu, str(model.get("moe_quant"))))
+    if workspace is None:
+        return
+    need, what = workspace
+    for cmd in ctx.engine_commands():
+        raw = cmd.opt("--gpu-memory-utilization")
+        util = float(raw) if isinstance(raw, str) else VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
+        free = (1 - util) * ctx.cluster.gpu_memory_gib - ctx.cluster.outside_pool_overhead_gib
+        if free < need:
+            overhead = need + ctx.cluster.outside_pool_overhead_gib
+            ceiling = math.floor((1 - overhead / ctx.cluster.gpu_memory_gib) * 100) / 100
+            yield Hit(
+                key=ctx.key(cmd),
+                message=(
+                    f"--gpu-memory-utilization {util} leaves ~{free:.2f} GiB outside vLLM's pool "
+                    f"on a {ctx.cluster.gpu_memory_gib:g} GiB {ctx.cluster.gpu}; the {what} needs "
+                    f"~{need} GiB: CUDA OOM on the first forward"
+                ),
+                fix=f"lower --gpu-memory-utilization to at most {ceiling:.2f}",
+            )
+
+
+def allocator_fragmentation(ctx: Context) -> Iterable[Hit]:
+    if not _model(ctx).get("mla") or _expandable(ctx):
+        return
+    for cmd in ctx.engine_commands():
+        connector = _connector(cmd)
+        yield Hit(
+            key="env.PYTORCH_CUDA_ALLOC_CONF",
+            severity=ERROR if connector else WARNING,
+            message=(
+                "no PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: long-context MLA prefill "
+                "transients (2-3 GiB) can OOM with as much reserved-but-unallocated memory"
+                + (f" (seen with {connector}, #2370)" if connector else "")
+            ),
+        )
+        return
+
+
+def retention_interval(ctx: Context) -> Iterable[Hit]:
+    raw = ctx.env.get("VLLM_PREFIX_CACHE_RETENTION_INTERVAL")
+    if raw is None:
+        return
+    block = ctx.fact("vllm", "scheduler_block_size", lacking="vllm.scheduler_block_size")
+    if block is None:
+        block = _model(ctx).get("scheduler_block_size")
+    key = "env.VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
+    try:
+        value = int(raw)
+    except ValueError:
+        yield Hit(key=key, message=f"{raw!r} is not an integer", fix="write an integer")
+        return
+    if block is None:
+        yield Hit(
+            key=key,
+            severity=WARNING,
+            message="the model's scheduler_block_size is unknown: the interval cannot be checked",
+        )
+        return
+    if value < 0 or value % int(block):
+        yield Hit(
+            key=key,
+            message=(
+                f"VLLM_PREFIX_CACHE_RETENTION_INTERVAL ({value}) must be non-negative and a "
+                f"multiple of scheduler_block_size ({block}): engine init hard-fails"
+            ),
+            fix=f"use 0 or a multiple of {block}",
+        )
+
+
+def cross_layer_blocks(ctx: Context) -> Iterable[Hit]:
+    if not _model(ctx).get("hybrid"):
+        return
+    for cmd in ctx.engine_commands():
+        cfg = kv_transfer_config(cmd) or {}
+        extra = cfg.get("kv_connector_extra_config") or {}
+        if extra.get("enable_cross_layers_blocks") is True:
+            yield Hit(
+                key=ctx.key(cmd),
+                message=(
+                    "enable_cross_layers_blocks on a hybrid (KDA + MLA) model: KV-cache init "
+                    "crashes (\"shape '[64980, 64, 576]' is invalid for input of size 199618560\")"
+                ),
+            )
+
+
+def simplecpu_needs_cumem(ctx: Context) -> Iterable[Hit]:
+    if not _expandable(ctx):
+        return
+    for cmd in ctx.engine_commands():
+        if _connector(cmd) == "SimpleCPUOffloadConnector" and not cmd.has(
+            "--enable-cumem-allocator"
+        ):
+            yield Hit(
+                key=ctx.key(cmd),
+                message=(
+                    "SimpleCPUOffloadConnector is incompatible with "
+                    "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True unless "
+                    "enable_cumem_allocator is also enabled: vLLM refuses to start"
+                ),
+            )
+
+
+def cumem_needs_no_custom_allreduce(ctx: Context) -> Iterable[Hit]:
+    for cmd in ctx.engine_commands():
+        tp = _int(cmd.opt("--tensor-parallel-size"), 1)
+        if (
+            cmd.has("--enable-cumem-allocator")
+            and tp > 1
+            and not cmd.has("--disable-custom-all-reduce")
+        ):
+            yield Hit(
+                key=ctx.key(cmd),
+                message=(
+                    "--enable-cumem-allocator with custom all-reduce (TP "
+                    f"{tp}): CUDA-graph capture dies with custom_all_reduce.cuh:164 "
+                    "'invalid argument' (the VMM allocator invalidates its IPC buffers)"
+                ),
+            )
+
+
+def cpu_offload_dram(ctx: Context) -> Iterable[Hit]:
+    for cmd in ctx.engine_commands():
+        cfg = kv_transfer_config(cmd) or {}
+        extra = cfg.get("kv_connector_extra_config") or {}
+        per_rank = extra.get("cpu_bytes_to_use_per_rank")
+        if not isinstance(per_rank, int | float):
+            continue
+        ranks = _ranks(cmd)
+        nodes = max(1, math.ceil(ranks / ctx.cluster.gpus_per_node))
+        per_node = math.ceil(ranks / nodes)
+        total = int(per_rank) * per_node
+        dram = round(ctx.cluster.dram_per_node_gb * 1e9)
+        budget = dram * OFFLOAD_DRAM_BUDGET_PERCENT // 100  # integer bytes: no float edge
+        if total > budget:
+            yield Hit(
+                key=ctx.key(cmd),
+                severity=ERROR if total > dram else WARNING,
+                message=(
+                    f"cpu_bytes_to_use_per_rank {per_rank:,.0f} x {per_node} ranks/node = "
+                    f"{total / 1e9:,.0f} GB of pinned DRAM; the node has "
+                    f"{ctx.cluster.dram_per_node_gb:,.0f} GB (budget "
+                    f"{OFFLOAD_DRAM_BUDGET_PERCENT}% = {budget / 1e9:,.0f} GB)"
+                ),
+                fix=f"use at most {math.floor(budget / per_node):,} bytes per rank",
+            )
+
+
+def pythonhashseed(ctx: Context) -> Iterable[Hit]:
+    seed = ctx.env.get("PYTHONHASHSEED")
+    if seed is not None and seed != "random":
+        return
+    for cmd in ctx.engine_commands():
+        connector = _connector(cmd)
+        if connector and _ranks(cmd) > 1:
+            yield Hit(
+                key="env.PYTHONHASHSEED",
+                message=(
+                    f"{connector} hashes KV block keys on every rank ({_ranks(cmd)} ranks): "
+                    "without a fixed PYTHONHASHSEED the ranks disagree on block identity"
+                ),
+            )
+            return
+
+
+def srt_frontend(ctx: Context) -> Iterable[Hit]:
+    if "vllm-serve" not in ctx.roles() or ctx.lock.srt_slurm is None:
+        return
+    srt = ctx.lock.srt_slurm
+    provided = {p for patch in srt.patches for p in patch.provides}
+    version = srt.version.removeprefix("v")
+    needed = ["frontend.vllm"]
+    if ctx.cluster.nodes > 1:
+        needed.append("frontend.vllm.multinode")
+    for feature in needed:
+        if feature in provided or in_range(version, SRT_FEATURES[feature]):
+            continue
+        yield Hit(
+            key="srt_slurm.version",
+            file=str(ctx.lock.path),
+            message=(
+                f"srt-slurm {srt.version} has no {feature} (upstream {SRT_FEATURES[feature]}), "
+                f"and no pinned patch provides it; {ctx.cluster.nodes} node(s) in "
+                f"{ctx.cluster.name}: the recipe is rejected or runs single-node only"
+            ),
+        )
+
+
+def topology(ctx: Context) -> Iterable[Hit]:
+    gpus = ctx.cluster.nodes * ctx.cluster.gpus_per_node
+    for cmd in ctx.engine_commands():
+        ranks = _ranks(cmd)
+        nnodes = cmd.opt("--nnodes")
+        if ranks > gpus:
+            yield Hit(
+                key=ctx.key(cmd),
+                message=f"TP x PP = {ranks} ranks, but {ctx.cluster.name} has {gpus} GPUs",
+            )
+        if isinstance(nnodes, str) and _int(nnodes, 0) != ctx.cluster.nodes:
+            yield Hit(
+                key=ctx.key(cmd),
+                message=f"--nnodes {nnodes}, but the cluster profile has {ctx.cluster.nodes} nodes",
+            )
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(
+        id="K3-PARSER-FLAGS",
+        title="parser flags spelled for the process that reads them",
+        symptom="dynamo-vllm worker exits: unrecognized arguments: --enable-auto-tool-choice --tool-call-parser",
+        components="dynamo.vllm worker, vllm serve",
+        severity=ERROR,
+        fix="on the Dynamo worker use --dyn-tool-call-parser / --dyn-reasoning-parser; keep --tool-call-parser and --enable-auto-tool-choice for `vllm serve`",
+        source="bring-up commit 2 (worker rejected the flags); commit 5 (dyn- spellings)",
+        check=parser_flag_spelling,
+    ),
+    Rule(
+        id="K3-TOKENIZER-MODEL-TYPE",
+        title="the Dynamo frontend loads the tokenizer's model_type",
+        symptom="engine serves, but the model never registers: every chat completion returns 404",
+        components="Dynamo Rust frontend (tiktoken)",
+        severity=ERROR,
+        fix="pin a Dynamo that knows the model_type (kimi_k3: ba83080, v1.4.0-kimi-k3-dev.1), or serve with vllm serve",
+        source="bring-up commit 3 (dynamo 1.2.1 rejects 'kimi_k3')",
+        check=tokenizer_model_type,
+    ),
+    Rule(
+        id="K3-AIPERF-SESSION-CONTROL",
+        title="benchmark client options match the pinned Dynamo request schema",
+        symptom="all warmup requests get 400 (nvext.session_control rejected)",
+        components="aiperf, Dynamo frontend",
+        severity=ERROR,
+        fix="set AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING=0 (a single aggregate worker has no P/D routing to bind)",
+        source="bring-up commit 6 (fifth sweep)",
+        check=aiperf_session_control,
+        applies_to={"dynamo": ">=1.4.0.dev0"},
+    ),
+    Rule(
+        id="K3-GPU-MEM-HEADROOM",
+        title="gpu-memory-utilization leaves room for out-of-pool workspaces",
+        symptom="CUDA OOM on the first forward (flashinfer trtllm MXFP4 MoE workspace ~1.6 GiB)",
+        components="vLLM + flashinfer on the cluster's GPU",
+        severity=ERROR,
+        fix="lower --gpu-memory-utilization (0.90 on B200 for Kimi-K3)",
+        source="bring-up: 0.95 -> 0.90 (#2359)",
+        check=gpu_memory_headroom,
+    ),
+    Rule(
+        id="K3-ALLOC-FRAGMENTATION",
+        title="expandable_segments against allocator fragmentation",
+        symptom="long-context MLA prefill OOMs on a 2-3 GiB transient while as much sits reserved-but-unallocated",
+        components="PyTorch CUDA caching allocator",
+        severity=WARNING,
+        fix="set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (error when a KV offload connector is used)",
+        source="dynamo-frontend variants (#2355/#2358), variant E (#2370)",
+        check=allocator_fragmentation,
+    ),
+    Rule(
+        id="K3-RETENTION-BLOCK",
+        title="prefix-cache retention interval is a multiple of the scheduler block size",
+        symptom="engine init hard-fails: VLLM_PREFIX_CACHE_RETENTION_INTERVAL (32768) must be ... a multiple of scheduler_block_size (3145728)",
+        components="vLLM prefix cache, model scheduler_block_size",
+        severity=ERROR,
+        fix="use 0 or a multiple of the model's scheduler_block_size (Kimi-K3: 3145728)",
+        source="bring-up #2359 (32768 rejected), #2372 (0)",
+        check=retention_interval,
+    ),
+    Rule(
+        id="K3-CROSS-LAYER-HYBRID",
+        title="no cross-layer KV blocks on hybrid (KDA + MLA) models",
+        symptom="KV-cache init crashes: shape '[64980, 64, 576]' is invalid for input of size 199618560",
+        components="vLLM KV connector (cross-layer block folding)",
+        severity=ERROR,
+        fix='set "enable_cross_layers_blocks": false in kv_connector_extra_config',
+        source="variant E (#2370)",
+        check=cross_layer_blocks,
+    ),
+    Rule(
+        id="K3-SIMPLECPU-CUMEM",
+        title="SimpleCPUOffloadConnector + expandable_segments requires the cumem allocator",
+        symptom="vLLM config validation refuses to start (torch's VMM allocator can remap KV under pinned connector memory)",
+        components="vLLM SimpleCPUOffloadConnector, PyTorch allocator",
+        severity=ERROR,
+        fix="add --enable-cumem-allocator (and --disable-custom-all-reduce, K3-CUMEM-CUSTOM-AR)",
+        source="variant F (#2372), eighth sweep",
+        check=simplecpu_needs_cumem,
+    ),
+    Rule(
+        id="K3-CUMEM-CUSTOM-AR",
+        title="cumem allocator requires custom all-reduce off",
+        symptom="CUDA-graph capture dies: custom_all_reduce.cuh:164 'invalid argument'",
+        components="vLLM custom all-reduce, CuMemAllocator",
+        severity=ERROR,
+        fix="add --disable-custom-all-reduce (TP all-reduce falls back to NCCL)",
+        source="variant F (#2372), ninth sweep",
+        check=cumem_needs_no_custom_allreduce,
+    ),
+    Rule(
+        id="K3-CPU-OFFLOAD-DRAM",
+        title="CPU offload bytes per rank fit the node's DRAM",
+        symptom="host OOM or pinned-memory allocation failure at KV-cache init",
+        components="vLLM SimpleCPUOffloadConnector, node DRAM",
+        severity=ERROR,
+        fix="cpu_bytes_to_use_per_rank <= 0.80 x node DRAM / ranks per node (b200-dgxc: 299,875,000,000)",
+        source="variant E (#2370)",
+        check=cpu_offload_dram,
+    ),
+    Rule(
+        id="K3-PYTHONHASHSEED",
+        title="fixed PYTHONHASHSEED when KV blocks are hashed across ranks",
+        symptom="ranks compute different block keys: offloaded/prefix blocks never hit, or mismatch across ranks",
+        components="vLLM KV connector block hashing",
+        severity=ERROR,
+        fix="set PYTHONHASHSEED (e.g. 42) in the image env",
+        source="variant E (#2370)",
+        check=pythonhashseed,
+    ),
+    Rule(
+        id="K3-SRT-FRONTEND",
+        title="srt-slurm frontend type supported by the pinned srt-slurm and node count",
+        symptom="srtctl rejects frontend.type: vllm, or PR #278 runs it single-node only",
+        components="srt-slurm",
+        severity=ERROR,
+        fix="pin srt-slurm >= v1.0.49, or carry PR #278 plus the multi-node patch (provides = [...])",
+        source="variant D (#2359)",
+        check=srt_frontend,
+    ),
+    Rule(
+        id="K3-TOPOLOGY",
+        title="TP x PP and --nnodes fit the cluster profile",
+        symptom="ranks wait forever for peers, or the launcher cannot place them",
+        components="vLLM parallel config, cluster",
+        severity=ERROR,
+        fix="match --tensor-parallel-size x --pipeline-parallel-size and --nnodes to the cluster",
+        source="TP8 x PP2 on 2 x 8 B200",
+        check=topology,
+    ),
+)
+RULES_BY_ID: Mapping[str, Rule] = {r.id: r for r in RULES}

@@ -1,0 +1,223 @@
+"""Preflight rules: each trips on the failing form from the bring-up and passes the fix."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from k3env.cli import main
+from k3env.cluster import load_cluster
+from k3env.lock import load_lock
+from k3env.preflight import contexts, parse_options, run
+from k3env.rules import RULES
+from k3env.spec import load_spec
+from k3env.state import State
+
+from .conftest import replace_in
+
+F = Path("images/kimi-k3-direct-f.toml")
+D = Path("images/kimi-k3-direct-d.toml")
+DYN = Path("images/kimi-k3-dynamo.toml")
+LOCK = Path("pins/k3.lock.toml")
+CLUSTER = Path("clusters/b200-dgxc.toml")
+
+
+def findings(spec: Path, state: State | None = None) -> dict[str, str]:
+    """rule id -> worst severity, for one spec."""
+    lock = load_lock(LOCK)
+    report = run(contexts(lock, [load_spec(spec, lock)], load_cluster(CLUSTER), state))
+    out: dict[str, str] = {}
+    for f in report.findings:
+        if out.get(f.rule) != "error":
+            out[f.rule] = f.severity
+    return out
+
+
+@pytest.fixture
+def repo_with_clusters(repo: Path) -> Path:
+    import shutil
+
+    from .conftest import REPO
+
+    shutil.copytree(REPO / "clusters", repo / "clusters")
+    return repo
+
+
+def test_final_variant_f_passes_with_no_findings(repo_with_clusters: Path) -> None:
+    assert findings(F) == {}
+    assert main(["preflight", "kimi-k3-direct-f"]) == 0
+
+
+def test_every_rule_has_metadata_and_explain(capsys: pytest.CaptureFixture[str]) -> None:
+    ids = [r.id for r in RULES]
+    assert len(ids) == len(set(ids)) >= 12
+    for r in RULES:
+        assert (
+            r.symptom and r.fix and r.components and r.source and r.severity in ("error", "warning")
+        )
+        assert main(["preflight", "--explain", r.id]) == 0
+        assert r.fix in capsys.readouterr().out
+    assert main(["preflight", "--explain", "K3-NOPE"]) == 2
+
+
+# (spec, old, new, rule, severity): the failing form of a variant, written as a profile.
+TRIPS = [
+    # Commit 2: the worker rejected the vLLM frontend parser flags.
+    (
+        DYN,
+        '"--dyn-tool-call-parser", "kimi_k3",',
+        '"--enable-auto-tool-choice", "--tool-call-parser", "kimi_k3",',
+        "K3-PARSER-FLAGS",
+        "error",
+    ),
+    (
+        D,
+        '"--tool-call-parser", "kimi_k3",',
+        '"--dyn-tool-call-parser", "kimi_k3",',
+        "K3-PARSER-FLAGS",
+        "error",
+    ),
+    # Commit 6: aiperf's nvext.session_control rejected with 400.
+    (
+        DYN,
+        'AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING = "0"',
+        'AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING = "1"',
+        "K3-AIPERF-SESSION-CONTROL",
+        "error",
+    ),
+    # 0.95 OOM'd on the first forward.
+    (
+        F,
+        '"--gpu-memory-utilization", "0.90"',
+        '"--gpu-memory-utilization", "0.95"',
+        "K3-GPU-MEM-HEADROOM",
+        "error",
+    ),
+    # Variant E's prefill OOM (no expandable_segments with the offload connector).
+    (
+        F,
+        'PYTORCH_CUDA_ALLOC_CONF = "expandable_segments:True"',
+        "",
+        "K3-ALLOC-FRAGMENTATION",
+        "error",
+    ),
+    # The GB recipes' retention interval.
+    (
+        F,
+        'VLLM_PREFIX_CACHE_RETENTION_INTERVAL = "0"',
+        'VLLM_PREFIX_CACHE_RETENTION_INTERVAL = "32768"',
+        "K3-RETENTION-BLOCK",
+        "error",
+    ),
+    # Variant E with cross-layer blocks on.
+    (
+        F,
+        '"enable_cross_layers_blocks":false',
+        '"enable_cross_layers_blocks":true',
+        "K3-CROSS-LAYER-HYBRID",
+        "error",
+    ),
+    # Variant F, eighth sweep: expandable_segments without cumem.
+    (F, '  "--enable-cumem-allocator",\n', "", "K3-SIMPLECPU-CUMEM", "error"),
+    # Variant F, ninth sweep: cumem with custom all-reduce.
+    (F, '  "--disable-custom-all-reduce",\n', "", "K3-CUMEM-CUSTOM-AR", "error"),
+    (F, "299875000000", "399875000000", "K3-CPU-OFFLOAD-DRAM", "error"),
+    (F, "299875000000", "349875000000", "K3-CPU-OFFLOAD-DRAM", "warning"),
+    (F, 'PYTHONHASHSEED = "42"', "", "K3-PYTHONHASHSEED", "error"),
+    (F, '"--nnodes", "2"', '"--nnodes", "3"', "K3-TOPOLOGY", "error"),
+    (
+        F,
+        '"--pipeline-parallel-size", "2"',
+        '"--pipeline-parallel-size", "4"',
+        "K3-TOPOLOGY",
+        "error",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("spec", "old", "new", "rule", "severity"),
+    TRIPS,
+    ids=[f"{t[3]}-{i}" for i, t in enumerate(TRIPS)],
+)
+def test_rule_trips_on_the_failing_form(
+    repo_with_clusters: Path, spec: Path, old: str, new: str, rule: str, severity: str
+) -> None:
+    assert rule not in findings(spec), "the shipped (fixed) form must pass this rule"
+    replace_in(spec, old, new)
+    assert findings(spec).get(rule) == severity
+
+
+def test_fragmentation_is_a_warning_without_a_connector(repo_with_clusters: Path) -> None:
+    # Variant D served 24 minutes without expandable_segments: a warning, not an error.
+    assert findings(D) == {"K3-ALLOC-FRAGMENTATION": "warning"}
+
+
+def test_retention_multiple_of_block_passes(repo_with_clusters: Path) -> None:
+    replace_in(
+        F,
+        'VLLM_PREFIX_CACHE_RETENTION_INTERVAL = "0"',
+        'VLLM_PREFIX_CACHE_RETENTION_INTERVAL = "3145728"',
+    )
+    assert "K3-RETENTION-BLOCK" not in findings(F)
+
+
+def test_tokenizer_model_type_follows_the_pinned_dynamo(repo_with_clusters: Path) -> None:
+    # Commit 3: dynamo 1.2.1's frontend did not know kimi_k3 (every request 404).
+    assert "K3-TOKENIZER-MODEL-TYPE" not in findings(DYN)  # ba83080 / 1.4.0.dev1
+    replace_in(LOCK, 'version = "1.4.0.dev1"', 'version = "1.2.1"')
+    assert findings(DYN)["K3-TOKENIZER-MODEL-TYPE"] == "error"
+    # ... and the session_control rule does not apply to that older Dynamo.
+    replace_in(
+        DYN,
+        'AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING = "0"',
+        'AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING = "1"',
+    )
+    assert "K3-AIPERF-SESSION-CONTROL" not in findings(DYN)
+
+
+def test_verify_facts_about_the_image_override_the_lock(repo_with_clusters: Path) -> None:
+    state = State()
+    image_id = "ab" * 32
+    state.write_json({"image_id": f"sha256:{image_id}"}, "builds", "kimi-k3-dynamo.json")
+    state.write_json(
+        {"versions": {"dynamo": "1.6.1"}, "dynamo": {"tiktoken_model_types": ["kimi", "kimi_k2"]}},
+        "facts",
+        f"{image_id}.json",
+    )
+    assert findings(DYN, state)["K3-TOKENIZER-MODEL-TYPE"] == "error"
+    state.write_json(
+        {"versions": {"dynamo": "1.6.1"}, "dynamo": {"tiktoken_model_types": ["kimi_k3"]}},
+        "facts",
+        f"{image_id}.json",
+    )
+    assert "K3-TOKENIZER-MODEL-TYPE" not in findings(DYN, state)
+
+
+def test_srt_slurm_frontend_needs_the_pr_or_the_release(repo_with_clusters: Path) -> None:
+    assert "K3-SRT-FRONTEND" not in findings(D)  # v1.0.36 + PR #278 + multi-node patch
+    replace_in(LOCK, 'provides = ["frontend.vllm.multinode"]', "provides = []")
+    assert findings(D)["K3-SRT-FRONTEND"] == "error"  # single-node only on 2 nodes
+    replace_in(LOCK, 'version = "v1.0.36"', 'version = "v1.0.49"')
+    assert "K3-SRT-FRONTEND" not in findings(D)  # upstream multi-node (PR #296)
+
+
+def test_linter_output_and_json(
+    repo_with_clusters: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    replace_in(F, 'PYTHONHASHSEED = "42"', "")
+    assert main(["preflight", "kimi-k3-direct-f"]) == 4
+    out = capsys.readouterr().out
+    assert "images/kimi-k3-direct-f.toml: env.PYTHONHASHSEED: K3-PYTHONHASHSEED error:" in out
+    assert "fix: set PYTHONHASHSEED" in out
+    assert main(["preflight", "kimi-k3-direct-f", "--json"]) == 4
+    payload = json.loads(capsys.readouterr().out.split('\n{\n  "error"')[0])
+    assert payload["errors"] == 1 and payload["findings"][0]["rule"] == "K3-PYTHONHASHSEED"
+    assert "kimi-k3-direct-f/agg" in payload["lacked_facts"]
+
+
+def test_parse_options() -> None:
+    opts = parse_options(["vllm", "serve", "/m", "--a", "1", "--flag", "--b=2", "--c", '{"x": 1}'])
+    assert opts == {"--a": "1", "--flag": True, "--b": "2", "--c": '{"x": 1}'}
