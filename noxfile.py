@@ -53,6 +53,13 @@ def build_image(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def verify(session: nox.Session) -> None:
+    """Verify each image from inside (pass `-- --twin` for the offline CPU twin); compat matrix."""
+    _install(session)
+    session.run("k3env", "verify", *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def preflight(session: nox.Session) -> None:
     """Check serve profiles against the bring-up's failure rules (no engine)."""
     _install(session)

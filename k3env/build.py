@@ -292,7 +292,7 @@ class Builder:
 
         start = time.monotonic()
         pin = select_base(self.lock, spec, self.twin)
-        env = baked_env(self.lock, spec)  # refuses credentials before anything else happens
+        env = baked_env(self.lock, spec, pin)  # refuses credentials before anything else happens
         todo, skipped = _patch_plan(self.lock, spec, pin)
         base = self.resolve_base(pin)
         inputs = self.inputs_hash(spec, base, [p for p, _, _ in todo])

@@ -166,6 +166,53 @@ def cmd_twin(args: argparse.Namespace, log: Log) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# verify
+# ---------------------------------------------------------------------------------------------
+def cmd_verify(args: argparse.Namespace, log: Log) -> int:
+    from .report import markdown, table
+    from .verify import verify_image
+
+    lock = load_lock(args.lock)
+    specs = load_specs(args.images, lock, tuple(args.image))
+    engine = _engine()
+    state = State()
+    builder = make_builder(lock, engine, state, log, args.twin)
+    reports = []
+    for spec in specs:
+        with log.step(f"build {spec.name}"):
+            build = builder.build(spec)
+        with log.step(f"verify {spec.name} in one container ({build.reference})"):
+            reports.append(
+                verify_image(engine, state, lock, spec, build, twin=args.twin, timeout=args.timeout)
+            )
+    if args.markdown:
+        args.markdown.write_text(markdown(reports))
+        log.info(f"compat matrix written to {args.markdown}")
+    failed = [f for r in reports for f in r.failed]
+    payload = {
+        "twin": args.twin,
+        "images": [r.as_json() for r in reports],
+        "failures": len(failed),
+        "markdown": markdown(reports),
+    }
+
+    def human() -> None:
+        print(table(reports))
+        print()
+        print(markdown(reports))
+
+    _emit(args, payload, human)
+    if failed:
+        raise CheckFailed(
+            f"{len(failed)} check(s) failed in {sorted({f.image for f in failed})}",
+            where="k3env verify",
+            fix="each failure above names the image, profile, check and component, with the "
+            "probe's own output",
+        )
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
 # preflight
 # ---------------------------------------------------------------------------------------------
 def cmd_preflight(args: argparse.Namespace, log: Log) -> int:
@@ -274,6 +321,20 @@ def parser() -> argparse.ArgumentParser:
 
     twin = sub.add_parser("twin", parents=[common], help="build and push the CPU twin base")
     twin.set_defaults(func=cmd_twin)
+
+    ver = sub.add_parser(
+        "verify",
+        parents=[common],
+        help="check each image from inside: args, parsers, tokenizer, imports, patches, env",
+    )
+    ver.add_argument("image", nargs="*", help="image spec names (default: all in --images)")
+    ver.add_argument("--images", type=Path, default=DEFAULT_IMAGES, help="image spec directory")
+    ver.add_argument("--twin", action="store_true", help="verify the images built over the twin")
+    ver.add_argument("--markdown", type=Path, help="also write the compat matrix to this file")
+    ver.add_argument(
+        "--timeout", type=float, default=300, help="seconds per image before the probe is killed"
+    )
+    ver.set_defaults(func=cmd_verify)
 
     pre = sub.add_parser(
         "preflight",

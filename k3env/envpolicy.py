@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 
 from .errors import SecretError
-from .lock import Lock
+from .lock import BasePin, Lock
 from .spec import ImageSpec
 
 # Variable names that carry credentials by convention. Matched on word parts, so that
@@ -42,18 +42,25 @@ def credential_reason(name: str, value: str) -> str | None:
     return None
 
 
-def merged_env(lock: Lock, spec: ImageSpec) -> dict[str, str]:
-    """The lock's stack-wide env, overridden by the spec's."""
-    return {**lock.env, **spec.env}
+def merged_env(lock: Lock, spec: ImageSpec, base: BasePin | None = None) -> dict[str, str]:
+    """The lock's stack-wide env, then the base's, then the spec's (later wins)."""
+    base = base or lock.bases[spec.base]
+    return {**lock.env, **base.env, **spec.env}
 
 
-def baked_env(lock: Lock, spec: ImageSpec) -> dict[str, str]:
-    """The env to bake (``merged_env``); refuses credentials."""
-    env = merged_env(lock, spec)
+def baked_env(lock: Lock, spec: ImageSpec, base: BasePin | None = None) -> dict[str, str]:
+    """The env to bake (``merged_env``) over ``base``; refuses credentials."""
+    base = base or lock.bases[spec.base]
+    env = merged_env(lock, spec, base)
     for name, value in env.items():
         reason = credential_reason(name, value)
         if reason and name not in spec.allow_credentials:
-            source = f"{spec.path}: env.{name}" if name in spec.env else f"{lock.path}: env.{name}"
+            if name in spec.env:
+                source = f"{spec.path}: env.{name}"
+            elif name in base.env:
+                source = f"{lock.path}: bases.{base.name}.env.{name}"
+            else:
+                source = f"{lock.path}: env.{name}"
             raise SecretError(
                 f"refusing to bake {name} into image {spec.name}: {reason}",
                 where=source,

@@ -41,6 +41,7 @@ class BasePin:
     digest: str | None  # None: unresolved
     python: str
     twin: str | None
+    env: Mapping[str, str] = field(default_factory=dict)  # baked into images on this base
 
     @property
     def display(self) -> str:
@@ -237,10 +238,18 @@ def _base(name: str, t: Table, unresolved: list[Unresolved]) -> BasePin:
     if kind not in ("registry", "twin"):
         raise t.fail("kind", f"unknown base kind {kind!r}", 'use "registry" or "twin"')
     python = t.string("python", required=False, default="python3")
+    env = _env(t.table("env", required=False))
     if kind == "twin":
         t.done()
         return BasePin(
-            name=name, kind=kind, repository=None, tag=None, digest=None, python=python, twin=None
+            name=name,
+            kind=kind,
+            repository=None,
+            tag=None,
+            digest=None,
+            python=python,
+            twin=None,
+            env=env,
         )
     repository = t.string("repository")
     tag = t.string("tag")

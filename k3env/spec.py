@@ -83,7 +83,7 @@ def load_spec(path: Path, lock: Lock) -> ImageSpec:
     readers_t.done()
     allow = t.str_list("allow_credentials")
     for i, a in enumerate(allow):
-        if a not in env and a not in lock.env:
+        if a not in env and a not in lock.env and a not in lock.bases[base].env:
             raise t.fail(f"allow_credentials[{i}]", f"{a!r} is not set in [env]", "remove it")
     profiles_t = t.table("profiles", required=False)
     profiles = {p: _profile(p, profiles_t.table(p)) for p in profiles_t.keys()}

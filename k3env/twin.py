@@ -115,6 +115,21 @@ def ensure_stage1(lock: Lock, p: TwinPlan, engine: Engine, log: Log) -> str:
             return engine.import_rootfs(tarball, *p.stage1_ref.split(":"))
 
 
+# Debian bookworm has glibc 2.36: every manylinux tag up to that fits the twin. Older pips
+# do not expand a --platform to the older tags themselves, so each is listed.
+_PLATFORM_FLAGS = [
+    flag
+    for tag in (
+        *(f"manylinux_2_{minor}_x86_64" for minor in range(36, 4, -1)),
+        "manylinux2014_x86_64",
+        "manylinux2010_x86_64",
+        "manylinux1_x86_64",
+        "linux_x86_64",
+    )
+    for flag in ("--platform", tag)
+]
+
+
 def download_wheels(p: TwinPlan, state: State, log: Log) -> Path:
     wheelhouse = state.path("wheels")
     wheelhouse.mkdir(parents=True, exist_ok=True)
@@ -132,14 +147,7 @@ def download_wheels(p: TwinPlan, state: State, log: Log) -> Path:
                 "3.11",
                 "--implementation",
                 "cp",
-                "--platform",
-                "manylinux_2_28_x86_64",
-                "--platform",
-                "manylinux2014_x86_64",
-                "--platform",
-                "linux_x86_64",
-                "--platform",
-                "any",
+                *_PLATFORM_FLAGS,
                 "-d",
                 str(wheelhouse),
                 "-r",

@@ -1,0 +1,515 @@
+"""k3env probe: runs INSIDE a derived image, with the image's own Python and packages.
+
+Carried into the container at run time (mounted read-only, never baked), started once per
+image with no network. Stdlib only, plus whatever the image has. Reads a plan (JSON) and
+prints one result line per check, then the facts it learned, after MARK on stdout.
+
+Every check asks the image's own code: vLLM's and Dynamo's own argument parsers and
+registries, Dynamo's Rust frontend loading a tokenizer, the files on the image's sys.path.
+Module paths move between releases: each lookup tries the known places in order and says so
+when none fits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import importlib
+import importlib.metadata as md
+import io
+import json
+import os
+import socket
+import sys
+import tempfile
+import time
+import traceback
+import urllib.request
+
+MARK = "@@k3env-probe@@"
+RESULTS: list[dict[str, object]] = []
+FACTS: dict[str, object] = {"versions": {}}
+
+
+def record(check, subject, status, component, output="", profile=None):
+    RESULTS.append(
+        {
+            "check": check,
+            "subject": subject,
+            "status": status,  # pass | fail | skip
+            "component": component,
+            "version": FACTS["versions"].get(component.split(".")[0].split(" ")[0]),
+            "output": output[-4000:] if isinstance(output, str) else str(output),
+            "profile": profile,
+        }
+    )
+
+
+def version_of(dist):
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+@contextlib.contextmanager
+def captured():
+    """Capture stdout/stderr (argparse errors, warnings) into one buffer."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf), contextlib.redirect_stderr(buf):
+        yield buf
+
+
+def run_captured(fn):
+    """(ok, output): SystemExit(0) is success, any other exit or exception a failure."""
+    with captured() as buf:
+        try:
+            fn()
+            ok = True
+        except SystemExit as e:
+            ok = e.code in (0, None)
+            print(f"[exit {e.code}]")
+        except BaseException:
+            traceback.print_exc(limit=4)
+            ok = False
+    return ok, buf.getvalue()
+
+
+def first_import(*names):
+    errors = []
+    for name in names:
+        try:
+            return importlib.import_module(name)
+        except ImportError as e:
+            errors.append(f"{name}: {e}")
+    raise ImportError("none of " + ", ".join(names) + " imports: " + "; ".join(errors))
+
+
+# --- versions -------------------------------------------------------------------------------
+def check_versions(plan):
+    for component, dist in (
+        ("vllm", "vllm"),
+        ("dynamo", "ai-dynamo"),
+        ("dynamo-runtime", "ai-dynamo-runtime"),
+        ("torch", "torch"),
+    ):
+        FACTS["versions"][component] = version_of(dist)
+    for component, expected in sorted(plan.get("versions", {}).items()):
+        actual = FACTS["versions"].get(component)
+        if expected is None:
+            record("versions", component, "skip", component, f"installed {actual}; lock pins none")
+        elif actual == expected:
+            record("versions", component, "pass", component, f"{actual}")
+        else:
+            record("versions", component, "fail", component, f"installed {actual}, lock {expected}")
+
+
+# --- entrypoint imports ----------------------------------------------------------------------
+ENTRYPOINT_MODULES = {
+    "vllm-serve": ("vllm.entrypoints.cli.serve",),
+    "dynamo-worker": ("dynamo.vllm.main",),
+    "dynamo-frontend": ("dynamo.frontend.main",),
+}
+
+
+def check_imports(plan):
+    for role in sorted({c["role"] for p in plan["profiles"] for c in p["commands"]}):
+        for module in ENTRYPOINT_MODULES[role]:
+            component = "vllm" if role == "vllm-serve" else "dynamo"
+            ok, out = run_captured(lambda m=module: importlib.import_module(m))
+            record("imports", module, "pass" if ok else "fail", component, out)
+
+
+# --- argument parsing ---------------------------------------------------------------------------
+def parse_vllm_serve(argv):
+    """``vllm serve ...`` through vLLM's own CLI parser, then the server-setup validation."""
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    serve = importlib.import_module("vllm.entrypoints.cli.serve")
+    top = FlexibleArgumentParser(prog="vllm")
+    sub = top.add_subparsers(required=False, dest="subparser")
+    commands = {}
+    for cmd in serve.cmd_init():
+        cmd.subparser_init(sub).set_defaults(dispatch_function=cmd.cmd)
+        commands[cmd.name] = cmd
+    args = top.parse_args(list(argv[1:]))
+    if getattr(args, "model_tag", None):
+        args.model = args.model_tag
+    commands[args.subparser].validate(args)
+    # Parser names pass argparse and fail at server setup (validate_api_server_args): run it.
+    cli_args = first_import(
+        "vllm.entrypoints.common.cli_args",
+        "vllm.entrypoints.launchers.cli_args",
+        "vllm.entrypoints.openai.cli_args",
+    )
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    engine_args = AsyncEngineArgs.from_cli_args(args)
+    args.structured_outputs_config = engine_args.create_structured_outputs_config()
+    if hasattr(cli_args, "init_parser_plugin"):
+        cli_args.init_parser_plugin(args)
+    cli_args.validate_api_server_args(args)
+    print("accepted")
+
+
+def parse_dynamo_worker(argv):
+    args_mod = importlib.import_module("dynamo.vllm.args")
+    rest = (
+        list(argv[3:])
+        if argv[:3] == ["python3", "-m", "dynamo.vllm"] or argv[1:3] == ["-m", "dynamo.vllm"]
+        else list(argv[1:])
+    )
+    if hasattr(args_mod, "parse_args"):
+        args_mod.parse_args(rest)
+    else:
+        args_mod._parse_cli_args(rest)
+    print("accepted")
+
+
+def parse_dynamo_frontend(argv):
+    main = importlib.import_module("dynamo.frontend.main")
+    rest = list(argv[3:]) if argv[1:3] == ["-m", "dynamo.frontend"] else list(argv[1:])
+    saved = sys.argv
+    sys.argv = ["dynamo.frontend", *rest]
+    try:
+        main.parse_args()
+    finally:
+        sys.argv = saved
+    print("accepted")
+
+
+PARSERS = {
+    "vllm-serve": ("vllm", parse_vllm_serve),
+    "dynamo-worker": ("dynamo.vllm", parse_dynamo_worker),
+    "dynamo-frontend": ("dynamo.frontend", parse_dynamo_frontend),
+}
+
+
+def check_args(plan):
+    for profile in plan["profiles"]:
+        for i, command in enumerate(profile["commands"]):
+            component, fn = PARSERS[command["role"]]
+            ok, out = run_captured(lambda fn=fn, argv=command["argv"]: fn(argv))
+            subject = f"commands[{i}] {command['role']}"
+            record("args", subject, "pass" if ok else "fail", component, out, profile["name"])
+
+
+# --- parser registries ---------------------------------------------------------------------------
+def vllm_registries():
+    tools = first_import("vllm.tool_parsers", "vllm.entrypoints.openai.tool_parsers")
+    reasoning = first_import("vllm.reasoning")
+    return (
+        sorted(tools.ToolParserManager.list_registered()),
+        sorted(reasoning.ReasoningParserManager.list_registered()),
+    )
+
+
+def dynamo_registries():
+    core = importlib.import_module("dynamo._core")
+    return sorted(core.get_tool_parser_names()), sorted(core.get_reasoning_parser_names())
+
+
+def check_parsers(plan):
+    cache = {}
+    for profile in plan["profiles"]:
+        roles = {c["role"] for c in profile["commands"]}
+        # Who parses chat output: vLLM's OpenAI server, or the Dynamo frontend.
+        component = "dynamo" if "dynamo-frontend" in roles else "vllm"
+        if component not in cache:
+            try:
+                with captured():
+                    cache[component] = (
+                        vllm_registries if component == "vllm" else dynamo_registries
+                    )()
+                FACTS.setdefault(component, {}).update(
+                    {"tool_parsers": cache[component][0], "reasoning_parsers": cache[component][1]}
+                )
+            except BaseException:
+                cache[component] = traceback.format_exc(limit=4)
+        for kind, idx in (("tool_call_parser", 0), ("reasoning_parser", 1)):
+            name = profile.get(kind)
+            if not name:
+                continue
+            subject = f"{kind} {name}"
+            found = cache[component]
+            if isinstance(found, str):
+                record("parsers", subject, "fail", component, found, profile["name"])
+            elif name in found[idx]:
+                record("parsers", subject, "pass", component, "registered", profile["name"])
+            else:
+                record(
+                    "parsers",
+                    subject,
+                    "fail",
+                    component,
+                    f"{name!r} is not registered; registered: {', '.join(found[idx])}",
+                    profile["name"],
+                )
+
+
+# --- tokenizer (Dynamo Rust frontend, functional) -------------------------------------------
+def _model_dir(model_type):
+    d = tempfile.mkdtemp(prefix="k3env-tok-")
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(
+            {
+                "model_type": model_type,
+                "architectures": ["ProbeForCausalLM"],
+                "max_position_embeddings": 4096,
+                "vocab_size": 258,
+                "bos_token_id": 256,
+                "eos_token_id": 257,
+            },
+            f,
+        )
+    with open(os.path.join(d, "tiktoken.model"), "w") as f:
+        for i in range(256):
+            f.write(f"{base64.b64encode(bytes([i])).decode()} {i}\n")
+    with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+        json.dump(
+            {
+                "bos_token": "[BOS]",
+                "eos_token": "[EOS]",
+                "added_tokens_decoder": {
+                    "256": {"content": "[BOS]", "special": True},
+                    "257": {"content": "[EOS]", "special": True},
+                },
+                "chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}",
+            },
+            f,
+        )
+    return d
+
+
+def _free_port():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    return port
+
+
+def _get_models(port):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=1) as r:
+        return r.read()
+
+
+async def _serve_models(core, model_type, timeout):
+    """Start Dynamo's HTTP frontend with the Mocker engine over a tiny tiktoken model."""
+    loop = asyncio.get_running_loop()
+    runtime = core.DistributedRuntime(loop, "mem", "tcp")
+    port = _free_port()
+    args = core.EntrypointArgs(
+        core.EngineType.Mocker,
+        model_path=_model_dir(model_type),
+        model_name="k3env-probe",
+        http_host="127.0.0.1",
+        http_port=port,
+    )
+    engine = await core.make_engine(runtime, args)
+    task = asyncio.ensure_future(core.run_input(runtime, "http", engine))
+    deadline = time.monotonic() + timeout
+    last = "no answer"
+    try:
+        while time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+            if task.done():
+                exc = task.exception()
+                chain = []
+                while exc is not None:
+                    chain.append(f"{type(exc).__name__}: {exc}")
+                    exc = exc.__cause__ or exc.__context__
+                return False, "the frontend stopped: " + " <- ".join(chain)
+            try:
+                body = await loop.run_in_executor(None, _get_models, port)
+                models = [m.get("id") for m in json.loads(body).get("data", [])]
+                if "k3env-probe" in models:
+                    took = time.monotonic() - deadline + timeout
+                    return True, f"/v1/models lists the model ({took:.2f} s)"
+                last = f"/v1/models: {models}"
+            except OSError as e:
+                last = str(e)
+        return False, f"no model registered within {timeout} s ({last})"
+    finally:
+        task.cancel()
+        with contextlib.suppress(BaseException):
+            runtime.shutdown()
+
+
+def tokenizer_loads(model_type, timeout=8.0):
+    core = importlib.import_module("dynamo._core")
+    os.environ.setdefault("DYN_LOG", "error")
+    with captured() as buf:
+        try:
+            ok, detail = asyncio.run(_serve_models(core, model_type, timeout))
+        except BaseException:
+            ok, detail = False, traceback.format_exc(limit=3)
+    return ok, detail + ("\n" + buf.getvalue() if buf.getvalue().strip() and not ok else "")
+
+
+def check_tokenizer(plan):
+    accepted, rejected = [], []
+    tested = {}
+    for model_type in plan.get("tokenizer_candidates", []):
+        ok, detail = tokenizer_loads(model_type)
+        tested[model_type] = (ok, detail)
+        (accepted if ok else rejected).append(model_type)
+    if tested:
+        FACTS.setdefault("dynamo", {}).update(
+            {"tiktoken_model_types": accepted, "tiktoken_rejected": rejected}
+        )
+    for profile in plan["profiles"]:
+        roles = {c["role"] for c in profile["commands"]}
+        model_type = profile.get("tokenizer_model_type")
+        if "dynamo-frontend" not in roles or not model_type:
+            continue
+        ok, detail = tested.get(model_type) or tokenizer_loads(model_type)
+        record(
+            "tokenizer",
+            f"model_type {model_type}",
+            "pass" if ok else "fail",
+            "dynamo-runtime",
+            detail,
+            profile["name"],
+        )
+
+
+# --- patches ---------------------------------------------------------------------------------
+def find_module_file(module):
+    parts = module.split(".")
+    for d in sys.path:
+        if not d or not os.path.isdir(d):
+            continue
+        stem = os.path.join(d, *parts)
+        for cand in (stem + ".py", os.path.join(stem, "__init__.py")):
+            if os.path.isfile(cand):
+                return cand
+    return None
+
+
+def check_patches(plan):
+    for patch in plan.get("patches", []):
+        subject = patch["name"]
+        if patch.get("skip"):
+            record("patches", subject, "skip", "image", patch["skip"])
+            continue
+        path = patch.get("path") or find_module_file(patch["module"])
+        if path is None or not os.path.isfile(path):
+            record(
+                "patches",
+                subject,
+                "fail",
+                "image",
+                f"target {patch.get('module') or patch.get('path')} not found in the image",
+            )
+            continue
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+        missing = []
+        for n, edit in enumerate(patch["edits"], start=1):
+            anchor, replacement = edit["anchor"], edit["replacement"]
+            # An anchor inside the replacement is not a fresh match.
+            fresh = text.count(anchor) - text.count(replacement) * replacement.count(anchor)
+            if replacement not in text:
+                missing.append(f"edit {n}: replacement absent")
+            elif fresh > 0:
+                missing.append(f"edit {n}: replacement present but the anchor is still there")
+        if missing:
+            record("patches", subject, "fail", "image", f"{path}: " + "; ".join(missing))
+        else:
+            record(
+                "patches",
+                subject,
+                "pass",
+                "image",
+                f"{path}: {len(patch['edits'])} edit(s) present",
+            )
+
+
+# --- env -------------------------------------------------------------------------------------
+def _mentions(name, package):
+    """Whether ``name`` appears in the installed package's code (Python sources or binaries)."""
+    try:
+        files = md.files(package) or []
+    except md.PackageNotFoundError:
+        return None
+    needle = name.encode()
+    for f in files:
+        if f.suffix not in (".py", ".so"):
+            continue
+        try:
+            with open(f.locate(), "rb") as fh:
+                if needle in fh.read():
+                    return str(f)
+        except OSError:
+            continue
+    return None
+
+
+def check_env(plan):
+    registry = {}
+    try:
+        with captured():
+            envs = importlib.import_module("vllm.envs")
+        registry = dict.fromkeys(getattr(envs, "environment_variables", {}))
+        FACTS.setdefault("vllm", {})["env_vars"] = sorted(registry)
+    except BaseException:
+        pass
+    prefixes = tuple(plan.get("known_prefixes", []))
+    for name, declared in sorted(plan.get("env", {}).items()):
+        if name in registry:
+            record("env", name, "pass", "vllm", "in vllm.envs.environment_variables")
+        elif declared:
+            record("env", name, "pass", "spec", f"declared reader: {declared}")
+        elif name.startswith(prefixes):
+            record("env", name, "pass", "known-prefix", f"read by the {name.split('_')[0]}_ family")
+        else:
+            where = _mentions(name, "ai-dynamo") or _mentions(name, "ai-dynamo-runtime")
+            if where:
+                record("env", name, "pass", "dynamo", f"read by Dynamo ({where})")
+            else:
+                record(
+                    "env",
+                    name,
+                    "fail",
+                    "image",
+                    f"{name} is baked but nothing in the image reads it: not in vLLM "
+                    f"{FACTS['versions'].get('vllm')}'s env registry, not in Dynamo's code, no "
+                    "known prefix: it is silently ignored (declare its reader under "
+                    "[env_readers] in the spec if something else reads it)",
+                )
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("plan")
+    with open(ap.parse_args().plan) as f:
+        plan = json.load(f)
+    start = time.monotonic()
+    timings = {}
+    for name, fn in (
+        ("versions", check_versions),
+        ("imports", check_imports),
+        ("args", check_args),
+        ("parsers", check_parsers),
+        ("tokenizer", check_tokenizer),
+        ("patches", check_patches),
+        ("env", check_env),
+    ):
+        t = time.monotonic()
+        try:
+            fn(plan)
+        except BaseException:
+            record(name, "(probe)", "fail", "k3env-probe", traceback.format_exc(limit=5))
+        timings[name] = round(time.monotonic() - t, 3)
+    FACTS["probe_seconds"] = round(time.monotonic() - start, 3)
+    FACTS["probe_timings"] = timings
+    sys.stdout.write("\n" + MARK + json.dumps({"results": RESULTS, "facts": FACTS}) + "\n")
+    sys.stdout.flush()
+    os._exit(0)  # Dynamo's runtime threads must not hold the container open
+
+
+if __name__ == "__main__":
+    main()

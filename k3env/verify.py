@@ -1,0 +1,258 @@
+"""Verify each image from inside: one container start per image runs every probe.
+
+Host side: build the plan (the spec's serve profiles, the lock's patches and versions, the
+baked env), carry ``probes/probe.py`` and the plan into the image at run time (a read-only
+mount, never baked), run it with no network, no GPU and a time bound, and read the verdicts
+and facts it prints. Facts are cached by image ID for preflight.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from .build import BuildResult
+from .engine import Engine
+from .envpolicy import merged_env
+from .errors import EngineError
+from .lock import Lock, verify_patch_file
+from .patches import SKIPPED, load_patch_file
+from .spec import ImageSpec
+from .state import State
+
+MARK = "@@k3env-probe@@"
+CHECKS = ("versions", "imports", "args", "parsers", "tokenizer", "patches", "env")
+# Env var families whose readers are the CUDA/NCCL/PyTorch/Python runtimes themselves.
+KNOWN_PREFIXES = (
+    "NCCL_",
+    "PYTORCH_",
+    "TORCH_",
+    "CUDA_",
+    "CUBLAS_",
+    "CUDNN_",
+    "NVIDIA_",
+    "PYTHON",
+    "OMP_",
+    "MKL_",
+    "HF_",
+    "TRANSFORMERS_",
+    "TOKENIZERS_",
+    "UCX_",
+    "NVSHMEM_",
+    "GLOO_",
+    "TRITON_",
+    "LD_",
+)
+# Tokenizer model_types probed in the Dynamo frontend for preflight's facts.
+TOKENIZER_CANDIDATES = ("kimi", "kimi_k2", "kimi_k25", "kimi_k3", "deepseek_v3")
+# What the probe process needs to build vLLM's parser without a GPU, and to stay offline.
+PROBE_ENV = {
+    "VLLM_TARGET_DEVICE": "cpu",
+    "CUDA_VISIBLE_DEVICES": "",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "DYN_LOG": "error",
+    "VLLM_LOGGING_LEVEL": "ERROR",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckResult:
+    image: str
+    profile: str | None
+    check: str
+    subject: str
+    status: str  # pass | fail | skip
+    component: str
+    version: str | None
+    output: str
+
+    def as_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageReport:
+    image: str
+    reference: str
+    image_id: str
+    results: tuple[CheckResult, ...]
+    facts: Mapping[str, Any]
+    seconds: float
+    exit_code: int
+
+    @property
+    def failed(self) -> list[CheckResult]:
+        return [r for r in self.results if r.status == "fail"]
+
+    def status(self, check: str) -> str:
+        states = {r.status for r in self.results if r.check == check}
+        if "fail" in states:
+            return "fail"
+        if "pass" in states:
+            return "pass"
+        return "skip"
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "image": self.image,
+            "reference": self.reference,
+            "image_id": self.image_id,
+            "seconds": round(self.seconds, 3),
+            "matrix": {c: self.status(c) for c in CHECKS},
+            "results": [r.as_json() for r in self.results],
+            "facts": dict(self.facts),
+        }
+
+
+def plan_for(lock: Lock, spec: ImageSpec, build: BuildResult, twin: bool) -> dict[str, Any]:
+    base_pin = lock.bases[spec.base]
+    if twin and base_pin.twin:
+        base_pin = lock.bases[base_pin.twin]
+    statuses = {p.name: p for p in build.patches}
+    patches: list[dict[str, Any]] = []
+    for name in spec.patches:
+        pin = lock.container_patches[name]
+        result = statuses.get(name)
+        if result is not None and result.status == SKIPPED:
+            patches.append({"name": name, "skip": result.detail})
+            continue
+        pf = load_patch_file(pin, verify_patch_file(lock, pin))
+        patches.append(
+            {
+                "name": name,
+                "module": pin.module,
+                "path": pin.path,
+                "edits": [{"anchor": e.anchor, "replacement": e.replacement} for e in pf.edits],
+            }
+        )
+    env = merged_env(lock, spec, base_pin)
+    return {
+        "image": spec.name,
+        "profiles": [
+            {
+                "name": p.name,
+                "tokenizer_model_type": p.tokenizer_model_type,
+                "tool_call_parser": p.tool_call_parser,
+                "reasoning_parser": p.reasoning_parser,
+                "commands": [{"role": c.role, "argv": list(c.argv)} for c in p.commands],
+            }
+            for p in spec.profiles.values()
+        ],
+        "patches": patches,
+        "env": {name: spec.env_readers.get(name) for name in env},
+        "known_prefixes": list(KNOWN_PREFIXES),
+        "versions": expected_versions(lock, twin),
+        "tokenizer_candidates": list(TOKENIZER_CANDIDATES)
+        if any(c.role == "dynamo-frontend" for p in spec.profiles.values() for c in p.commands)
+        else [],
+    }
+
+
+def expected_versions(lock: Lock, twin: bool) -> dict[str, str | None]:
+    """What the lock says the image holds. Over the twin: its pinned wheels."""
+    out: dict[str, str | None] = {"vllm": None, "dynamo": None, "torch": None}
+    if twin and lock.twin is not None:
+        req = lock.resolve_path(lock.twin.requirements)
+        names = {
+            "vllm": "vllm",
+            "ai-dynamo": "dynamo",
+            "ai-dynamo-runtime": "dynamo-runtime",
+            "torch": "torch",
+        }
+        for line in req.read_text().splitlines():
+            line = line.split("#", 1)[0].strip()
+            if "==" not in line:
+                continue
+            name, _, rest = line.partition("==")
+            key = names.get(name.strip().lower())
+            if key:
+                out[key] = rest.split()[0]
+    elif lock.dynamo is not None:
+        # The real image carries no Dynamo of its own yet; the lock pins the source commit.
+        out["dynamo"] = None
+    return out
+
+
+def run_probe(
+    engine: Engine,
+    image: str,
+    python: str,
+    plan: Mapping[str, Any],
+    *,
+    timeout: float,
+) -> tuple[list[dict[str, Any]], dict[str, Any], int, str]:
+    workdir = Path(tempfile.mkdtemp(prefix="k3env-probe-"))
+    try:
+        with resources.as_file(resources.files("k3env.probes") / "probe.py") as probe:
+            shutil.copy(probe, workdir / "probe.py")
+        (workdir / "plan.json").write_text(json.dumps(plan))
+        workdir.chmod(0o755)
+        result = engine.run(
+            image,
+            [python, "/k3env-probe/probe.py", "/k3env-probe/plan.json"],
+            timeout=timeout,
+            env=PROBE_ENV,
+            mounts={str(workdir): "/k3env-probe"},
+        )
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    for line in reversed(result.stdout.splitlines()):
+        if line.startswith(MARK):
+            payload = json.loads(line[len(MARK) :])
+            return payload["results"], payload["facts"], result.exit_code, result.stdout
+    raise EngineError(
+        f"the probe printed no verdict (exit {result.exit_code}):\n"
+        f"{(result.stdout + result.stderr).strip()[-3000:]}",
+        where=image,
+        fix="the image's Python could not run the probe: check `python` in the base pin",
+    )
+
+
+def verify_image(
+    engine: Engine,
+    state: State,
+    lock: Lock,
+    spec: ImageSpec,
+    build: BuildResult,
+    *,
+    twin: bool,
+    timeout: float = 300,
+) -> ImageReport:
+    base_pin = lock.bases[spec.base]
+    if twin and base_pin.twin:
+        base_pin = lock.bases[base_pin.twin]
+    start = time.monotonic()
+    plan = plan_for(lock, spec, build, twin)
+    rows, facts, code, _ = run_probe(engine, build.image_id, base_pin.python, plan, timeout=timeout)
+    results = tuple(
+        CheckResult(
+            image=spec.name,
+            profile=r.get("profile"),
+            check=str(r["check"]),
+            subject=str(r["subject"]),
+            status=str(r["status"]),
+            component=str(r["component"]),
+            version=r.get("version"),
+            output=str(r.get("output", "")),
+        )
+        for r in rows
+    )
+    state.write_json(facts, "facts", f"{build.image_id.removeprefix('sha256:')}.json")
+    return ImageReport(
+        image=spec.name,
+        reference=build.reference,
+        image_id=build.image_id,
+        results=results,
+        facts=facts,
+        seconds=time.monotonic() - start,
+        exit_code=code,
+    )
