@@ -68,6 +68,7 @@ def preflight(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Benchmark: derived build vs plain `docker build` over the >2 GB twin, and no-op rebuild."""
+    """Benchmarks: build vs `docker build` over the twin, no-op rebuild, preflight, verify."""
     _install(session)
     session.run("python", "benchmarks/bench_build.py", *session.posargs)
+    session.run("python", "benchmarks/bench_verify.py")

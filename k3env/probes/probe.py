@@ -146,8 +146,11 @@ def parse_vllm_serve(argv):
     )
     from vllm.engine.arg_utils import AsyncEngineArgs
 
-    engine_args = AsyncEngineArgs.from_cli_args(args)
-    args.structured_outputs_config = engine_args.create_structured_outputs_config()
+    # What the server does before validating (the reasoning parser moves into the structured
+    # outputs config), run as vLLM's own method on the parsed args: constructing the engine
+    # args would look for the model, which is not on this host.
+    if hasattr(AsyncEngineArgs, "create_structured_outputs_config"):
+        args.structured_outputs_config = AsyncEngineArgs.create_structured_outputs_config(args)
     if hasattr(cli_args, "init_parser_plugin"):
         cli_args.init_parser_plugin(args)
     cli_args.validate_api_server_args(args)
@@ -161,10 +164,12 @@ def parse_dynamo_worker(argv):
         if argv[:3] == ["python3", "-m", "dynamo.vllm"] or argv[1:3] == ["-m", "dynamo.vllm"]
         else list(argv[1:])
     )
-    if hasattr(args_mod, "parse_args"):
-        args_mod.parse_args(rest)
-    else:
+    # _parse_cli_args is the worker's own argparse step (Dynamo flags, then vLLM's engine
+    # args); parse_args goes on to build engine config, which needs the model on disk.
+    if hasattr(args_mod, "_parse_cli_args"):
         args_mod._parse_cli_args(rest)
+    else:
+        args_mod.parse_args(rest)
     print("accepted")
 
 
@@ -272,9 +277,17 @@ def _model_dir(model_type):
             {
                 "bos_token": "[BOS]",
                 "eos_token": "[EOS]",
+                # Every field of Hugging Face's AddedToken: older Dynamo parsers require them all.
                 "added_tokens_decoder": {
-                    "256": {"content": "[BOS]", "special": True},
-                    "257": {"content": "[EOS]", "special": True},
+                    str(i): {
+                        "content": text,
+                        "lstrip": False,
+                        "rstrip": False,
+                        "normalized": False,
+                        "single_word": False,
+                        "special": True,
+                    }
+                    for i, text in ((256, "[BOS]"), (257, "[EOS]"))
                 },
                 "chat_template": "{% for m in messages %}{{ m['content'] }}{% endfor %}",
             },

@@ -1,0 +1,283 @@
+"""Verify on the real engine, against the real vLLM and Dynamo wheels inside the CPU twin.
+
+Each verdict below comes from the image's own parsers, registries and Rust frontend; the
+second Dynamo runtime release (1.2.1, the one that 404'd Kimi-K3 in the bring-up) shows that
+version-dependent answers come from the image, not from a table in k3env.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from k3env import twin
+from k3env.cli import main
+from k3env.docker_engine import DockerEngine
+from k3env.lock import load_lock
+from k3env.log import Log
+from k3env.state import State
+from k3env.verify import PROBE_ENV, run_probe
+
+from ..conftest import REPO
+
+pytestmark = [pytest.mark.engine, pytest.mark.registry, pytest.mark.twin]
+
+GOOD_SERVE = [
+    "vllm", "serve", "/model",
+    "--tensor-parallel-size", "8",
+    "--gpu-memory-utilization", "0.90",
+    "--enable-auto-tool-choice", "--tool-call-parser", "kimi_k3",
+    "--reasoning-parser", "kimi_k3",
+]  # fmt: skip
+WORKER = ["python3", "-m", "dynamo.vllm", "--model", "/model", "--tensor-parallel-size", "8"]
+FRONTEND = ["python3", "-m", "dynamo.frontend", "--http-port", "8000"]
+
+
+def profile(name: str, *commands: tuple[str, list[str]], **extra: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "tokenizer_model_type": extra.get("model_type"),
+        "tool_call_parser": extra.get("tool"),
+        "reasoning_parser": extra.get("reasoning"),
+        "commands": [{"role": role, "argv": argv} for role, argv in commands],
+    }
+
+
+def plan(**overrides: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "image": "probe-test",
+        "profiles": [],
+        "patches": [],
+        "env": {},
+        "known_prefixes": ["NCCL_", "PYTORCH_", "CUDA_", "PYTHON"],
+        "versions": {},
+        "tokenizer_candidates": [],
+    }
+    base.update(overrides)
+    return base
+
+
+def results_by(rows: list[dict[str, Any]]) -> dict[tuple[str | None, str, str], dict[str, Any]]:
+    return {(r["profile"], r["check"], r["subject"]): r for r in rows}
+
+
+@pytest.fixture(scope="session")
+def twin_image(engine: DockerEngine, registry: str) -> str:
+    lock = load_lock(REPO / "pins/k3.lock.toml")
+    reference, _digest = twin.ensure_twin(lock, engine, State(), Log())
+    return reference
+
+
+Verdicts = dict[tuple[str | None, str, str], dict[str, Any]]
+
+
+@pytest.fixture(scope="session")
+def twin_probe(engine: DockerEngine, twin_image: str) -> tuple[Verdicts, dict[str, Any]]:
+    """Every probe of the twin, in one container start: (verdicts, facts)."""
+    p = plan(
+        profiles=[
+            profile("good", ("vllm-serve", GOOD_SERVE), tool="kimi_k3", reasoning="kimi_k3"),
+            profile("unknown-flag", ("vllm-serve", [*GOOD_SERVE, "--no-such-flag"])),
+            profile(
+                "unknown-tool-parser",
+                ("vllm-serve", [a if a != "kimi_k3" else "no_such_parser" for a in GOOD_SERVE]),
+                tool="no_such_parser",
+            ),
+            profile(
+                "worker-frontend-flags",
+                (
+                    "dynamo-worker",
+                    [*WORKER, "--enable-auto-tool-choice", "--tool-call-parser", "kimi_k3"],
+                ),
+            ),
+            profile(
+                "worker-dyn-flags",
+                (
+                    "dynamo-worker",
+                    [
+                        *WORKER,
+                        "--dyn-tool-call-parser",
+                        "kimi_k3",
+                        "--dyn-reasoning-parser",
+                        "kimi_k3",
+                    ],
+                ),
+                ("dynamo-frontend", FRONTEND),
+                tool="kimi_k3",
+                model_type="kimi_k3",
+            ),
+            profile("unknown-model-type", ("dynamo-frontend", FRONTEND), model_type="kimi_k9"),
+        ],
+        patches=[
+            {
+                "name": "never-applied",
+                "module": "vllm.version",
+                "path": None,
+                "edits": [{"anchor": '__version__ = "dev"', "replacement": '__version__ = "k3"'}],
+            }
+        ],
+        env={
+            "VLLM_TARGET_DEVICE": None,
+            "NCCL_CUMEM_ENABLE": None,
+            "K3ENV_NOTHING_READS_THIS": None,
+            "AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING": "aiperf",
+        },
+        versions={"vllm": "0.33.0", "dynamo": "1.6.1", "torch": "2.99.0"},
+        tokenizer_candidates=["kimi_k2", "kimi_k3"],
+    )
+    rows, facts, code, _ = run_probe(engine, twin_image, "python3", p, timeout=300)
+    assert code == 0
+    return results_by(rows), facts
+
+
+@pytest.fixture(scope="session")
+def twin_verdicts(twin_probe: tuple[Verdicts, dict[str, Any]]) -> Verdicts:
+    return twin_probe[0]
+
+
+def test_known_good_vllm_serve_line_is_accepted(twin_verdicts: dict[Any, Any]) -> None:
+    r = twin_verdicts[("good", "args", "commands[0] vllm-serve")]
+    assert r["status"] == "pass", r["output"]
+    assert twin_verdicts[("good", "parsers", "tool_call_parser kimi_k3")]["status"] == "pass"
+    assert twin_verdicts[("good", "parsers", "reasoning_parser kimi_k3")]["component"] == "vllm"
+
+
+def test_unknown_flag_is_rejected_with_the_parsers_own_message(
+    twin_verdicts: dict[Any, Any],
+) -> None:
+    r = twin_verdicts[("unknown-flag", "args", "commands[0] vllm-serve")]
+    assert r["status"] == "fail"
+    assert "unrecognized arguments: --no-such-flag" in r["output"]
+    assert r["version"] == "0.33.0"
+
+
+def test_unknown_tool_parser_passes_argparse_but_fails_server_setup(
+    twin_verdicts: dict[Any, Any],
+) -> None:
+    r = twin_verdicts[("unknown-tool-parser", "args", "commands[0] vllm-serve")]
+    assert r["status"] == "fail"
+    assert "invalid tool call parser: no_such_parser" in r["output"]
+    reg = twin_verdicts[("unknown-tool-parser", "parsers", "tool_call_parser no_such_parser")]
+    assert reg["status"] == "fail" and "kimi_k3" in reg["output"]
+
+
+def test_dynamo_worker_rejects_frontend_flags_and_takes_dyn_spelling(
+    twin_verdicts: dict[Any, Any],
+) -> None:
+    bad = twin_verdicts[("worker-frontend-flags", "args", "commands[0] dynamo-worker")]
+    assert bad["status"] == "fail"
+    assert (
+        "unrecognized arguments" in bad["output"] and "--enable-auto-tool-choice" in bad["output"]
+    )
+    good = twin_verdicts[("worker-dyn-flags", "args", "commands[0] dynamo-worker")]
+    assert good["status"] == "pass", good["output"]
+    assert (
+        twin_verdicts[("worker-dyn-flags", "args", "commands[1] dynamo-frontend")]["status"]
+        == "pass"
+    )
+    # Chat parsing happens in the Dynamo frontend: its registry answers.
+    assert (
+        twin_verdicts[("worker-dyn-flags", "parsers", "tool_call_parser kimi_k3")]["component"]
+        == "dynamo"
+    )
+
+
+def test_tokenizer_model_type_known_accepted_unknown_rejected(
+    twin_verdicts: dict[Any, Any],
+) -> None:
+    ok = twin_verdicts[("worker-dyn-flags", "tokenizer", "model_type kimi_k3")]
+    assert ok["status"] == "pass", ok["output"]
+    assert "/v1/models lists the model" in ok["output"]
+    bad = twin_verdicts[("unknown-model-type", "tokenizer", "model_type kimi_k9")]
+    assert bad["status"] == "fail"
+    assert "tiktoken" in bad["output"]
+
+
+def test_missing_patch_and_unread_env_are_reported(twin_verdicts: dict[Any, Any]) -> None:
+    patch = twin_verdicts[(None, "patches", "never-applied")]
+    assert patch["status"] == "fail" and "replacement absent" in patch["output"]
+    assert twin_verdicts[(None, "env", "K3ENV_NOTHING_READS_THIS")]["status"] == "fail"
+    assert twin_verdicts[(None, "env", "VLLM_TARGET_DEVICE")]["component"] == "vllm"
+    assert twin_verdicts[(None, "env", "NCCL_CUMEM_ENABLE")]["status"] == "pass"
+    assert twin_verdicts[(None, "env", "AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING")]["status"] == "pass"
+
+
+def test_versions_come_from_the_image(
+    twin_verdicts: dict[Any, Any], twin_probe: tuple[Verdicts, dict[str, Any]]
+) -> None:
+    assert twin_verdicts[(None, "versions", "vllm")]["status"] == "pass"
+    torch = twin_verdicts[(None, "versions", "torch")]
+    assert torch["status"] == "fail" and "installed 2.13.0+cpu, lock 2.99.0" in torch["output"]
+    facts = twin_probe[1]
+    assert facts["versions"]["dynamo"] == "1.6.1"
+    assert facts["dynamo"]["tiktoken_model_types"] == ["kimi_k2", "kimi_k3"]
+    assert "kimi_k3" in facts["vllm"]["tool_parsers"]
+
+
+@pytest.fixture(scope="session")
+def old_dynamo_image(engine: DockerEngine, twin_image: str) -> str:
+    """The twin with ai-dynamo / ai-dynamo-runtime 1.2.1 (the bring-up's third sweep)."""
+    repository, tag = "k3env-test/twin-dynamo-1.2.1", twin_image.rsplit(":", 1)[1]
+    if engine.lookup(f"{repository}:{tag}") is not None:
+        return f"{repository}:{tag}"
+    with tempfile.TemporaryDirectory() as wheels:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+             "--python-version", "3.11", "-d", wheels,
+             "ai-dynamo==1.2.1", "ai-dynamo-runtime==1.2.1"],
+            check=True,
+        )  # fmt: skip
+        engine.run_and_commit(
+            twin_image,
+            ["sh", "-c", "python3 -m pip install -q --no-deps --no-index --break-system-packages "
+             "--root-user-action=ignore /w/*.whl"],
+            repository=repository,
+            tag=tag,
+            mounts={wheels: "/w"},
+            changes=[],
+            progress=lambda _: None,
+        )  # fmt: skip
+    return f"{repository}:{tag}"
+
+
+def test_a_second_dynamo_release_answers_from_its_own_code(
+    engine: DockerEngine, old_dynamo_image: str
+) -> None:
+    p = plan(
+        profiles=[
+            profile("k3", ("dynamo-frontend", FRONTEND), model_type="kimi_k3", tool="kimi_k3")
+        ],
+        tokenizer_candidates=["kimi_k2", "kimi_k3"],
+    )
+    rows, facts, _, _ = run_probe(engine, old_dynamo_image, "python3", p, timeout=300)
+    r = results_by(rows)
+    assert facts["versions"]["dynamo-runtime"] == "1.2.1"
+    tok = r[("k3", "tokenizer", "model_type kimi_k3")]
+    assert tok["status"] == "fail" and tok["version"] == "1.2.1"
+    assert facts["dynamo"]["tiktoken_model_types"] == ["kimi_k2"]
+
+
+def test_verify_cli_on_a_twin_image_writes_matrix_and_facts(
+    repo: Path, engine: DockerEngine, twin_image: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    spec = repo / "images/kimi-k3-direct-d.toml"
+    for other in (repo / "images").glob("*.toml"):
+        if other != spec:
+            other.unlink()
+    md = repo / "matrix.md"
+    code = main(["verify", "--twin", "--json", "--markdown", str(md)])
+    out = json.loads(capsys.readouterr().out.split('\n{\n  "error"')[0])
+    image = out["images"][0]
+    assert image["matrix"]["args"] == "pass", image["results"]
+    assert image["matrix"]["patches"] == "skip"  # written for the GPU image, not the twin
+    assert code == (4 if out["failures"] else 0)
+    assert "| `kimi-k3-direct-d` |" in md.read_text()
+    facts = State().read_json("facts", image["image_id"].removeprefix("sha256:") + ".json")
+    assert facts["versions"]["vllm"] == "0.33.0"
+    assert PROBE_ENV["VLLM_TARGET_DEVICE"] == "cpu"
