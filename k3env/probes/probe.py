@@ -72,7 +72,7 @@ def run_captured(fn):
             ok = e.code in (0, None)
             print(f"[exit {e.code}]")
         except BaseException:
-            traceback.print_exc(limit=4)
+            traceback.print_exc(limit=-6)
             ok = False
     return ok, buf.getvalue()
 
@@ -232,7 +232,7 @@ def check_parsers(plan):
                     {"tool_parsers": cache[component][0], "reasoning_parsers": cache[component][1]}
                 )
             except BaseException:
-                cache[component] = traceback.format_exc(limit=4)
+                cache[component] = traceback.format_exc(limit=-6)
         for kind, idx in (("tool_call_parser", 0), ("reasoning_parser", 1)):
             name = profile.get(kind)
             if not name:
@@ -358,7 +358,7 @@ def tokenizer_loads(model_type, timeout=8.0):
         try:
             ok, detail = asyncio.run(_serve_models(core, model_type, timeout))
         except BaseException:
-            ok, detail = False, traceback.format_exc(limit=3)
+            ok, detail = False, traceback.format_exc(limit=-4)
     return ok, detail + ("\n" + buf.getvalue() if buf.getvalue().strip() and not ok else "")
 
 
@@ -487,7 +487,7 @@ def check_env(plan):
                     "env",
                     name,
                     "fail",
-                    "image",
+                    "vllm",
                     f"{name} is baked but nothing in the image reads it: not in vLLM "
                     f"{FACTS['versions'].get('vllm')}'s env registry, not in Dynamo's code, no "
                     "known prefix: it is silently ignored (declare its reader under "
@@ -515,7 +515,7 @@ def main():
         try:
             fn(plan)
         except BaseException:
-            record(name, "(probe)", "fail", "k3env-probe", traceback.format_exc(limit=5))
+            record(name, "(probe)", "fail", "k3env-probe", traceback.format_exc(limit=-6))
         timings[name] = round(time.monotonic() - t, 3)
     FACTS["probe_seconds"] = round(time.monotonic() - start, 3)
     FACTS["probe_timings"] = timings
