@@ -60,6 +60,16 @@ def verify(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def enroot(session: nox.Session) -> None:
+    """Hand images to the cluster: push by digest, export .sqsh, check each against the lock."""
+    _install(session)
+    session.run("k3env", "push", *session.posargs)
+    session.run("k3env", "export", *session.posargs)
+    for sqsh in sorted(__import__("pathlib").Path("out/sqsh").glob("*.sqsh")):
+        session.run("k3env", "export", "--check", str(sqsh))
+
+
+@nox.session(python=PYTHON)
 def preflight(session: nox.Session) -> None:
     """Check serve profiles against the bring-up's failure rules (no engine)."""
     _install(session)

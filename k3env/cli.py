@@ -166,6 +166,91 @@ def cmd_twin(args: argparse.Namespace, log: Log) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# push / export (the cluster handoff)
+# ---------------------------------------------------------------------------------------------
+def _builds(args: argparse.Namespace, log: Log) -> tuple[Lock, list[Any], Any, State, list[Any]]:
+    lock = load_lock(args.lock)
+    specs = load_specs(args.images, lock, tuple(args.image))
+    engine = _engine()
+    state = State()
+    builder = make_builder(lock, engine, state, log, args.twin)
+    builds = []
+    for spec in specs:
+        with log.step(f"build {spec.name}"):
+            builds.append(builder.build(spec))
+    return lock, specs, engine, state, builds
+
+
+def cmd_push(args: argparse.Namespace, log: Log) -> int:
+    from .handoff import cluster_commands, push_image
+
+    _lock, specs, engine, state, builds = _builds(args, log)
+    pushed = []
+    for build in builds:
+        with log.step(f"push {build.reference} to {args.registry}"):
+            pushed.append(push_image(engine, state, build, args.registry, log))
+    _emit(
+        args,
+        {"images": [p.as_json() for p in pushed]},
+        lambda: print(
+            "\n\n".join(
+                f"{p.by_digest}  ({p.layers_sent} layer(s) sent, "
+                f"{p.layers_skipped} already there)\n" + cluster_commands(spec, p, None)
+                for spec, p in zip(specs, pushed, strict=True)
+            )
+        ),
+    )
+    return 0
+
+
+def cmd_export(args: argparse.Namespace, log: Log) -> int:
+    from .handoff import (
+        Pushed,
+        check_squashfs,
+        cluster_commands,
+        export_image,
+        pushed_record,
+        require_ok,
+    )
+
+    if args.check:
+        lock = load_lock(args.lock)
+        by_name = {s.name: s for s in load_specs(args.images, lock)}
+        items = check_squashfs(args.check, lock, by_name, log)
+        _emit(
+            args,
+            {"file": str(args.check), "checks": [i.__dict__ for i in items]},
+            lambda: print(
+                "\n".join(f"{'ok  ' if i.ok else 'FAIL'} {i.what}: {i.detail}" for i in items)
+            ),
+        )
+        require_ok(args.check, items)
+        return 0
+    _lock, specs, engine, state, builds = _builds(args, log)
+    exported = []
+    for build in builds:
+        with log.step(f"export {build.reference} -> {args.out}/ (streamed into mksquashfs)"):
+            exported.append(export_image(engine, state, build, args.out, log))
+
+    def commands(spec: Any, build: Any, exp: Any) -> str:
+        record = pushed_record(state, build.image_id)
+        pushed = Pushed(**{k: record[k] for k in Pushed.__dataclass_fields__}) if record else None
+        return cluster_commands(spec, pushed, exp)
+
+    _emit(
+        args,
+        {"images": [e.as_json() for e in exported]},
+        lambda: print(
+            "\n\n".join(
+                f"{e.path}  sha256 {e.sha256}  ({e.size / 1e9:.2f} GB)\n" + commands(s, b, e)
+                for s, b, e in zip(specs, builds, exported, strict=True)
+            )
+        ),
+    )
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
 # verify
 # ---------------------------------------------------------------------------------------------
 def cmd_verify(args: argparse.Namespace, log: Log) -> int:
@@ -321,6 +406,33 @@ def parser() -> argparse.ArgumentParser:
 
     twin = sub.add_parser("twin", parents=[common], help="build and push the CPU twin base")
     twin.set_defaults(func=cmd_twin)
+
+    push = sub.add_parser(
+        "push", parents=[common], help="push images to a registry, record each digest"
+    )
+    push.add_argument("image", nargs="*", help="image spec names (default: all in --images)")
+    push.add_argument("--images", type=Path, default=DEFAULT_IMAGES, help="image spec directory")
+    push.add_argument("--twin", action="store_true", help="the images built over the twin")
+    push.add_argument(
+        "--registry", default="127.0.0.1:5000", help="registry host[:port] (default: %(default)s)"
+    )
+    push.set_defaults(func=cmd_push)
+
+    export = sub.add_parser(
+        "export",
+        parents=[common],
+        help="write enroot squashfs images (.sqsh), or --check one against the lock",
+    )
+    export.add_argument("image", nargs="*", help="image spec names (default: all in --images)")
+    export.add_argument("--images", type=Path, default=DEFAULT_IMAGES, help="image spec directory")
+    export.add_argument("--twin", action="store_true", help="the images built over the twin")
+    export.add_argument(
+        "--out", type=Path, default=Path("out/sqsh"), help="output directory (default: out/sqsh)"
+    )
+    export.add_argument(
+        "--check", type=Path, metavar="FILE.sqsh", help="check a squashfs against the lock"
+    )
+    export.set_defaults(func=cmd_export)
 
     ver = sub.add_parser(
         "verify",

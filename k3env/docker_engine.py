@@ -12,13 +12,13 @@ import os
 import posixpath
 import tarfile
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from ._engine_http import EngineHTTP, EngineHTTPError
-from .engine import ImageFile, LayerPaths, Progress, RunResult, Tagged
+from .engine import ImageFile, LayerPaths, Progress, PushResult, RunResult, Tagged
 from .errors import EngineError
 from .layer import BaseImage, HistoryEntry
 
@@ -239,8 +239,23 @@ class DockerEngine:
         changes: Iterable[str],
         progress: Progress,
     ) -> str:
+        # argv runs as the image's command, not as a replaced entrypoint: a commit keeps the
+        # container's entrypoint, and "ENTRYPOINT []" does not reset it (moby merges changes
+        # over the container config). So the image must not have an entrypoint of its own.
+        attrs = self._attrs(image) or {}
+        if (attrs.get("Config") or {}).get("Entrypoint"):
+            raise EngineError(
+                "run_and_commit needs an image without an entrypoint",
+                where=image,
+                fix="report this as a k3env bug",
+            )
         volumes = {src: {"bind": dst, "mode": "ro"} for src, dst in mounts.items()}
-        container = self._create(image, argv, volumes=volumes)
+        try:
+            container = self.client.containers.create(image, command=list(argv), volumes=volumes)
+        except self.errors.APIError as e:
+            raise EngineError(
+                f"cannot create a container: {e}", where=image, fix=_FIX_DAEMON
+            ) from e
         try:
             container.start()
             for line in container.logs(stream=True, follow=True):
@@ -337,8 +352,9 @@ class DockerEngine:
             raise EngineError("imported image not found", where=f"{repository}:{tag}", fix="")
         return str(attrs["Id"])
 
-    def push(self, repository: str, tag: str, progress: Progress) -> str:
+    def push(self, repository: str, tag: str, progress: Progress) -> PushResult:
         digest = None
+        layers: dict[str, str] = {}
         last = 0.0
         for attempt in range(3):
             try:
@@ -352,14 +368,19 @@ class DockerEngine:
                     aux = event.get("aux") or {}
                     if aux.get("Digest"):
                         digest = aux["Digest"]
-                    if time.monotonic() - last > 2 and event.get("status"):
+                    status = event.get("status") or ""
+                    if event.get("id") and not event.get("progressDetail"):
+                        layers[event["id"]] = status
+                    if time.monotonic() - last > 2 and status:
                         last = time.monotonic()
-                        progress(f"{event.get('id', '')} {event['status']}".strip())
+                        progress(f"{event.get('id', '')} {status}".strip())
                 break
             except (self.errors.APIError, _connection_error()) as e:
                 if attempt == 2:
                     raise EngineError(
-                        f"push failed: {e}", where=f"{repository}:{tag}", fix="check the registry"
+                        f"push failed after 3 attempts: {e}",
+                        where=f"{repository}:{tag}",
+                        fix="check that the registry is up (curl http://REGISTRY/v2/)",
                     ) from e
                 progress(f"push failed ({e}); retrying")
                 time.sleep(2**attempt)
@@ -367,4 +388,11 @@ class DockerEngine:
             raise EngineError(
                 "the registry returned no digest", where=f"{repository}:{tag}", fix="push again"
             )
-        return str(digest)
+        return PushResult(digest=str(digest), layers=layers)
+
+    def export(self, image: str) -> Iterator[bytes]:
+        container = self._create(image, ["k3env-export"])
+        try:
+            yield from container.export(chunk_size=1 << 20)
+        finally:
+            container.remove(force=True)

@@ -6,7 +6,7 @@ real dockerd in the tests marked ``engine``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -36,6 +36,16 @@ class RunResult:
     exit_code: int
     stdout: str
     stderr: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PushResult:
+    digest: str
+    layers: Mapping[str, str]  # short layer id -> last status ("Pushed", "Layer already exists")
+
+    @property
+    def sent(self) -> list[str]:
+        return [layer for layer, status in self.layers.items() if status == "Pushed"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -103,5 +113,10 @@ class Engine(Protocol):
     ) -> str:
         """Run ``argv`` in a container (with network), commit it; returns the image ID."""
 
-    def push(self, repository: str, tag: str, progress: Progress) -> str:
-        """Push ``repository:tag``; returns the registry's manifest digest."""
+    def push(self, repository: str, tag: str, progress: Progress) -> PushResult:
+        """Push ``repository:tag``: the registry's manifest digest and each layer's fate."""
+
+    def export(self, image: str) -> Iterator[bytes]:
+        """The image's root filesystem as a tar stream (``docker create`` + ``export``).
+
+        The container is removed when the stream is exhausted or closed."""

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from .errors import ToolError
@@ -52,3 +53,47 @@ def run(
             fix="read the command's output above",
         )
     return proc.stdout or ""
+
+
+def run_streaming(
+    argv: Sequence[str],
+    chunks: Iterable[bytes],
+    log: Log,
+    *,
+    what: str | None = None,
+) -> str:
+    """Run ``argv`` with ``chunks`` streamed to its stdin; a non-zero exit raises."""
+    log.command(list(argv))
+    broken = False
+    try:
+        # The context manager closes every pipe and waits, also when ``chunks`` raises.
+        with subprocess.Popen(
+            list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        ) as proc:
+            assert proc.stdin is not None and proc.stdout is not None
+            try:
+                for chunk in chunks:
+                    proc.stdin.write(chunk)
+            except BrokenPipeError:
+                broken = True  # the tool stopped reading: its exit code and output say why
+            finally:
+                with contextlib.suppress(BrokenPipeError):
+                    proc.stdin.close()
+                output = proc.stdout.read().decode(errors="replace")
+    except FileNotFoundError as e:
+        raise ToolError(f"`{argv[0]}` not found", where=what or argv[0], fix="install it") from e
+    if proc.returncode != 0 or broken:
+        raise ToolError(
+            f"`{' '.join(argv[:3])} ...` exited {proc.returncode}"
+            + (f":\n{output[-4000:]}" if output else ""),
+            where=what or argv[0],
+            fix="read the command's output above (disk full? wrong options?)",
+        )
+    return output
+
+
+def output_or_none(argv: Sequence[str], log: Log) -> bytes | None:
+    """``argv``'s stdout as bytes, or ``None`` when it exits non-zero (e.g. a missing file)."""
+    log.command(list(argv))
+    proc = subprocess.run(list(argv), capture_output=True, check=False)
+    return proc.stdout if proc.returncode == 0 else None

@@ -26,7 +26,7 @@ from .log import Log
 from .runner import require_tool, run
 from .state import State
 
-TWIN_FORMAT = 1
+TWIN_FORMAT = 2  # 2: no leftover ENTRYPOINT, PATH set
 STAGE1_REPOSITORY = "k3env/debian-python"
 LABEL = "io.k3env.twin.inputs"
 
@@ -192,12 +192,16 @@ def ensure_twin(lock: Lock, engine: Engine, state: State, log: Log) -> tuple[str
                 repository=repository,
                 tag=tag,
                 mounts={str(wheelhouse): "/k3env/wheels", str(_req_dir(p, state)): "/k3env/req"},
-                changes=[f"LABEL {LABEL}={p.inputs}", 'CMD ["python3"]'],
+                changes=[
+                    f"LABEL {LABEL}={p.inputs}",
+                    "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                    'CMD ["python3"]',
+                ],
                 progress=log.detail,
             )
     repository, tag = p.reference.rsplit(":", 1)
     with log.step(f"push {p.reference}"):
-        digest = engine.push(repository, tag, log.detail)
+        digest = engine.push(repository, tag, log.detail).digest
     state.write_json({"reference": p.reference, "digest": digest}, "twin", f"{p.inputs}.json")
     return p.reference, digest
 

@@ -93,7 +93,7 @@ def _make_base(engine: DockerEngine, registry: str, name: str, content: str) -> 
         changes=['CMD ["python3"]'],
         progress=lambda _: None,
     )
-    digest = engine.push(repository, "1", lambda _: None)
+    digest = engine.push(repository, "1", lambda _: None).digest
     return BaseFixture(repository=repository, tag="1", digest=digest, image_id=image_id)
 
 

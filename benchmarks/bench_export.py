@@ -1,0 +1,107 @@
+"""Benchmark: `k3env export` against `docker export | tar -x` + `mksquashfs` of the same image.
+
+Same image (the twin build of the final variant F), same squash options; k3env streams the
+export into mksquashfs (`-tar`) and never unpacks to disk. Goal: at most 1.0x. Also checks
+that two exports give identical bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from k3env._schema import file_sha256  # noqa: E402
+from k3env.cli import make_builder  # noqa: E402
+from k3env.docker_engine import DockerEngine  # noqa: E402
+from k3env.handoff import SQUASH_OPTIONS, export_image  # noqa: E402
+from k3env.layer import epoch_of  # noqa: E402
+from k3env.lock import load_lock  # noqa: E402
+from k3env.log import Log  # noqa: E402
+from k3env.spec import load_specs  # noqa: E402
+from k3env.state import State  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--image", default="kimi-k3-direct-f")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+
+    engine = DockerEngine()
+    state = State()
+    lock = load_lock(REPO / "pins/k3.lock.toml")
+    (spec,) = load_specs(REPO / "images", lock, (args.image,))
+    build = make_builder(lock, engine, state, Log(quiet=True), True).build(spec)
+    image = engine.inspect(build.image_id)
+    assert image is not None
+    when = str(epoch_of(image.created))
+    options = [*SQUASH_OPTIONS, "-all-root", "-all-time", when, "-mkfs-time", when]
+
+    with tempfile.TemporaryDirectory(prefix="k3env-bench-export-", dir="/var/tmp") as tmp:
+        root = Path(tmp)
+        start = time.perf_counter()
+        first = export_image(engine, state, build, root / "k3env-1", Log(quiet=True))
+        k3env_s = time.perf_counter() - start
+        second = export_image(engine, state, build, root / "k3env-2", Log(quiet=True))
+
+        # The usual way: docker export | tar -x, then mksquashfs of the directory.
+        start = time.perf_counter()
+        cid = subprocess.run(
+            ["docker", "create", build.image_id, "k3env"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        rootfs = root / "rootfs"
+        rootfs.mkdir()
+        try:
+            subprocess.run(
+                f"docker export {cid} | tar -C {rootfs} -px --exclude='dev/*' --exclude=.dockerenv",
+                shell=True,
+                check=True,
+            )
+        finally:
+            subprocess.run(["docker", "rm", "-f", cid], capture_output=True, check=False)
+        subprocess.run(
+            ["mksquashfs", str(rootfs), str(root / "plain.sqsh"), "-noappend", "-no-progress",
+             "-quiet", *options],
+            check=True,
+        )  # fmt: skip
+        plain_s = time.perf_counter() - start
+        shutil.rmtree(rootfs)
+        result = {
+            "image": spec.name,
+            "size_gb": round(first.size / 1e9, 2),
+            "k3env_export_s": round(k3env_s, 2),
+            "docker_export_tar_mksquashfs_s": round(plain_s, 2),
+            "ratio": round(k3env_s / plain_s, 3),
+            "identical_bytes": first.sha256 == second.sha256,
+            "sha256": first.sha256,
+            "plain_sha256": file_sha256(root / "plain.sqsh"),
+            "mksquashfs": first.mksquashfs,
+            "options": list(first.options),
+        }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"export of {spec.name} ({result['size_gb']} GB squashfs, {first.mksquashfs})")
+        print(f"  k3env export (streamed)            {result['k3env_export_s']:>7.2f}s")
+        print(
+            f"  docker export | tar -x; mksquashfs {result['docker_export_tar_mksquashfs_s']:>7.2f}s"
+        )
+        print(f"  ratio {result['ratio']:.3f} (goal <= 1.0); two exports identical: "
+              f"{result['identical_bytes']} ({first.sha256[:16]})")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,302 @@
+"""Hand images to the cluster: push by digest, enroot squashfs export, and checks of both.
+
+Slurm jobs run images through pyxis/enroot. ``push`` records the registry digest of each
+image (by image ID) so that the cluster imports exactly what was tested; ``export`` writes
+the enroot image itself (a squashfs with /etc/environment, /etc/rc, /etc/fstab), streamed
+from the engine into mksquashfs, deterministic byte for byte; ``check`` re-reads any
+squashfs, e.g. one ``enroot import`` made on the cluster, against the lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ._schema import file_sha256
+from .build import PROVENANCE_PATH, BuildResult
+from .engine import Engine
+from .errors import CheckFailed, EngineError
+from .layer import BaseImage, epoch_of
+from .lock import Lock, verify_patch_file
+from .log import Log
+from .patches import ALREADY_PRESENT, APPLIED, load_patch_file
+from .runner import output_or_none, require_tool, run, run_streaming
+from .spec import ImageSpec
+from .state import State
+from .tarstream import entries, filter_tar
+
+# enroot's defaults (ENROOT_SQUASH_OPTIONS), plus what makes the bytes reproducible.
+SQUASH_OPTIONS = ("-comp", "lzo", "-noD")
+ENROOT_FILES = ("etc/environment", "etc/rc", "etc/rc.local", "etc/fstab")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pushed:
+    image: str
+    image_id: str
+    reference: str  # REGISTRY/REPO:TAG
+    digest: str  # manifest digest in the registry
+    layers_sent: int
+    layers_skipped: int
+
+    @property
+    def by_digest(self) -> str:
+        return f"{self.reference.rsplit(':', 1)[0]}@{self.digest}"
+
+    @property
+    def enroot_uri(self) -> str:
+        """``docker://REGISTRY#REPO@sha256:...`` (enroot >= 4.0 takes digests)."""
+        registry, _, repo = self.by_digest.partition("/")
+        return f"docker://{registry}#{repo}"
+
+    def as_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "by_digest": self.by_digest, "enroot_uri": self.enroot_uri}
+
+
+def push_image(engine: Engine, state: State, build: BuildResult, registry: str, log: Log) -> Pushed:
+    repository = f"{registry}/{build.reference.rsplit(':', 1)[0]}"
+    tag = build.reference.rsplit(":", 1)[1]
+    engine.tag(build.image_id, repository, tag)
+    result = engine.push(repository, tag, log.detail)
+    pushed = Pushed(
+        image=build.image,
+        image_id=build.image_id,
+        reference=f"{repository}:{tag}",
+        digest=result.digest,
+        layers_sent=len(result.sent),
+        layers_skipped=len(result.layers) - len(result.sent),
+    )
+    # Written only after the registry answered with a digest: no record claims a failed push.
+    state.write_json(pushed.as_json(), "pushed", build.image_id.removeprefix("sha256:") + ".json")
+    return pushed
+
+
+def pushed_record(state: State, image_id: str) -> dict[str, Any] | None:
+    record = state.read_json("pushed", image_id.removeprefix("sha256:") + ".json")
+    return record if isinstance(record, dict) else None
+
+
+# --- enroot image files (pure) ------------------------------------------------------------------
+def enroot_files(image: BaseImage, provenance_uri: str) -> list[tuple[str, bytes, int]]:
+    """/etc/environment, /etc/rc, /etc/rc.local, /etc/fstab for ``image``, in enroot's format."""
+    config = image.config
+    env = "".join(f"{e}\n" for e in config.get("Env") or [])
+    volumes = sorted((config.get("Volumes") or {}).keys())
+    fstab = "".join(
+        f"${{ENROOT_ROOTFS}}{v} {v} none x-create=dir,bind,rw,nosuid,nodev\n" for v in volumes
+    )
+    entrypoint = [shlex.quote(a) for a in config.get("Entrypoint") or []]
+    cmd = [shlex.quote(a) for a in config.get("Cmd") or []]
+    if not entrypoint and not cmd:
+        cmd = ["/bin/sh"]
+    workdir = config.get("WorkingDir") or "/"
+    labels = "".join(f"# {k} {v}\n" for k, v in sorted((config.get("Labels") or {}).items()))
+    rc = (
+        f"# enroot-provenance: {provenance_uri}\n"
+        f"# k3env-image-id: {image.id}\n"
+        f"{labels}\n"
+        f'mkdir -p "{workdir}" 2> /dev/null\n'
+        f'cd "{workdir}" && unset OLDPWD || exit 1\n'
+        "\n"
+        "if [ -s /etc/rc.local ]; then\n"
+        "    . /etc/rc.local\n"
+        "fi\n"
+        "\n"
+        "if [ $# -gt 0 ]; then\n"
+        f'    exec {" ".join(entrypoint)} "$@"\n'
+        "else\n"
+        f"    exec {' '.join([*entrypoint, *cmd])}\n"
+        "fi\n"
+    )
+    rc_local = (
+        "# This file is sourced by /etc/rc when the container starts.\n"
+        "# It can be used to manipulate the entrypoint or the command of the container.\n"
+    )
+    return [
+        ("etc/environment", env.encode(), 0o644),
+        ("etc/fstab", fstab.encode(), 0o644),
+        ("etc/rc", rc.encode(), 0o755),
+        ("etc/rc.local", rc_local.encode(), 0o644),
+    ]
+
+
+def _drop(name: str) -> bool:
+    return name in ENROOT_FILES or name == ".dockerenv" or name.startswith("dev/")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Exported:
+    image: str
+    image_id: str
+    path: str
+    sha256: str
+    size: int
+    provenance: str
+    mksquashfs: str
+    options: tuple[str, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def squashfs_version(log: Log) -> str:
+    out = run([require_tool("mksquashfs", "squashfs-tools"), "-version"], log, capture=True)
+    return out.splitlines()[0].strip() if out else "unknown"
+
+
+def export_image(
+    engine: Engine, state: State, build: BuildResult, out_dir: Path, log: Log
+) -> Exported:
+    """Write ``out_dir/<repo>+<tag>.sqsh``; a partial file never appears under that name."""
+    mksquashfs = require_tool("mksquashfs", "squashfs-tools")
+    image = engine.inspect(build.image_id)
+    if image is None:
+        raise EngineError("image not found", where=build.image_id, fix="build it first")
+    record = pushed_record(state, build.image_id)
+    provenance = (
+        Pushed(**{k: record[k] for k in Pushed.__dataclass_fields__}).enroot_uri
+        if record
+        else f"dockerd://{build.reference}"
+    )
+    when = str(epoch_of(image.created))
+    options = (*SQUASH_OPTIONS, "-all-root", "-all-time", when, "-mkfs-time", when)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    final = out_dir / (build.reference.replace("/", "+").replace(":", "+") + ".sqsh")
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.partial")
+    append = entries(enroot_files(image, provenance), int(when))
+    try:
+        run_streaming(
+            [mksquashfs, "-", str(tmp), "-tar", "-noappend", "-no-progress", "-quiet", *options],
+            filter_tar(engine.export(build.image_id), _drop, append),
+            log,
+            what=f"mksquashfs ({final})",
+        )
+        os.replace(tmp, final)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    exported = Exported(
+        image=build.image,
+        image_id=build.image_id,
+        path=str(final),
+        sha256=file_sha256(final),
+        size=final.stat().st_size,
+        provenance=provenance,
+        mksquashfs=squashfs_version(log),
+        options=options,
+    )
+    state.write_json(
+        exported.as_json(), "exports", build.image_id.removeprefix("sha256:") + ".json"
+    )
+    return exported
+
+
+def cluster_commands(spec: ImageSpec, pushed: Pushed | None, exported: Exported | None) -> str:
+    """What to run on the cluster, and the srtslurm.yaml mapping, for one image."""
+    lines = [f"# {spec.name}"]
+    sqsh = Path(exported.path).name if exported else f"{spec.name}.sqsh"
+    if pushed:
+        lines.append(f"ENROOT_ALLOW_HTTP=y enroot import -o {sqsh} '{pushed.enroot_uri}'")
+        lines.append(f"k3env export --check {sqsh}   # on a host with this repo and lock")
+        lines.append("# srtslurm.yaml")
+        lines.append("containers:")
+        lines.append(f'  "{pushed.by_digest}": /path/to/{sqsh}')
+    if exported:
+        lines.append(f"# or copy the exported image: sha256 {exported.sha256}  {sqsh}")
+    return "\n".join(lines)
+
+
+# --- check a squashfs against the lock ----------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class CheckItem:
+    what: str
+    ok: bool
+    detail: str
+
+
+def _cat(sqsh: Path, path: str, log: Log) -> bytes | None:
+    unsquashfs = require_tool("unsquashfs", "squashfs-tools")
+    return output_or_none([unsquashfs, "-cat", str(sqsh), path], log)
+
+
+def check_squashfs(
+    sqsh: Path, lock: Lock, specs: Mapping[str, ImageSpec], log: Log
+) -> list[CheckItem]:
+    from .envpolicy import merged_env
+
+    items: list[CheckItem] = []
+    raw = _cat(sqsh, PROVENANCE_PATH, log)
+    if raw is None:
+        return [CheckItem(what="provenance", ok=False, detail=f"{PROVENANCE_PATH} is missing")]
+    prov = json.loads(raw)
+    spec = specs.get(prov.get("image", ""))
+    if spec is None:
+        return [CheckItem(what="image", ok=False, detail=f"no spec named {prov.get('image')!r}")]
+    items.append(
+        CheckItem(
+            what="provenance.lock",
+            ok=prov["lock"]["sha256"] == lock.sha256,
+            detail=f"image built from lock {prov['lock']['sha256'][:16]}, this lock is "
+            f"{lock.sha256[:16]}",
+        )
+    )
+    items.append(
+        CheckItem(
+            what="provenance.spec",
+            ok=prov["spec"]["sha256"] == spec.sha256,
+            detail=f"image built from {prov['spec']['path']} {prov['spec']['sha256'][:16]}, "
+            f"the spec is now {spec.sha256[:16]}",
+        )
+    )
+    rc = _cat(sqsh, "etc/rc", log) or b""
+    items.append(
+        CheckItem(
+            what="etc/rc",
+            ok=rc.startswith(b"# enroot-provenance: "),
+            detail=rc.decode(errors="replace").splitlines()[0] if rc else "missing",
+        )
+    )
+    env_lines = set((_cat(sqsh, "etc/environment", log) or b"").decode().splitlines())
+    base = lock.bases[prov["base"]["pin"]]
+    for name, value in sorted(merged_env(lock, spec, base).items()):
+        items.append(
+            CheckItem(
+                what=f"env {name}",
+                ok=f"{name}={value}" in env_lines,
+                detail=f"/etc/environment {'has' if f'{name}={value}' in env_lines else 'lacks'} "
+                f"{name}={value}",
+            )
+        )
+    for p in prov.get("patches", []):
+        if p["status"] not in (APPLIED, ALREADY_PRESENT):
+            items.append(CheckItem(what=f"patch {p['name']}", ok=True, detail=p["status"]))
+            continue
+        pin = lock.container_patches[p["name"]]
+        edits = load_patch_file(pin, verify_patch_file(lock, pin)).edits
+        text = (_cat(sqsh, p["target"].lstrip("/"), log) or b"").decode(errors="replace")
+        missing = [n for n, e in enumerate(edits, 1) if e.replacement not in text]
+        items.append(
+            CheckItem(
+                what=f"patch {p['name']}",
+                ok=not missing,
+                detail=f"{p['target']}: "
+                + (f"edit(s) {missing} absent" if missing else f"{len(edits)} edit(s) present"),
+            )
+        )
+    return items
+
+
+def require_ok(sqsh: Path, items: list[CheckItem]) -> None:
+    bad = [i for i in items if not i.ok]
+    if bad:
+        raise CheckFailed(
+            f"{len(bad)} check(s) failed: " + "; ".join(f"{i.what}: {i.detail}" for i in bad),
+            where=str(sqsh),
+            fix="re-export from the image built from this lock (k3env export), or import it again",
+        )
