@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import nox
 
 nox.options.sessions = ["tests", "lint"]
@@ -65,7 +67,7 @@ def enroot(session: nox.Session) -> None:
     _install(session)
     session.run("k3env", "push", *session.posargs)
     session.run("k3env", "export", *session.posargs)
-    for sqsh in sorted(__import__("pathlib").Path("out/sqsh").glob("*.sqsh")):
+    for sqsh in sorted(Path("out/sqsh").glob("*.sqsh")):
         session.run("k3env", "export", "--check", str(sqsh))
 
 
@@ -82,3 +84,4 @@ def bench(session: nox.Session) -> None:
     _install(session)
     session.run("python", "benchmarks/bench_build.py", *session.posargs)
     session.run("python", "benchmarks/bench_verify.py")
+    session.run("python", "benchmarks/bench_export.py")
