@@ -22,6 +22,7 @@ class Cluster:
     dram_per_node_gb: float
     nodes: int
     outside_pool_overhead_gib: float
+    model_path: str | None = None
 
 
 def load_cluster(path: Path) -> Cluster:
@@ -39,6 +40,7 @@ def load_cluster(path: Path) -> Cluster:
         outside_pool_overhead_gib=t.number(
             "outside_pool_overhead_gib", required=False, default=0.0
         ),
+        model_path=t.string("model_path", required=False),
     )
     t.done()
     return cluster

@@ -271,6 +271,7 @@ def _base(name: str, t: Table, unresolved: list[Unresolved]) -> BasePin:
         digest=digest,
         python=python,
         twin=twin,
+        env=env,
     )
 
 

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from .errors import ToolError
@@ -30,6 +31,7 @@ def run(
     cwd: Path | None = None,
     capture: bool = False,
     what: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> str:
     """Run ``argv``, echoed first; a non-zero exit raises with its output."""
     log.command(list(argv))
@@ -41,6 +43,7 @@ def run(
             text=True,
             stdout=subprocess.PIPE if capture else None,
             stderr=subprocess.PIPE if capture else None,
+            env={**os.environ, **env} if env else None,
         )
     except FileNotFoundError as e:
         raise ToolError(f"`{argv[0]}` not found", where=what or argv[0], fix="install it") from e
@@ -97,3 +100,17 @@ def output_or_none(argv: Sequence[str], log: Log) -> bytes | None:
     log.command(list(argv))
     proc = subprocess.run(list(argv), capture_output=True, check=False)
     return proc.stdout if proc.returncode == 0 else None
+
+
+def attempt(argv: Sequence[str], log: Log, *, cwd: Path | None = None) -> tuple[int, str]:
+    """Run ``argv`` whose failure is an answer, not an error: (exit code, stdout + stderr)."""
+    log.command(list(argv))
+    proc = subprocess.run(
+        list(argv),
+        cwd=cwd,
+        check=False,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    return proc.returncode, proc.stdout

@@ -61,3 +61,16 @@ def test_credential_env_refused_unless_deliberate(repo: Path) -> None:
 def test_merge_env_overrides_in_place_and_appends_sorted() -> None:
     out = merge_env(["PATH=/bin", "A=1"], {"Z": "9", "A": "2", "B": "3"})
     assert out == ["PATH=/bin", "A=2", "B=3", "Z=9"]
+
+
+def test_base_env_is_baked_over_its_base_only() -> None:
+    from .conftest import REPO
+
+    lock = load_lock(REPO / "pins/k3.lock.toml")
+    spec = load_spec(REPO / "images/kimi-k3-direct-f.toml", lock)
+    gpu = baked_env(lock, spec)
+    assert gpu["VLLM_ENABLE_K3_LATENT_MOE_TAIL_FUSION"] == "1"  # [bases.vllm-kimi-k3.env]
+    assert gpu["PYTHONHASHSEED"] == "42"  # the spec's
+    twin = baked_env(lock, spec, lock.bases["cpu-twin"])
+    assert "VLLM_ENABLE_K3_LATENT_MOE_TAIL_FUSION" not in twin
+    assert twin["PYTHONHASHSEED"] == "42"

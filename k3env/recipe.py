@@ -1,0 +1,104 @@
+"""srt-slurm recipes from an image spec's serve profile and the lock. Pure rendering.
+
+The recipe names the derived image by registry digest (or its enroot .sqsh), carries the
+engine flags and the environment, picks the frontend type from the profile's commands, asks
+for no Dynamo install when Dynamo is baked into the image and for no ``setup_script`` (the
+container patches are baked in).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from .cluster import Cluster
+from .errors import SpecError
+from .preflight import parse_options
+from .spec import ImageSpec, ServeProfile
+
+# Launcher-owned topology flags: srt-slurm sets them per node (its vllm frontend strips them).
+TOPOLOGY_FLAGS = {"nnodes", "node-rank", "master-addr", "master-port", "headless", "host", "port"}
+
+
+def engine_flags(argv: tuple[str, ...]) -> dict[str, Any]:
+    """``--flag value`` -> ``{"flag": value}`` in srt-slurm's ``vllm_config`` form."""
+    out: dict[str, Any] = {}
+    for flag, value in parse_options(argv).items():
+        key = flag.removeprefix("--")
+        if key in TOPOLOGY_FLAGS or key == "model":
+            continue
+        out[key] = _scalar(value)
+    return out
+
+
+def _scalar(value: str | bool) -> Any:
+    if isinstance(value, bool):
+        return value
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            continue
+    return value
+
+
+def recipe(
+    spec: ImageSpec,
+    profile: ServeProfile,
+    cluster: Cluster,
+    env: Mapping[str, str],
+    *,
+    container: str,
+    model_path: str,
+    precision: str,
+    dynamo_baked: bool,
+    dynamo_commit: str | None,
+) -> dict[str, Any]:
+    roles = {c.role for c in profile.commands}
+    engine = next((c for c in profile.commands if c.role in ("vllm-serve", "dynamo-worker")), None)
+    if engine is None:
+        raise SpecError(
+            f"profile {profile.name} has no engine command (vllm-serve or dynamo-worker)",
+            where=f"{spec.path}: profiles.{profile.name}",
+            fix="add the engine's command line",
+        )
+    frontend = "vllm" if "vllm-serve" in roles else "dynamo"
+    out: dict[str, Any] = {
+        "name": f"{spec.name}-{profile.name}",
+        "model": {"path": model_path, "container": container, "precision": precision},
+        "resources": {
+            "gpu_type": cluster.gpu.lower(),
+            "gpus_per_node": cluster.gpus_per_node,
+            "agg_nodes": cluster.nodes,
+            "agg_workers": 1,
+        },
+        "frontend": {"type": frontend, "enable_multiple_frontends": False},
+        "backend": {
+            "type": "vllm",
+            "aggregated_environment": dict(sorted(env.items())),
+            "vllm_config": {"aggregated": engine_flags(engine.argv)},
+        },
+    }
+    if frontend == "dynamo":
+        # Baked into the image: nothing to build on the nodes at job start.
+        out["dynamo"] = {"install": False} if dynamo_baked else {"hash": dynamo_commit}
+    return out
+
+
+def to_yaml(data: Mapping[str, Any], indent: int = 0) -> str:
+    """Block-style YAML; scalars as JSON (a JSON scalar is a YAML scalar)."""
+    lines = []
+    pad = "  " * indent
+    for key, value in data.items():
+        if isinstance(value, Mapping):
+            if value:
+                lines.append(f"{pad}{key}:")
+                lines.append(to_yaml(value, indent + 1).rstrip("\n"))
+            else:
+                lines.append(f"{pad}{key}: {{}}")
+        elif isinstance(value, list):
+            lines.append(f"{pad}{key}: {json.dumps(value)}")
+        else:
+            lines.append(f"{pad}{key}: {json.dumps(value)}")
+    return "\n".join(lines) + "\n"

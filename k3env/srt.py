@@ -1,0 +1,277 @@
+"""srt-slurm: materialize the pinned version with its PR patches, and validate recipes with it.
+
+``materialize``: clone the pinned repository (its git URL or a local mirror), check the tag
+points at the pinned commit, check out that commit, verify each PR patch against its sha256
+and apply them in order (each checked first, so a conflict names the patch, file and hunk),
+then install ``srtctl`` from the result into its own virtual environment. Everything happens
+in a temporary directory renamed into the cache at the end: nothing half-materialized is ever
+found there. The cache key is the commit plus the patch hashes; a second call reuses it.
+
+``validate``: load recipes with the materialized srt-slurm's own config loading (its
+marshmallow schema), not a copy of it: each error comes back with the recipe file, the key
+path and srt-slurm's message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from ._schema import canonical_sha256, file_sha256
+from .errors import ConfigError, LockError, PatchError, ToolError
+from .lock import Lock, SrtPatchPin, SrtSlurmPin
+from .log import Log
+from .runner import attempt, require_tool, run
+from .state import State
+
+SRT_FORMAT = 1
+MARKER = "k3env-materialized.json"
+# Fixed identity and dates for the commits k3env makes: the same inputs give the same HEAD.
+_GIT_ENV = {
+    "GIT_AUTHOR_NAME": "k3env",
+    "GIT_AUTHOR_EMAIL": "k3env@localhost",
+    "GIT_COMMITTER_NAME": "k3env",
+    "GIT_COMMITTER_EMAIL": "k3env@localhost",
+    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z",
+    "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Materialized:
+    path: Path
+    source: str
+    version: str
+    commit: str
+    head: str
+    patches: tuple[str, ...]
+    python: Path  # the isolated environment's interpreter, with srtctl installed
+    reused: bool
+
+    def as_json(self) -> dict[str, Any]:
+        return {k: str(v) if isinstance(v, Path) else v for k, v in self.__dict__.items()}
+
+
+def _pin(lock: Lock) -> SrtSlurmPin:
+    if lock.srt_slurm is None:
+        raise LockError("the lock pins no srt-slurm", where=str(lock.path), fix="add [srt_slurm]")
+    return lock.srt_slurm
+
+
+def _patch_files(lock: Lock, srt: SrtSlurmPin) -> list[tuple[SrtPatchPin, Path]]:
+    out = []
+    for p in srt.patches:
+        where = f"{lock.path}: srt_slurm.patches[{p.index}]"
+        label = f"PR #{p.pr}" if p.pr else p.title
+        if p.sha256 is None:
+            hint = f"git format-patch --stdout {p.range} > {p.file}" if p.range else "write it"
+            raise LockError(
+                f"patch {label} is unresolved (no sha256 pinned)",
+                where=f"{where}.sha256",
+                fix=f"on a host with the repository: {hint}; then `k3env lock --update-hashes`",
+            )
+        path = lock.resolve_path(p.file)
+        if not path.is_file():
+            raise LockError(
+                f"patch file {p.file} ({label}) is missing", where=where, fix="restore the file"
+            )
+        actual = file_sha256(path)
+        if actual != p.sha256:
+            raise LockError(
+                f"patch file {p.file} ({label}) has sha256 {actual}, the lock pins {p.sha256}",
+                where=f"{where}.sha256",
+                fix="if the edit is deliberate, run `k3env lock --update-hashes`; else restore it",
+            )
+        out.append((p, path))
+    return out
+
+
+def cache_key(srt: SrtSlurmPin) -> str:
+    return canonical_sha256(
+        {"format": SRT_FORMAT, "commit": srt.commit, "patches": [p.sha256 for p in srt.patches]}
+    )
+
+
+def _git(args: list[str], log: Log, *, cwd: Path | None = None, what: str) -> str:
+    return run(
+        [require_tool("git", "git"), *args], log, cwd=cwd, capture=True, what=what, env=_GIT_ENV
+    )
+
+
+def _check_cache(final: Path, log: Log) -> dict[str, Any]:
+    marker = final / MARKER
+    fix = f"remove {final} (rm -rf) and materialize again"
+    if not marker.is_file():
+        raise ConfigError(
+            "the srt-slurm cache directory exists but was not completed by k3env",
+            where=str(final),
+            fix=fix,
+        )
+    record: dict[str, Any] = json.loads(marker.read_text())
+    status = _git(["status", "--porcelain"], log, cwd=final / "src", what="git status")
+    head = _git(["rev-parse", "HEAD"], log, cwd=final / "src", what="git rev-parse").strip()
+    if status.strip() or head != record["head"]:
+        raise ConfigError(
+            "the srt-slurm cache is dirty (files changed since k3env materialized it"
+            + (f": {status.strip().splitlines()[:5]}" if status.strip() else f"; HEAD is {head}")
+            + ")",
+            where=str(final),
+            fix=fix,
+        )
+    return record
+
+
+_FAILED = re.compile(r"patch failed: (?P<file>[^:\n]+):(?P<line>\d+)")
+_NOT_APPLY = re.compile(r"error: (?P<file>[^:\n]+): (?P<why>.+)")
+
+
+def _conflict(patch: Path, output: str) -> str:
+    """``file, hunk`` from git apply's output and the patch itself."""
+    m = _FAILED.search(output)
+    if m is None:
+        m2 = _NOT_APPLY.search(output)
+        return f"{m2['file']}: {m2['why']}" if m2 else output.strip()[-500:]
+    file, line = m["file"], int(m["line"])
+    current = None
+    for text in patch.read_text(errors="replace").splitlines():
+        if text.startswith("+++ "):
+            current = text[4:].removeprefix("b/")
+        elif text.startswith("@@") and current == file:
+            start = re.match(r"@@ -(\d+)", text)
+            if start and int(start[1]) == line:
+                return f"{file}, hunk {text.strip()}"
+    return f"{file}, hunk at line {line}"
+
+
+def materialize(lock: Lock, state: State, log: Log, *, source: str | None = None) -> Materialized:
+    srt = _pin(lock)
+    patches = _patch_files(lock, srt)
+    key = cache_key(srt)
+    final = state.path("srt", key[:20])
+    origin = source or srt.git
+    if final.exists():
+        record = _check_cache(final, log)
+        log.info(f"    srt-slurm {srt.version} + {len(patches)} patch(es): cache hit {final}")
+        return Materialized(
+            path=final,
+            source=record["source"],
+            version=srt.version,
+            commit=srt.commit,
+            head=record["head"],
+            patches=tuple(record["patches"]),
+            python=final / "venv/bin/python",
+            reused=True,
+        )
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.partial")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        src = tmp / "src"
+        with log.step(f"clone {origin}"):
+            _git(["clone", "--quiet", "--no-checkout", origin, str(src)], log, what="git clone")
+        code, tagged = attempt(
+            [require_tool("git", "git"), "rev-parse", "--verify", "--quiet",
+             f"refs/tags/{srt.version}^{{commit}}"],
+            log, cwd=src,
+        )  # fmt: skip
+        tagged = tagged.strip()
+        if code != 0 or not tagged:
+            raise LockError(
+                f"tag {srt.version} does not exist in {origin}",
+                where=f"{lock.path}: srt_slurm.version",
+                fix="check the tag name (git ls-remote --tags URL), or the repository",
+            )
+        if tagged != srt.commit:
+            raise LockError(
+                f"tag {srt.version} is commit {tagged} in {origin}; the lock pins {srt.commit}",
+                where=f"{lock.path}: srt_slurm.commit",
+                fix="pin the tag's commit, or check that the mirror is the right repository",
+            )
+        _git(["checkout", "--quiet", "--detach", srt.commit], log, cwd=src, what="git checkout")
+        applied = []
+        for pin, path in patches:
+            label = f"PR #{pin.pr}" if pin.pr else pin.title
+            code, check = attempt(
+                [require_tool("git", "git"), "apply", "--check", "--verbose", str(path)],
+                log, cwd=src,
+            )  # fmt: skip
+            if code != 0:
+                raise PatchError(
+                    f"srt-slurm patch {label} ({pin.file}) does not apply to {srt.version} + "
+                    f"the patches before it: {_conflict(path, check)}",
+                    where=f"{lock.path}: srt_slurm.patches[{pin.index}]",
+                    fix="rebase the patch on the pinned version (or drop it if it is upstream), "
+                    "then `k3env lock --update-hashes`",
+                )
+            _git(["apply", "--index", str(path)], log, cwd=src, what="git apply")
+            _git(
+                ["commit", "--quiet", "--no-verify", "-m", f"k3env: apply {label}: {pin.title}"],
+                log,
+                cwd=src,
+                what="git commit",
+            )
+            applied.append(label)
+        head = _git(["rev-parse", "HEAD"], log, cwd=src, what="git rev-parse").strip()
+        with log.step("install srtctl into an isolated environment"):
+            run([sys.executable, "-m", "venv", str(tmp / "venv")], log, what="venv")
+            run(
+                [str(tmp / "venv/bin/python"), "-m", "pip", "install", "--quiet",
+                 "--disable-pip-version-check", str(src)],
+                log, capture=True, what="pip install srtctl",
+            )  # fmt: skip
+        record = {
+            "source": origin,
+            "version": srt.version,
+            "commit": srt.commit,
+            "head": head,
+            "patches": applied,
+        }
+        (tmp / MARKER).write_text(json.dumps(record, indent=2))
+        os.rename(tmp, final)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return Materialized(
+        path=final,
+        source=origin,
+        version=srt.version,
+        commit=srt.commit,
+        head=head,
+        patches=tuple(applied),
+        python=final / "venv/bin/python",
+        reused=False,
+    )
+
+
+# --- validate ------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class RecipeError:
+    file: str
+    key: str
+    message: str
+
+
+def validate(m: Materialized, recipes: list[Path], log: Log) -> list[RecipeError]:
+    """Each recipe through srt-slurm's own ``load_config``; errors with key paths."""
+    with resources.as_file(resources.files("k3env.probes") / "srt_validate.py") as script:
+        out = run(
+            [str(m.python), str(script), *[str(r.resolve()) for r in recipes]],
+            log,
+            capture=True,
+            what="srt-slurm load_config",
+        )
+    try:
+        rows = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError) as e:
+        raise ToolError(
+            f"srt-slurm's validation printed no verdict: {out[-2000:]}",
+            where=str(m.path),
+            fix="check that the materialized srt-slurm has srtctl.core.config.load_config",
+        ) from e
+    return [RecipeError(file=r["file"], key=r["key"], message=r["message"]) for r in rows]
