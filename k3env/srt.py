@@ -94,8 +94,14 @@ def _patch_files(lock: Lock, srt: SrtSlurmPin) -> list[tuple[SrtPatchPin, Path]]
 
 
 def cache_key(srt: SrtSlurmPin) -> str:
+    # Where it was cloned from is not part of the key: a mirror gives the same content.
     return canonical_sha256(
-        {"format": SRT_FORMAT, "commit": srt.commit, "patches": [p.sha256 for p in srt.patches]}
+        {
+            "format": SRT_FORMAT,
+            "version": srt.version,
+            "commit": srt.commit,
+            "patches": [p.sha256 for p in srt.patches],
+        }
     )
 
 
@@ -220,12 +226,17 @@ def materialize(lock: Lock, state: State, log: Log, *, source: str | None = None
             applied.append(label)
         head = _git(["rev-parse", "HEAD"], log, cwd=src, what="git rev-parse").strip()
         with log.step("install srtctl into an isolated environment"):
+            # From a copy: a build writes build/ and *.egg-info into its source tree, and the
+            # checkout must stay exactly the pinned commit + patches.
+            pkg = tmp / "pkg"
+            shutil.copytree(src, pkg, ignore=shutil.ignore_patterns(".git"))
             run([sys.executable, "-m", "venv", str(tmp / "venv")], log, what="venv")
             run(
                 [str(tmp / "venv/bin/python"), "-m", "pip", "install", "--quiet",
-                 "--disable-pip-version-check", str(src)],
+                 "--disable-pip-version-check", str(pkg)],
                 log, capture=True, what="pip install srtctl",
             )  # fmt: skip
+            shutil.rmtree(pkg)
         record = {
             "source": origin,
             "version": srt.version,

@@ -1,0 +1,183 @@
+"""srt-slurm materialize / recipe / validate against a real local git "upstream"."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from k3env.cli import main
+from k3env.state import State
+
+from .conftest import REPO, replace_in
+from .fake_srt.upstream import Upstream, build
+
+pytestmark = pytest.mark.srt
+
+LOCK = Path("pins/k3.lock.toml")
+
+
+@pytest.fixture(scope="session")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Upstream:
+    return build(tmp_path_factory.mktemp("upstream"))
+
+
+@pytest.fixture(scope="session")
+def srt_state(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One k3env state dir for the module: the materialized cache is shared between tests."""
+    return tmp_path_factory.mktemp("srt-state")
+
+
+@pytest.fixture
+def srt_repo(
+    repo: Path, upstream: Upstream, srt_state: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Path]:
+    """The real lock with [srt_slurm] pointed at the local upstream and its format-patches."""
+    monkeypatch.setenv("K3ENV_STATE_DIR", str(srt_state))
+    shutil.copytree(REPO / "clusters", repo / "clusters")
+    for name in ("pr278-direct-aggregate-serving.patch", "pr278-direct-vllm-multinode.patch"):
+        src = upstream.patches / ("pr278.patch" if "serving" in name else "multinode.patch")
+        shutil.copy(src, repo / "patches/srt-slurm" / name)
+    text = LOCK.read_text()
+    text = text.replace("https://github.com/NVIDIA/srt-slurm.git", str(upstream.path))
+    text = text.replace("cb651682117df129162cd276cf567ec70dc57b36", upstream.v1036)
+    text = text.replace("6fd6000035c8d698d08a2807fcc93b462f658dd6", upstream.pr278)
+    LOCK.write_text(text)
+    assert main(["lock", "--update-hashes", "-q"]) == 0
+    yield repo
+
+
+def materialize(capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[dict[str, object], str]:
+    code = main(["srt", "materialize", "--json", *extra])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    out: dict[str, object] = json.loads(captured.out)
+    return out, captured.err
+
+
+def test_materialize_applies_patches_in_order_and_reuses_the_cache(
+    srt_repo: Path, upstream: Upstream, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first, _ = materialize(capsys)
+    assert first["commit"] == upstream.v1036 and first["version"] == "v1.0.36"
+    assert first["patches"] == ["PR #278", "direct vllm frontend: vLLM-native multi-node serve"]
+    src = Path(str(first["path"])) / "src/src/srtctl/core/schema.py"
+    assert '"vllm")' in src.read_text() and "agg_workers" in src.read_text()
+    python = str(first["python"])
+    assert subprocess.run([python, "-c", "import srtctl.core.config"], check=False).returncode == 0
+    second, err = materialize(capsys)
+    assert second["reused"] is True and second["head"] == first["head"]
+    assert "git clone" not in err  # the second materialize does not clone
+
+
+def test_valid_generated_recipe_passes_and_unknown_field_is_reported(
+    srt_repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipes = srt_repo / "recipes"
+    good = recipes / "f.yaml"
+    assert main(["srt", "recipe", "kimi-k3-direct-f", "--container", "reg/img@sha256:" + "0" * 64,
+                 "--out", str(good), "-q"]) == 0  # fmt: skip
+    capsys.readouterr()
+    assert main(["srt", "validate", str(good), "-q"]) == 0
+    assert "1 recipe(s) valid for srt-slurm v1.0.36" in capsys.readouterr().out
+    bad = recipes / "bad.yaml"
+    bad.write_text(
+        good.read_text() + 'benchmark:\n  type: "aiperf"\n  aiperf_server_metrics: true\n'
+    )
+    assert main(["srt", "validate", str(recipes), "--json", "-q"]) == 4
+    out = json.loads(capsys.readouterr().out.split('\n{\n  "error"')[0])
+    assert out["errors"] == [
+        {
+            "file": str(bad.resolve()),
+            "key": "benchmark.aiperf_server_metrics",
+            "message": "Unknown field.",
+        }
+    ]
+
+
+def test_dynamo_recipe_asks_for_no_install_when_dynamo_is_baked(srt_repo: Path) -> None:
+    from k3env.cluster import load_cluster
+    from k3env.lock import load_lock
+    from k3env.recipe import recipe
+    from k3env.spec import load_spec
+
+    lock = load_lock(LOCK)
+    spec = load_spec(srt_repo / "images/kimi-k3-dynamo.toml", lock)
+    cluster = load_cluster(srt_repo / "clusters/b200-dgxc.toml")
+    args = dict(container="c", model_path="/m", precision="fp4", dynamo_commit="a" * 40)
+    baked = recipe(spec, spec.profiles["agg"], cluster, {}, dynamo_baked=True, **args)  # type: ignore[arg-type]
+    assert baked["dynamo"] == {"install": False} and baked["frontend"]["type"] == "dynamo"
+    flags = baked["backend"]["vllm_config"]["aggregated"]
+    assert flags["dyn-tool-call-parser"] == "kimi_k3" and "setup_script" not in baked
+    built = recipe(spec, spec.profiles["agg"], cluster, {}, dynamo_baked=False, **args)  # type: ignore[arg-type]
+    assert built["dynamo"] == {"hash": "a" * 40}
+
+
+def test_patch_whose_sha256_differs_is_refused(
+    srt_repo: Path, srt_state: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    patch = srt_repo / "patches/srt-slurm/pr278-direct-vllm-multinode.patch"
+    patch.write_text(patch.read_text() + "\n")
+    assert main(["srt", "materialize"]) == 2
+    err = capsys.readouterr().err
+    assert "srt_slurm.patches[1].sha256" in err and "--update-hashes" in err
+
+
+def test_conflicting_patch_is_refused_naming_the_hunk(
+    srt_repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # The multi-node patch alone (without PR #278 under it) does not apply to v1.0.36.
+    text = LOCK.read_text()
+    start = text.index("[[srt_slurm.patches]]")
+    second = text.index("[[srt_slurm.patches]]", start + 1)
+    LOCK.write_text(text[:start] + text[second:])
+    assert main(["srt", "materialize"]) == 2
+    err = capsys.readouterr().err
+    assert "does not apply" in err and "src/srtctl/core/schema.py, hunk @@" in err
+    assert not list(State().path("srt").glob(".*partial"))  # nothing half-materialized
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "message"),
+    [
+        ('version = "v1.0.36"', 'version = "v9.9.9"', "tag v9.9.9 does not exist"),
+        ("COMMIT", "PR278", "the lock pins"),
+        ("GIT", "/nonexistent/srt-slurm", "git clone"),
+    ],
+    ids=["unknown-tag", "commit-not-on-tag", "missing-repository"],
+)
+def test_bad_input_leaves_nothing_behind(
+    srt_repo: Path,
+    upstream: Upstream,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    old: str,
+    new: str,
+    message: str,
+) -> None:
+    monkeypatch.setenv("K3ENV_STATE_DIR", str(srt_repo / "fresh-state"))  # no cache to hit
+    old = {"COMMIT": f'commit = "{upstream.v1036}"', "GIT": str(upstream.path)}.get(old, old)
+    new = {"PR278": f'commit = "{upstream.pr278}"'}.get(new, new)
+    replace_in(LOCK, old, new)
+    before = set(State().path("srt").glob("*")) if State().path("srt").exists() else set()
+    assert main(["srt", "materialize"]) in (2, 3)
+    assert message in capsys.readouterr().err
+    after = set(State().path("srt").glob("*")) if State().path("srt").exists() else set()
+    assert after == before
+
+
+def test_dirty_cache_is_an_error(srt_repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    first, _ = materialize(capsys)
+    schema = Path(str(first["path"])) / "src/src/srtctl/core/schema.py"
+    original = schema.read_text()
+    schema.write_text(original + "# local edit\n")
+    try:
+        assert main(["srt", "materialize"]) == 2
+        assert "the srt-slurm cache is dirty" in capsys.readouterr().err
+    finally:
+        schema.write_text(original)
+    materialize(capsys)
