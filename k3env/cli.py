@@ -363,8 +363,11 @@ def cmd_srt_recipe(args: argparse.Namespace, log: Log) -> int:
         tmp.write_text(header + text)
         tmp.replace(args.out)
         log.info(f"recipe written to {args.out}")
-    _emit(args, {"recipe": header + text, "out": str(args.out) if args.out else None},
-          lambda: print(header + text, end=""))  # fmt: skip
+    _emit(
+        args,
+        {"recipe": header + text, "out": str(args.out) if args.out else None},
+        lambda: None if args.out else print(header + text, end=""),
+    )
     return 0
 
 
@@ -468,6 +471,71 @@ def cmd_preflight(args: argparse.Namespace, log: Log) -> int:
             f"preflight found {report.errors} error(s)",
             where=", ".join(sorted({f.image for f in report.findings if f.severity == "error"})),
             fix="apply each finding's fix; `k3env preflight --explain RULE` says why",
+        )
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# bump
+# ---------------------------------------------------------------------------------------------
+def cmd_bump(args: argparse.Namespace, log: Log) -> int:
+    from .bump import (
+        as_json,
+        body,
+        candidate_lock,
+        commit_branch,
+        commit_to_tag,
+        evaluate,
+        finish,
+        leaf_changes,
+        title,
+    )
+    from .cluster import load_cluster
+    from .registry import resolve_digest
+
+    lock = load_lock(args.lock)
+    changes_wanted = leaf_changes(
+        lock,
+        args.pin,
+        args.value,
+        resolve_digest=resolve_digest,
+        resolve_tag_commit=lambda url, tag: commit_to_tag(args.source or url, tag),
+    )
+    new_lock, new_text, changes = candidate_lock(lock, changes_wanted)
+    if args.edit_only:
+        from .lock_edit import replace_atomically
+
+        replace_atomically(lock.path, new_text)
+        _emit(
+            args,
+            {"changes": [c.__dict__ for c in changes]},
+            lambda: print("\n".join(f"{c.key}: {c.old} -> {c.new}" for c in changes)),
+        )
+        return 0
+    engine = _engine()
+    state = State()
+    cluster = load_cluster(args.cluster)
+    with log.step("before: build, verify, preflight on the current lock"):
+        before = evaluate(lock, load_specs(args.images, lock), engine=engine, state=state,
+                          log=log, cluster=cluster, run_verify=not args.skip_verify)  # fmt: skip
+    with log.step("after: build, verify, preflight on the bumped lock"):
+        after = evaluate(new_lock, load_specs(args.images, new_lock), engine=engine, state=state,
+                         log=log, cluster=cluster, run_verify=not args.skip_verify)  # fmt: skip
+    text = body(new_lock, args.pin, changes, before, after)
+    written = finish(lock, new_text, after, args.keep_failing)
+    if args.body:
+        args.body.write_text(text)
+    branch = None
+    if args.commit and written:
+        branch = commit_branch(lock.root, lock, title(args.pin, changes), text)
+    payload = {**as_json(args.pin, changes, before, after, written, text), "branch": branch}
+    _emit(args, payload, lambda: print(text))
+    if after.failed:
+        raise CheckFailed(
+            "checks fail after the bump: "
+            + ("the lock was written (--keep-failing)" if written else "the lock is unchanged"),
+            where=str(lock.path),
+            fix="read the PR body above: fix the failing checks or patches, then bump again",
         )
     return 0
 
@@ -591,6 +659,27 @@ def parser() -> argparse.ArgumentParser:
         "--timeout", type=float, default=300, help="seconds per image before the probe is killed"
     )
     ver.set_defaults(func=cmd_verify)
+
+    bump = sub.add_parser(
+        "bump",
+        parents=[common],
+        help="change one pin, rebuild, verify, preflight, and write a PR title and body",
+    )
+    bump.add_argument("pin", help="bases.NAME | dynamo | srt-slurm | container_patches.NAME")
+    bump.add_argument("value", nargs="?", help="tag, tag@digest, commit or version")
+    bump.add_argument("--images", type=Path, default=DEFAULT_IMAGES, help="image spec directory")
+    bump.add_argument("--cluster", type=Path, default=DEFAULT_CLUSTER, help="cluster profile")
+    bump.add_argument("--source", help="git URL or mirror to resolve an srt-slurm tag")
+    bump.add_argument("--body", type=Path, help="write the PR body (markdown) here")
+    bump.add_argument(
+        "--keep-failing", action="store_true", help="write the lock even when checks fail"
+    )
+    bump.add_argument("--commit", action="store_true", help="local branch + commit (never pushed)")
+    bump.add_argument("--skip-verify", action="store_true", help="build and preflight only")
+    bump.add_argument(
+        "--edit-only", action="store_true", help="only edit the lock (no build, no checks)"
+    )
+    bump.set_defaults(func=cmd_bump)
 
     pre = sub.add_parser(
         "preflight",

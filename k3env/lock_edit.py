@@ -43,24 +43,43 @@ def _container_of(doc: Any, dotted: str) -> tuple[Any, str]:
     return node, parts[-1]
 
 
-def set_leaves(path: Path, changes: dict[str, str]) -> list[Change]:
-    """Assign each ``key path -> value``; validates the result before replacing the file."""
-    text = path.read_text()
+def render_leaves(text: str, changes: dict[str, str]) -> tuple[str, list[Change]]:
+    """``text`` with each ``key path -> value`` assigned in place (comments, order kept)."""
     doc = tomlkit.parse(text)
     done = []
     for dotted, value in changes.items():
-        table, leaf = _container_of(doc, dotted)
+        try:
+            table, leaf = _container_of(doc, dotted)
+        except (KeyError, IndexError) as e:
+            raise LockError(
+                f"no pin at {dotted}", where=dotted, fix="name a key the lock has"
+            ) from e
         old = table.get(leaf)
         old_s = None if old is None else str(old)
         if old_s == value:
             continue
         table[leaf] = value
         done.append(Change(key=dotted, old=old_s, new=value))
-    if not done:
-        return []
-    new_text = tomlkit.dumps(doc)
-    _write_checked(path, new_text)
+    return tomlkit.dumps(doc), done
+
+
+def set_leaves(path: Path, changes: dict[str, str]) -> list[Change]:
+    """Assign each ``key path -> value``; validates the result before replacing the file."""
+    new_text, done = render_leaves(path.read_text(), changes)
+    if done:
+        _write_checked(path, new_text)
     return done
+
+
+def write_candidate(path: Path, text: str) -> Path:
+    """``text`` beside ``path`` (same directory, so relative paths resolve the same)."""
+    candidate = path.with_name(f".{path.name}.candidate")
+    candidate.write_text(text)
+    return candidate
+
+
+def replace_atomically(path: Path, text: str) -> None:
+    _write_checked(path, text)
 
 
 def _write_checked(path: Path, text: str) -> None:

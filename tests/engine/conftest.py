@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
+import tempfile
 import textwrap
 import urllib.request
 from collections.abc import Iterator
@@ -22,6 +25,7 @@ from k3env.docker_engine import DockerEngine
 from k3env.errors import EngineError
 from k3env.lock import load_lock
 from k3env.log import Log
+from k3env.state import State
 
 from ..conftest import REPO
 
@@ -182,3 +186,36 @@ def clean_probe_images(engine: DockerEngine) -> Iterator[None]:
 
 def probe_tags(engine: DockerEngine) -> list[str]:
     return [t for i in engine.client.images.list(name="k3env-test/probe") for t in i.tags]
+
+
+@pytest.fixture(scope="session")
+def twin_image(engine: DockerEngine, registry: str) -> str:
+    lock = load_lock(REPO / "pins/k3.lock.toml")
+    reference, _digest = twin.ensure_twin(lock, engine, State(), Log())
+    return reference
+
+
+@pytest.fixture(scope="session")
+def old_dynamo_image(engine: DockerEngine, twin_image: str) -> str:
+    """The twin with ai-dynamo / ai-dynamo-runtime 1.2.1 (the bring-up's third sweep)."""
+    repository, tag = "k3env-test/twin-dynamo-1.2.1", twin_image.rsplit(":", 1)[1]
+    if engine.lookup(f"{repository}:{tag}") is not None:
+        return f"{repository}:{tag}"
+    with tempfile.TemporaryDirectory() as wheels:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
+             "--python-version", "3.11", "-d", wheels,
+             "ai-dynamo==1.2.1", "ai-dynamo-runtime==1.2.1"],
+            check=True,
+        )  # fmt: skip
+        engine.run_and_commit(
+            twin_image,
+            ["sh", "-c", "python3 -m pip install -q --no-deps --no-index --break-system-packages "
+             "--root-user-action=ignore /w/*.whl"],
+            repository=repository,
+            tag=tag,
+            mounts={wheels: "/w"},
+            changes=[],
+            progress=lambda _: None,
+        )  # fmt: skip
+    return f"{repository}:{tag}"

@@ -8,23 +8,15 @@ version-dependent answers come from the image, not from a table in k3env.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from k3env import twin
 from k3env.cli import main
 from k3env.docker_engine import DockerEngine
-from k3env.lock import load_lock
-from k3env.log import Log
 from k3env.state import State
 from k3env.verify import PROBE_ENV, run_probe
-
-from ..conftest import REPO
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry, pytest.mark.twin]
 
@@ -65,13 +57,6 @@ def plan(**overrides: Any) -> dict[str, Any]:
 
 def results_by(rows: list[dict[str, Any]]) -> dict[tuple[str | None, str, str], dict[str, Any]]:
     return {(r["profile"], r["check"], r["subject"]): r for r in rows}
-
-
-@pytest.fixture(scope="session")
-def twin_image(engine: DockerEngine, registry: str) -> str:
-    lock = load_lock(REPO / "pins/k3.lock.toml")
-    reference, _digest = twin.ensure_twin(lock, engine, State(), Log())
-    return reference
 
 
 Verdicts = dict[tuple[str | None, str, str], dict[str, Any]]
@@ -218,32 +203,6 @@ def test_versions_come_from_the_image(
     assert facts["versions"]["dynamo"] == "1.6.1"
     assert facts["dynamo"]["tiktoken_model_types"] == ["kimi_k2", "kimi_k3"]
     assert "kimi_k3" in facts["vllm"]["tool_parsers"]
-
-
-@pytest.fixture(scope="session")
-def old_dynamo_image(engine: DockerEngine, twin_image: str) -> str:
-    """The twin with ai-dynamo / ai-dynamo-runtime 1.2.1 (the bring-up's third sweep)."""
-    repository, tag = "k3env-test/twin-dynamo-1.2.1", twin_image.rsplit(":", 1)[1]
-    if engine.lookup(f"{repository}:{tag}") is not None:
-        return f"{repository}:{tag}"
-    with tempfile.TemporaryDirectory() as wheels:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-             "--python-version", "3.11", "-d", wheels,
-             "ai-dynamo==1.2.1", "ai-dynamo-runtime==1.2.1"],
-            check=True,
-        )  # fmt: skip
-        engine.run_and_commit(
-            twin_image,
-            ["sh", "-c", "python3 -m pip install -q --no-deps --no-index --break-system-packages "
-             "--root-user-action=ignore /w/*.whl"],
-            repository=repository,
-            tag=tag,
-            mounts={wheels: "/w"},
-            changes=[],
-            progress=lambda _: None,
-        )  # fmt: skip
-    return f"{repository}:{tag}"
 
 
 def test_a_second_dynamo_release_answers_from_its_own_code(

@@ -1,0 +1,85 @@
+"""Resolve an image tag to its manifest digest through the registry's HTTP API (stdlib).
+
+``HEAD /v2/<repo>/manifests/<tag>`` answers with ``Docker-Content-Digest``. Registries that
+want a token (Docker Hub) say so in ``WWW-Authenticate``; an anonymous token is fetched from
+the realm it names. Loopback registries are spoken to over http, every other over https.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.parse
+import urllib.request
+
+from .errors import EngineError, LockError
+
+ACCEPT = ", ".join(
+    (
+        "application/vnd.oci.image.index.v1+json",
+        "application/vnd.docker.distribution.manifest.list.v2+json",
+        "application/vnd.oci.image.manifest.v1+json",
+        "application/vnd.docker.distribution.manifest.v2+json",
+    )
+)
+
+
+def split_repository(repository: str) -> tuple[str, str]:
+    """``docker.io/vllm/vllm-openai`` -> (``registry-1.docker.io``, ``vllm/vllm-openai``)."""
+    first, _, rest = repository.partition("/")
+    if not rest or ("." not in first and ":" not in first and first != "localhost"):
+        return "registry-1.docker.io", repository if rest else f"library/{repository}"
+    if first == "docker.io":
+        return "registry-1.docker.io", rest
+    return first, rest
+
+
+def _scheme(host: str) -> str:
+    name = host.split(":")[0]
+    return "http" if name in ("localhost", "127.0.0.1") or name.startswith("127.") else "https"
+
+
+def _token(challenge: str) -> str | None:
+    params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
+    realm = params.pop("realm", None)
+    if not challenge.lower().startswith("bearer") or realm is None:
+        return None
+    with urllib.request.urlopen(f"{realm}?{urllib.parse.urlencode(params)}", timeout=30) as r:
+        body = json.loads(r.read())
+    token = body.get("token") or body.get("access_token")
+    return str(token) if token else None
+
+
+def resolve_digest(repository: str, tag: str) -> str:
+    host, repo = split_repository(repository)
+    url = f"{_scheme(host)}://{host}/v2/{repo}/manifests/{tag}"
+    headers = {"Accept": ACCEPT}
+    for _ in range(2):
+        request = urllib.request.Request(url, method="HEAD", headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                digest = response.headers.get("Docker-Content-Digest")
+                if not digest:
+                    raise EngineError(
+                        "the registry sent no Docker-Content-Digest", where=url, fix="use skopeo"
+                    )
+                return str(digest)
+        except urllib.error.HTTPError as e:
+            if e.code == 401 and "Authorization" not in headers:
+                token = _token(e.headers.get("WWW-Authenticate", ""))
+                if token:
+                    headers["Authorization"] = f"Bearer {token}"
+                    continue
+            if e.code in (401, 404):
+                raise LockError(
+                    f"tag {tag!r} not found in {repository} (HTTP {e.code})",
+                    where=f"{repository}:{tag}",
+                    fix="check the tag (skopeo list-tags docker://REPOSITORY)",
+                ) from e
+            raise EngineError(f"registry error {e.code}", where=url, fix="try again") from e
+        except OSError as e:
+            raise EngineError(
+                f"cannot reach the registry: {e}", where=url, fix="check the network / registry"
+            ) from e
+    raise LockError(f"cannot authenticate to {host}", where=url, fix="log in (skopeo login)")

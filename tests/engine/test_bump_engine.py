@@ -1,0 +1,130 @@
+"""Pin bumps on the real engine and registry: tag -> digest, patch fate, a failing verify."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from k3env.cli import main
+from k3env.docker_engine import DockerEngine
+from k3env.registry import resolve_digest
+
+from .conftest import REGISTRY, BaseFixture
+
+pytestmark = [pytest.mark.engine, pytest.mark.registry]
+
+LOCK = "pins/test.lock.toml"
+CLUSTER = (
+    'gpu = "B200"\ngpu_memory_gib = 178\ngpus_per_node = 8\ndram_per_node_gb = 2000\nnodes = 1\n'
+)
+
+
+@pytest.fixture
+def second_tag(engine: DockerEngine, fixed_base: BaseFixture) -> str:
+    """The fixed image as tag "2" of the test base's repository (the fix went upstream)."""
+    repository = f"{REGISTRY}/k3env-test/base"
+    engine.tag(fixed_base.image_id, repository, "2")
+    return engine.push(repository, "2", lambda _: None).digest
+
+
+def test_tag_bump_resolves_the_digest_and_reports_the_patch_upstream(
+    project: Path,
+    second_tag: str,
+    capsys: pytest.CaptureFixture[str],
+    clean_probe_images: None,
+    tmp_path: Path,
+) -> None:
+    (project / "clusters").mkdir()
+    (project / "clusters/c.toml").write_text(CLUSTER)
+    lock_before = (project / LOCK).read_text()
+    code = main(["bump", "bases.testbase", "2", "--lock", LOCK, "--cluster", "clusters/c.toml",
+                 "--skip-verify", "--json", "-q"])  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0, out
+    assert second_tag == resolve_digest(f"{REGISTRY}/k3env-test/base", "2")
+    assert {c["key"]: c["new"] for c in out["changes"]} == {
+        "bases.testbase.tag": "2",
+        "bases.testbase.digest": second_tag,
+    }
+    assert out["after"]["patches"] == [
+        {"name": "int64", "base": "testbase", "status": "upstream",
+         "detail": "all 1 edit(s) already present: not applied twice"}
+    ]  # fmt: skip
+    assert out["lock_written"] is True
+    lock_after = (project / LOCK).read_text()
+    changed = [
+        (a, b)
+        for a, b in zip(lock_before.splitlines(), lock_after.splitlines(), strict=True)
+        if a != b
+    ]
+    assert [b for _, b in changed] == ['tag = "2"', f'digest = "{second_tag}"']
+    assert "⬆️ upstream: drop it" in out["body"]
+
+
+def test_tag_missing_from_the_registry_is_refused(
+    project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    before = (project / LOCK).read_bytes()
+    assert main(["bump", "bases.testbase", "no-such-tag", "--lock", LOCK, "--skip-verify"]) == 2
+    assert "tag 'no-such-tag' not found" in capsys.readouterr().err
+    assert (project / LOCK).read_bytes() == before
+
+
+@pytest.fixture
+def twin_project(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    engine: DockerEngine,
+    twin_image: str,
+    old_dynamo_image: str,
+) -> Path:
+    """A lock pinning the twin as a registry base; Dynamo 1.2.1's image as tag dynamo-1.2.1."""
+    repository, tag = twin_image.rsplit(":", 1)
+    digest = resolve_digest(repository, tag)
+    engine.tag(old_dynamo_image, repository, "dynamo-1.2.1")
+    engine.push(repository, "dynamo-1.2.1", lambda _: None)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("K3ENV_STATE_DIR", str(tmp_path / "state"))
+    for d in ("pins", "images", "clusters"):
+        (tmp_path / d).mkdir()
+    (tmp_path / LOCK).write_text(
+        f'# test\nversion = 1\n[bases.serving]\nrepository = "{repository}"\ntag = "{tag}"\n'
+        f'digest = "{digest}"\n'
+    )
+    (tmp_path / "images/frontend.toml").write_text(
+        textwrap.dedent(
+            """\
+            base = "serving"
+            repository = "k3env-test/probe"
+            [profiles.agg]
+            tokenizer_model_type = "kimi_k3"
+            [[profiles.agg.commands]]
+            role = "dynamo-frontend"
+            argv = ["python3", "-m", "dynamo.frontend", "--http-port", "8000"]
+            """
+        )
+    )
+    (tmp_path / "clusters/c.toml").write_text(CLUSTER)
+    return tmp_path
+
+
+@pytest.mark.twin
+def test_bump_whose_image_fails_verify_keeps_the_lock_and_shows_the_check(
+    twin_project: Path, capsys: pytest.CaptureFixture[str], clean_probe_images: None
+) -> None:
+    argv = ["bump", "bases.serving", "dynamo-1.2.1", "--lock", LOCK, "--cluster", "clusters/c.toml",
+            "--body", "body.md", "-q"]  # fmt: skip
+    before = (twin_project / LOCK).read_bytes()
+    assert main(argv) == 4
+    err = capsys.readouterr().err
+    assert "the lock is unchanged" in err
+    assert (twin_project / LOCK).read_bytes() == before
+    text = (twin_project / "body.md").read_text()
+    assert "**pass → fail**" in text  # the tokenizer check changed state
+    assert "model_type kimi_k3" in text and "dynamo-runtime 1.2.1" in text
+    # The user's choice: write it anyway.
+    assert main([*argv, "--keep-failing"]) == 4
+    assert 'tag = "dynamo-1.2.1"' in (twin_project / LOCK).read_text()

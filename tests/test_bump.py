@@ -1,0 +1,98 @@
+"""Pin bumps without an engine: in-place lock edits, bad input, the PR body."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from k3env.bump import Outcome, PatchFate, body, leaf_changes
+from k3env.cli import main
+from k3env.lock import load_lock
+from k3env.lock_edit import Change
+from k3env.verify import CheckResult, ImageReport
+
+LOCK = Path("pins/k3.lock.toml")
+NEW = "1234567890abcdef1234567890abcdef12345678"
+
+
+def test_dynamo_bump_changes_exactly_one_line_and_keeps_comments(repo: Path) -> None:
+    before = LOCK.read_text().splitlines()
+    assert main(["bump", "dynamo", NEW, "--edit-only", "-q"]) == 0
+    after = LOCK.read_text().splitlines()
+    diff = [(a, b) for a, b in zip(before, after, strict=True) if a != b]
+    assert diff == [('commit = "ba83080ecd31c1ce918559e576d3c5bc9e092ff1"', f'commit = "{NEW}"')]
+    assert load_lock(LOCK).dynamo.commit == NEW  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bump", "nope", "x"], "unknown pin 'nope'"),
+        (["bump", "dynamo", "ba83080"], "is not a 40-hex commit"),
+        (["bump", "bases.nope", "t"], "no registry base 'nope'"),
+        (["bump", "bases.vllm-kimi-k3", "kimi-k3@sha256:12"], "is not sha256:<64 hex>"),
+        (["bump", "dynamo", "ba83080ecd31c1ce918559e576d3c5bc9e092ff1"], "nothing to bump"),
+    ],
+)
+def test_bad_bumps_are_refused_and_leave_the_lock(
+    repo: Path, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    before = LOCK.read_bytes()
+    assert main(argv) == 2
+    assert message in capsys.readouterr().err
+    assert LOCK.read_bytes() == before
+    assert not list(Path("pins").glob(".*candidate"))
+
+
+def test_srt_tag_bump_resolves_the_commit_through_the_resolver(repo: Path) -> None:
+    lock = load_lock(LOCK)
+    changes = leaf_changes(
+        lock,
+        "srt-slurm",
+        "v1.0.49",
+        resolve_digest=lambda r, t: "",
+        resolve_tag_commit=lambda url, tag: "e32e591067fa90cae3641f46d8ff5e0f4c6e82c8",
+    )
+    assert changes == {
+        "srt_slurm.version": "v1.0.49",
+        "srt_slurm.commit": "e32e591067fa90cae3641f46d8ff5e0f4c6e82c8",
+    }
+
+
+def _report(image: str, status: str) -> ImageReport:
+    result = CheckResult(
+        image=image, profile="agg", check="tokenizer", subject="model_type kimi_k3",
+        status=status, component="dynamo-runtime", version="1.2.1",
+        output="the frontend stopped: Failed to load tiktoken tokenizer",
+    )  # fmt: skip
+    return ImageReport(
+        image=image,
+        reference="r",
+        image_id="i",
+        results=(result,),
+        facts={},
+        seconds=1.0,
+        exit_code=0,
+    )
+
+
+def test_body_shows_pins_patch_fates_and_the_changed_checks() -> None:
+    from .conftest import REPO
+
+    lock = load_lock(REPO / "pins/k3.lock.toml")
+    before = Outcome(reports=[_report("dyn", "pass")], preflight_errors={"dyn": 0}, patches=[])
+    after = Outcome(
+        reports=[_report("dyn", "fail")],
+        preflight_errors={"dyn": 1},
+        patches=[PatchFate(name="mamba", base="vllm-kimi-k3", status="upstream", detail="present")],
+    )
+    text = body(
+        lock, "dynamo", [Change(key="dynamo.commit", old="a" * 40, new="b" * 40)], before, after
+    )
+    assert "| `dynamo.commit` |" in text
+    assert "https://github.com/ai-dynamo/dynamo/compare/aaaaaaaaaaaa...bbbbbbbbbbbb" in text
+    assert "⬆️ upstream: drop it" in text
+    assert "**pass → fail**" in text and "**0 → 1 errors**" in text
+    assert "Failed to load tiktoken tokenizer" in text and "Not mergeable" in text
+    assert "### Changelog" in text
