@@ -78,6 +78,13 @@ def preflight(session: nox.Session) -> None:
     session.run("k3env", "preflight", *session.posargs)
 
 
+@nox.session(python=PYTHON, default=False)
+def bump(session: nox.Session) -> None:
+    """Bump one pin (`-- PIN VALUE`), rebuild, verify, preflight; write the PR title and body."""
+    _install(session)
+    session.run("k3env", "bump", *session.posargs)
+
+
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Benchmarks: build vs `docker build` over the twin, no-op rebuild, preflight, verify."""

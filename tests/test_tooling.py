@@ -58,3 +58,20 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert "nox -s tests" in readme
     assert "\nnox -s tests\n" in ci
     assert "scripts/host-setup.sh" in ci
+
+
+def test_pin_bump_workflow_structure() -> None:
+    yaml = pytest.importorskip("yaml")
+    wf = yaml.safe_load((REPO / ".github/workflows/pin-bump.yml").read_text())
+    triggers = wf[True] if True in wf else wf["on"]  # YAML 1.1 reads `on:` as true
+    assert "schedule" in triggers and triggers["schedule"][0]["cron"]
+    assert set(triggers["workflow_dispatch"]["inputs"]) == {"pin", "value"}
+    assert wf["permissions"] == {"contents": "write", "pull-requests": "write"}
+    (job,) = wf["jobs"].values()
+    assert "docker" in job["runs-on"] and job["timeout-minutes"] <= 90
+    runs = "\n".join(step.get("run", "") for step in job["steps"])
+    assert "scripts/host-setup.sh" in runs
+    assert "nox -s bump" in runs and "--body pr-body.md" in runs and "--commit" in runs
+    assert "gh pr create" in runs and "--body-file pr-body.md" in runs
+    for step in job["steps"]:
+        assert set(step) <= {"name", "id", "if", "uses", "with", "run", "env"}, step
