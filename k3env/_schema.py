@@ -170,6 +170,17 @@ class Table:
                 raise self.fail(key, "unknown key", f"remove it or correct the spelling ({hint})")
 
 
+def env_table(t: Table) -> dict[str, str]:
+    """An ``[env]`` table: valid variable names, string values."""
+    out = {}
+    for key in t.keys():
+        if not ENV_NAME_RE.match(key):
+            raise t.fail(key, f"{key!r} is not a valid environment variable name", "rename it")
+        out[key] = t.string(key)
+    t.done()
+    return out
+
+
 def each_entry(table: Table, make: Callable[[str, Table], T]) -> dict[str, T]:
     """A table of named sub-tables (``[section.NAME]``), each built by ``make``."""
     out: dict[str, T] = {}

@@ -10,6 +10,7 @@ one inspect. Nothing is tagged until the loaded image's ID equals the config dig
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from ._schema import canonical_sha256, file_sha256
 from .engine import Engine, ImageFile
 from .envpolicy import baked_env, merge_env
 from .errors import EngineError, LockError, PatchError
-from .layer import BaseImage, LayerFile, assemble, docker_archive
+from .layer import BaseImage, LayerFile, assemble, docker_archive, sha256_digest
 from .lock import BasePin, Lock, verify_patch_file
 from .log import Log
 from .patches import APPLIED, SKIPPED, PatchFile, PatchResult, apply_patch, load_patch_file
@@ -233,8 +234,6 @@ def read_base_files(
             if f is None:
                 index[p] = None
                 continue
-            from .layer import sha256_digest
-
             sha = sha256_digest(f.content).split(":", 1)[1]
             state.write_bytes(f.content, "blobs", sha)
             index[p] = {"sha256": sha, "mode": f.mode, "uid": f.uid, "gid": f.gid}
@@ -288,8 +287,6 @@ class Builder:
         )
 
     def build(self, spec: ImageSpec) -> BuildResult:
-        import time
-
         start = time.monotonic()
         pin = select_base(self.lock, spec, self.twin)
         env = baked_env(self.lock, spec, pin)  # refuses credentials before anything else happens

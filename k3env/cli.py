@@ -543,6 +543,16 @@ def cmd_bump(args: argparse.Namespace, log: Log) -> int:
 # ---------------------------------------------------------------------------------------------
 # main
 # ---------------------------------------------------------------------------------------------
+def _image_args(p: argparse.ArgumentParser, *, twin: str | None) -> None:
+    """IMAGE... and --images, plus --twin where the command can work over the CPU twin."""
+    p.add_argument("image", nargs="*", help="image spec names (default: all in --images)")
+    p.add_argument(
+        "--images", type=Path, default=DEFAULT_IMAGES, help="image spec directory (default: images)"
+    )
+    if twin:
+        p.add_argument("--twin", action="store_true", help=twin)
+
+
 def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
@@ -579,14 +589,8 @@ def parser() -> argparse.ArgumentParser:
     lock.set_defaults(func=cmd_lock)
 
     build = sub.add_parser("build", parents=[common], help="build derived images from specs")
-    build.add_argument("image", nargs="*", help="image spec names (default: all in --images)")
-    build.add_argument(
-        "--images", type=Path, default=DEFAULT_IMAGES, help="image spec directory (default: images)"
-    )
-    build.add_argument(
-        "--twin",
-        action="store_true",
-        help="build over each base's CPU twin (offline default; verification on a CPU host)",
+    _image_args(
+        build, twin="build over each base's CPU twin (offline default; verification on a CPU host)"
     )
     build.set_defaults(func=cmd_build)
 
@@ -596,9 +600,7 @@ def parser() -> argparse.ArgumentParser:
     push = sub.add_parser(
         "push", parents=[common], help="push images to a registry, record each digest"
     )
-    push.add_argument("image", nargs="*", help="image spec names (default: all in --images)")
-    push.add_argument("--images", type=Path, default=DEFAULT_IMAGES, help="image spec directory")
-    push.add_argument("--twin", action="store_true", help="the images built over the twin")
+    _image_args(push, twin="the images built over the twin")
     push.add_argument(
         "--registry", default="127.0.0.1:5000", help="registry host[:port] (default: %(default)s)"
     )
@@ -609,9 +611,7 @@ def parser() -> argparse.ArgumentParser:
         parents=[common],
         help="write enroot squashfs images (.sqsh), or --check one against the lock",
     )
-    export.add_argument("image", nargs="*", help="image spec names (default: all in --images)")
-    export.add_argument("--images", type=Path, default=DEFAULT_IMAGES, help="image spec directory")
-    export.add_argument("--twin", action="store_true", help="the images built over the twin")
+    _image_args(export, twin="the images built over the twin")
     export.add_argument(
         "--out", type=Path, default=Path("out/sqsh"), help="output directory (default: out/sqsh)"
     )
@@ -651,9 +651,7 @@ def parser() -> argparse.ArgumentParser:
         parents=[common],
         help="check each image from inside: args, parsers, tokenizer, imports, patches, env",
     )
-    ver.add_argument("image", nargs="*", help="image spec names (default: all in --images)")
-    ver.add_argument("--images", type=Path, default=DEFAULT_IMAGES, help="image spec directory")
-    ver.add_argument("--twin", action="store_true", help="verify the images built over the twin")
+    _image_args(ver, twin="verify the images built over the twin")
     ver.add_argument("--markdown", type=Path, help="also write the compat matrix to this file")
     ver.add_argument(
         "--timeout", type=float, default=300, help="seconds per image before the probe is killed"
@@ -686,8 +684,7 @@ def parser() -> argparse.ArgumentParser:
         parents=[common],
         help="check serve profiles against the bring-up's failure rules (no engine, < 1 s)",
     )
-    pre.add_argument("image", nargs="*", help="image spec names (default: all in --images)")
-    pre.add_argument("--images", type=Path, default=DEFAULT_IMAGES, help="image spec directory")
+    _image_args(pre, twin=None)
     pre.add_argument(
         "--cluster", type=Path, default=DEFAULT_CLUSTER, help=f"cluster profile ({DEFAULT_CLUSTER})"
     )

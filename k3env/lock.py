@@ -13,11 +13,11 @@ from pathlib import Path
 from ._schema import (
     COMMIT_RE,
     DIGEST_RE,
-    ENV_NAME_RE,
     SHA256_RE,
     Table,
     canonical_sha256,
     each_entry,
+    env_table,
     file_sha256,
     load_toml,
 )
@@ -188,7 +188,7 @@ def load_lock(path: Path) -> Lock:
     unresolved: list[Unresolved] = []
     root = path.resolve().parent.parent if path.resolve().parent.name == "pins" else Path.cwd()
 
-    env = _env(top.table("env", required=False))
+    env = env_table(top.table("env", required=False))
     bases = each_entry(top.table("bases"), lambda n, t: _base(n, t, unresolved))
     for b in bases.values():
         if b.twin is not None and (b.twin not in bases or bases[b.twin].kind != "twin"):
@@ -223,22 +223,12 @@ def load_lock(path: Path) -> Lock:
     )
 
 
-def _env(t: Table) -> dict[str, str]:
-    out = {}
-    for key in t.keys():
-        if not ENV_NAME_RE.match(key):
-            raise t.fail(key, f"{key!r} is not a valid environment variable name", "rename it")
-        out[key] = t.string(key)
-    t.done()
-    return out
-
-
 def _base(name: str, t: Table, unresolved: list[Unresolved]) -> BasePin:
     kind = t.string("kind", required=False, default="registry")
     if kind not in ("registry", "twin"):
         raise t.fail("kind", f"unknown base kind {kind!r}", 'use "registry" or "twin"')
     python = t.string("python", required=False, default="python3")
-    env = _env(t.table("env", required=False))
+    env = env_table(t.table("env", required=False))
     if kind == "twin":
         t.done()
         return BasePin(

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._schema import ENV_NAME_RE, NAME_RE, Table, canonical_sha256, load_toml
+from ._schema import NAME_RE, Table, canonical_sha256, env_table, load_toml
 from .errors import SpecError
 from .lock import Lock
 
@@ -77,7 +77,7 @@ def load_spec(path: Path, lock: Lock) -> ImageSpec:
             )
     if len(set(patches)) != len(patches):
         raise t.fail("patches", "a patch is listed twice", "list each patch once")
-    env = _env(t.table("env", required=False))
+    env = env_table(t.table("env", required=False))
     readers_t = t.table("env_readers", required=False)
     readers = {k: readers_t.string(k) for k in readers_t.keys()}
     readers_t.done()
@@ -125,16 +125,6 @@ def load_specs(directory: Path, lock: Lock, only: tuple[str, ...] = ()) -> list[
             )
         specs = [s for s in specs if s.name in only]
     return specs
-
-
-def _env(t: Table) -> dict[str, str]:
-    out = {}
-    for key in t.keys():
-        if not ENV_NAME_RE.match(key):
-            raise t.fail(key, f"{key!r} is not a valid environment variable name", "rename it")
-        out[key] = t.string(key)
-    t.done()
-    return out
 
 
 def _profile(name: str, t: Table) -> ServeProfile:
