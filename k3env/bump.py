@@ -324,6 +324,7 @@ def evaluate(
     log: Any,
     cluster: Any,
     run_verify: bool,
+    srt_source: str | None = None,
 ) -> Outcome:
     """Build every image on ``lock``, verify and preflight it, and test each container patch."""
     from .build import read_base_files, registry_base, resolve_modules
@@ -365,6 +366,16 @@ def evaluate(
             except PatchError as e:
                 fates.append(PatchFate(name=name, base=base_name, status="conflicts",
                                        detail=e.message))  # fmt: skip
+    if lock.srt_slurm is not None and lock.srt_slurm.patches:
+        from .srt import patch_fates
+
+        try:
+            for fate in patch_fates(lock, log, source=srt_source):
+                fates.append(PatchFate(name=fate.label, base=f"srt-slurm {lock.srt_slurm.version}",
+                                       status=fate.status, detail=fate.detail))  # fmt: skip
+        except K3envError as e:
+            fates.append(PatchFate(name="srt-slurm patches", base=lock.srt_slurm.version,
+                                   status="skipped", detail=describe_error(e)))  # fmt: skip
     try:
         builder = make_builder(lock, engine, state, log, False)
         builds = [(spec, builder.build(spec)) for spec in specs]

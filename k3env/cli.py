@@ -517,10 +517,12 @@ def cmd_bump(args: argparse.Namespace, log: Log) -> int:
     cluster = load_cluster(args.cluster)
     with log.step("before: build, verify, preflight on the current lock"):
         before = evaluate(lock, load_specs(args.images, lock), engine=engine, state=state,
-                          log=log, cluster=cluster, run_verify=not args.skip_verify)  # fmt: skip
+                          log=log, cluster=cluster, run_verify=not args.skip_verify,
+                          srt_source=args.source)  # fmt: skip
     with log.step("after: build, verify, preflight on the bumped lock"):
         after = evaluate(new_lock, load_specs(args.images, new_lock), engine=engine, state=state,
-                         log=log, cluster=cluster, run_verify=not args.skip_verify)  # fmt: skip
+                         log=log, cluster=cluster, run_verify=not args.skip_verify,
+                         srt_source=args.source)  # fmt: skip
     text = body(new_lock, args.pin, changes, before, after)
     written = finish(lock, new_text, after, args.keep_failing)
     if args.body:

@@ -286,3 +286,46 @@ def validate(m: Materialized, recipes: list[Path], log: Log) -> list[RecipeError
             fix="check that the materialized srt-slurm has srtctl.core.config.load_config",
         ) from e
     return [RecipeError(file=r["file"], key=r["key"], message=r["message"]) for r in rows]
+
+
+@dataclass(frozen=True, kw_only=True)
+class SrtPatchFate:
+    label: str
+    status: str  # applies | upstream | conflicts
+    detail: str
+
+
+def patch_fates(lock: Lock, log: Log, *, source: str | None = None) -> list[SrtPatchFate]:
+    """Each pinned PR patch against the pinned version, in order: applies, is already
+    upstream (it reverses cleanly: propose dropping it), or conflicts (file and hunk)."""
+    import tempfile
+
+    srt = _pin(lock)
+    patches = _patch_files(lock, srt)
+    git = require_tool("git", "git")
+    fates = []
+    with tempfile.TemporaryDirectory(prefix="k3env-srt-fates-") as tmp:
+        src = Path(tmp) / "src"
+        _git(["clone", "--quiet", "--no-checkout", source or srt.git, str(src)], log, what="clone")
+        _git(["checkout", "--quiet", "--detach", srt.commit], log, cwd=src, what="git checkout")
+        for pin, path in patches:
+            label = f"PR #{pin.pr}" if pin.pr else pin.title
+            code, out = attempt([git, "apply", "--check", str(path)], log, cwd=src)
+            if code == 0:
+                _git(["apply", str(path)], log, cwd=src, what="git apply")
+                fates.append(SrtPatchFate(label=label, status="applies", detail=pin.file))
+                continue
+            back, _ = attempt([git, "apply", "--reverse", "--check", str(path)], log, cwd=src)
+            if back == 0:
+                fates.append(
+                    SrtPatchFate(
+                        label=label,
+                        status="upstream",
+                        detail=f"{srt.version} already contains it: drop it from the lock",
+                    )
+                )
+            else:
+                fates.append(
+                    SrtPatchFate(label=label, status="conflicts", detail=_conflict(path, out))
+                )
+    return fates

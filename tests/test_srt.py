@@ -181,3 +181,23 @@ def test_dirty_cache_is_an_error(srt_repo: Path, capsys: pytest.CaptureFixture[s
     finally:
         schema.write_text(original)
     materialize(capsys)
+
+
+def test_srt_patch_fates_after_a_version_bump(
+    srt_repo: Path, upstream: Upstream, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from k3env.lock import load_lock
+    from k3env.log import Log
+    from k3env.srt import patch_fates
+
+    fates = patch_fates(load_lock(LOCK), Log(quiet=True))
+    assert [f.status for f in fates] == ["applies", "applies"]
+    # v1.0.37 carries PR #278: bump to it, and the PR patch is reported upstream.
+    assert main(["bump", "srt-slurm", "v1.0.37", "--edit-only", "-q"]) == 0
+    assert f'commit = "{upstream.pr278}"' in LOCK.read_text()
+    fates = patch_fates(load_lock(LOCK), Log(quiet=True))
+    assert [(f.label, f.status) for f in fates] == [
+        ("PR #278", "upstream"),
+        ("direct vllm frontend: vLLM-native multi-node serve", "applies"),
+    ]
+    assert "drop it" in fates[0].detail
