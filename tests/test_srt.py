@@ -39,6 +39,7 @@ def srt_repo(
     """The real lock with [srt_slurm] pointed at the local upstream and its format-patches."""
     monkeypatch.setenv("K3ENV_STATE_DIR", str(srt_state))
     shutil.copytree(REPO / "clusters", repo / "clusters")
+    (repo / "patches/srt-slurm").mkdir(parents=True, exist_ok=True)
     for name in ("pr278-direct-aggregate-serving.patch", "pr278-direct-vllm-multinode.patch"):
         src = upstream.patches / ("pr278.patch" if "serving" in name else "multinode.patch")
         shutil.copy(src, repo / "patches/srt-slurm" / name)
