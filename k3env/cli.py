@@ -204,14 +204,7 @@ def cmd_push(args: argparse.Namespace, log: Log) -> int:
 
 
 def cmd_export(args: argparse.Namespace, log: Log) -> int:
-    from .handoff import (
-        Pushed,
-        check_squashfs,
-        cluster_commands,
-        export_image,
-        pushed_record,
-        require_ok,
-    )
+    from .handoff import check_squashfs, cluster_commands, export_image, last_push, require_ok
 
     if args.check:
         lock = load_lock(args.lock)
@@ -233,9 +226,7 @@ def cmd_export(args: argparse.Namespace, log: Log) -> int:
             exported.append(export_image(engine, state, build, args.out, log))
 
     def commands(spec: Any, build: Any, exp: Any) -> str:
-        record = pushed_record(state, build.image_id)
-        pushed = Pushed(**{k: record[k] for k in Pushed.__dataclass_fields__}) if record else None
-        return cluster_commands(spec, pushed, exp)
+        return cluster_commands(spec, last_push(state, build.image_id), exp)
 
     _emit(
         args,

@@ -82,6 +82,14 @@ def pushed_record(state: State, image_id: str) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
+def last_push(state: State, image_id: str) -> Pushed | None:
+    """The recorded push of ``image_id``, if any."""
+    record = pushed_record(state, image_id)
+    if record is None:
+        return None
+    return Pushed(**{k: record[k] for k in Pushed.__dataclass_fields__})
+
+
 # --- enroot image files (pure) ------------------------------------------------------------------
 def enroot_files(image: BaseImage, provenance_uri: str) -> list[tuple[str, bytes, int]]:
     """/etc/environment, /etc/rc, /etc/rc.local, /etc/fstab for ``image``, in enroot's format."""
@@ -158,12 +166,8 @@ def export_image(
     image = engine.inspect(build.image_id)
     if image is None:
         raise EngineError("image not found", where=build.image_id, fix="build it first")
-    record = pushed_record(state, build.image_id)
-    provenance = (
-        Pushed(**{k: record[k] for k in Pushed.__dataclass_fields__}).enroot_uri
-        if record
-        else f"dockerd://{build.reference}"
-    )
+    pushed = last_push(state, build.image_id)
+    provenance = pushed.enroot_uri if pushed else f"dockerd://{build.reference}"
     when = str(epoch_of(image.created))
     options = (*SQUASH_OPTIONS, "-all-root", "-all-time", when, "-mkfs-time", when)
     out_dir.mkdir(parents=True, exist_ok=True)
