@@ -43,5 +43,10 @@ YML
   curl -fsS http://127.0.0.1:5000/v2/ >/dev/null || { echo "registry did not start" >&2; exit 1; }
 fi
 
-python3 -m pip --version >/dev/null 2>&1 && { python3 -m nox --version >/dev/null 2>&1 || python3 -m pip install -q nox; }
+if ! python3 -m nox --version >/dev/null 2>&1; then
+  echo "+ python3 -m pip install nox"
+  python3 -m pip install -q nox
+fi
+# pyenv puts new console scripts on PATH only after a rehash.
+if command -v pyenv >/dev/null 2>&1; then pyenv rehash || true; fi
 echo "host ready: $(docker version -f 'dockerd {{.Server.Version}}'), registry 127.0.0.1:5000"
