@@ -449,6 +449,8 @@ def cmd_preflight(args: argparse.Namespace, log: Log) -> int:
     def human() -> None:
         for f in report.findings:
             print(f.line())
+        for name, source in report.facts_from.items():
+            print(f"{name}: facts from {source}")
         for name, facts in report.lacked.items():
             print(f"{name}: lacked facts {list(facts)} (run `k3env verify` to learn them)")
         print(

@@ -72,6 +72,7 @@ class Context:
     env: Mapping[str, str]
     facts: Mapping[str, Any] | None
     commands: tuple[Command, ...]
+    facts_source: str | None = None
     lacked: set[str] = field(default_factory=set)
 
     def engine_commands(self) -> list[Command]:
@@ -121,6 +122,7 @@ class Report:
     checked: tuple[str, ...]  # image/profile pairs
     lacked: Mapping[str, tuple[str, ...]]  # image/profile -> facts the rules did not have
     rules: int
+    facts_from: Mapping[str, str] = field(default_factory=dict)  # image/profile -> image
 
     @property
     def errors(self) -> int:
@@ -135,20 +137,27 @@ class Report:
             "findings": [f.as_json() for f in self.findings],
             "checked": list(self.checked),
             "lacked_facts": {k: list(v) for k, v in self.lacked.items()},
+            "facts_from": dict(self.facts_from),
             "rules": self.rules,
             "errors": self.errors,
             "warnings": self.warnings,
         }
 
 
-def load_facts(state: State, spec: ImageSpec) -> Mapping[str, Any] | None:
-    """Facts verify cached for the last image built from ``spec`` (by image ID)."""
+def load_facts(state: State, spec: ImageSpec) -> tuple[Mapping[str, Any] | None, str | None]:
+    """Facts verify cached for the last image built from ``spec`` (by image ID), and which
+    image that was (a CPU-twin build answers for the twin's versions, not the GPU image's)."""
     build = state.read_json("builds", f"{spec.name}.json")
     if not build:
-        return None
+        return None, None
     image_id = str(build.get("image_id", "")).removeprefix("sha256:")
     facts = state.read_json("facts", f"{image_id}.json")
-    return facts if isinstance(facts, Mapping) else None
+    if not isinstance(facts, Mapping):
+        return None, None
+    source = f"{build.get('reference')}" + (
+        " (built over the CPU twin)" if build.get("twin") else ""
+    )
+    return facts, source
 
 
 def contexts(
@@ -156,7 +165,7 @@ def contexts(
 ) -> list[Context]:
     out = []
     for spec in specs:
-        facts = load_facts(state, spec) if state else None
+        facts, source = load_facts(state, spec) if state else (None, None)
         env = merged_env(lock, spec)
         for profile in spec.profiles.values():
             commands = tuple(
@@ -172,6 +181,7 @@ def contexts(
                     env=env,
                     facts=facts,
                     commands=commands,
+                    facts_source=source,
                 )
             )
     return out
@@ -184,6 +194,7 @@ def run(ctxs: Iterable[Context], only: tuple[str, ...] = ()) -> Report:
     findings: list[Finding] = []
     checked = []
     lacked: dict[str, tuple[str, ...]] = {}
+    facts_from: dict[str, str] = {}
     for ctx in ctxs:
         name = f"{ctx.spec.name}/{ctx.profile.name}"
         checked.append(name)
@@ -205,8 +216,16 @@ def run(ctxs: Iterable[Context], only: tuple[str, ...] = ()) -> Report:
                 )
         if ctx.lacked:
             lacked[name] = tuple(sorted(ctx.lacked))
+        if ctx.facts_source:
+            facts_from[name] = ctx.facts_source
     findings.sort(key=lambda f: (f.severity != ERROR, f.file, f.key, f.rule))
-    return Report(findings=tuple(findings), checked=tuple(checked), lacked=lacked, rules=len(rules))
+    return Report(
+        findings=tuple(findings),
+        checked=tuple(checked),
+        lacked=lacked,
+        rules=len(rules),
+        facts_from=facts_from,
+    )
 
 
 def kv_transfer_config(command: Command) -> dict[str, Any] | None:

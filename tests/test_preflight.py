@@ -181,13 +181,22 @@ def test_tokenizer_model_type_follows_the_pinned_dynamo(repo_with_clusters: Path
 def test_verify_facts_about_the_image_override_the_lock(repo_with_clusters: Path) -> None:
     state = State()
     image_id = "ab" * 32
-    state.write_json({"image_id": f"sha256:{image_id}"}, "builds", "kimi-k3-dynamo.json")
+    state.write_json(
+        {"image_id": f"sha256:{image_id}", "reference": "k3env/kimi-k3-dynamo:t", "twin": True},
+        "builds",
+        "kimi-k3-dynamo.json",
+    )
     state.write_json(
         {"versions": {"dynamo": "1.6.1"}, "dynamo": {"tiktoken_model_types": ["kimi", "kimi_k2"]}},
         "facts",
         f"{image_id}.json",
     )
     assert findings(DYN, state)["K3-TOKENIZER-MODEL-TYPE"] == "error"
+    lock = load_lock(LOCK)
+    report = run(contexts(lock, [load_spec(DYN, lock)], load_cluster(CLUSTER), state))
+    assert report.facts_from == {
+        "kimi-k3-dynamo/agg": "k3env/kimi-k3-dynamo:t (built over the CPU twin)"
+    }
     state.write_json(
         {"versions": {"dynamo": "1.6.1"}, "dynamo": {"tiktoken_model_types": ["kimi_k3"]}},
         "facts",
