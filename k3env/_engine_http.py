@@ -8,23 +8,10 @@ needed. Used only when DOCKER_HOST is a unix socket (the default).
 
 from __future__ import annotations
 
-import http.client
 import json
 import socket
 from typing import Any
 from urllib.parse import quote, urlencode
-
-
-class _UnixConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("localhost", timeout=timeout)
-        self._path = path
-
-    def connect(self) -> None:
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(self.timeout)
-        sock.connect(self._path)
-        self.sock = sock
 
 
 class EngineHTTPError(Exception):
@@ -48,19 +35,29 @@ class EngineHTTP:
         body: bytes | None = None,
         content_type: str | None = None,
     ) -> tuple[int, bytes]:
+        """One HTTP/1.0 exchange on a fresh connection: the daemon answers without chunked
+        encoding and closes, so the reply is everything read until EOF. (http.client alone
+        costs ~12 ms to import, on a path whose whole budget is ~0.15 s.)"""
         url = path + (f"?{urlencode(params)}" if params else "")
-        headers = {"Connection": "close"}
+        head = [f"{method} {url} HTTP/1.0", "Host: docker"]
+        if body is not None:
+            head.append(f"Content-Length: {len(body)}")
         if content_type:
-            headers["Content-Type"] = content_type
-        # One connection per request: a unix-socket connect costs microseconds, and nothing
-        # is left open for the caller to close.
-        conn = _UnixConnection(self.socket_path, self.timeout)
-        try:
-            conn.request(method, url, body=body, headers=headers)
-            response = conn.getresponse()
-            return response.status, response.read()
-        finally:
-            conn.close()
+            head.append(f"Content-Type: {content_type}")
+        request = ("\r\n".join(head) + "\r\n\r\n").encode() + (body or b"")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(self.timeout)
+            sock.connect(self.socket_path)
+            sock.sendall(request)
+            chunks = []
+            while chunk := sock.recv(1 << 16):
+                chunks.append(chunk)
+        reply = b"".join(chunks)
+        header, sep, payload = reply.partition(b"\r\n\r\n")
+        status_line = header.split(b"\r\n", 1)[0].split()
+        if not sep or len(status_line) < 2 or not status_line[1].isdigit():
+            raise EngineHTTPError(0, f"malformed reply from the daemon: {reply[:200]!r}")
+        return int(status_line[1]), payload
 
     def _check(self, status: int, data: bytes) -> bytes:
         if status >= 400:

@@ -6,7 +6,6 @@ records the key path for error messages and rejects keys nobody asked for.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import re
@@ -162,6 +161,8 @@ class Table:
 
     def done(self, extra_allowed: Iterable[str] = ()) -> None:
         """Reject every key that no accessor asked for."""
+        import difflib
+
         allowed = self._seen | set(extra_allowed)
         for key in self.data:
             if key not in allowed:

@@ -102,12 +102,13 @@ def _engine() -> Any:
 def make_builder(lock: Lock, engine: Any, state: State, log: Log, twin: bool) -> Any:
     from .build import Builder, ResolvedBase, registry_base
     from .lock import BasePin
-    from .twin import twin_base
 
     registry = registry_base(engine, log)
 
     def resolve(pin: BasePin) -> ResolvedBase:
         if pin.kind == "twin":
+            from .twin import twin_base
+
             return twin_base(lock, engine, state, log, pin)
         return registry(pin)
 

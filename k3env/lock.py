@@ -22,7 +22,6 @@ from ._schema import (
     load_toml,
 )
 from .errors import LockError
-from .versions import InvalidVersion, Version
 
 LOCK_VERSION = 1
 DEFAULT_LOCK = Path("pins/k3.lock.toml")
@@ -288,6 +287,8 @@ def _twin(t: Table, unresolved: list[Unresolved]) -> TwinPin:
 def _dynamo(t: Table) -> DynamoPin:
     version = t.string("version", required=False)
     if version is not None:
+        from .versions import InvalidVersion, Version
+
         try:
             Version(version)
         except InvalidVersion as e:
