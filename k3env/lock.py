@@ -421,21 +421,28 @@ def check_files(lock: Lock) -> list[FileCheck]:
     return results
 
 
-def verify_patch_file(lock: Lock, pin: ContainerPatchPin) -> Path:
-    """The patch file's path, after checking its sha256 against the lock."""
-    path = lock.resolve_path(pin.file)
-    where = f"{lock.path}: container_patches.{pin.name}"
+def verify_pinned_file(lock: Lock, rel: str, sha256: str, *, key: str, label: str) -> Path:
+    """``rel``'s path, after checking the file exists and has the sha256 the lock pins."""
+    path = lock.resolve_path(rel)
+    where = f"{lock.path}: {key}"
     if not path.is_file():
         raise LockError(
-            f"patch file {pin.file} is missing",
+            f"patch file {rel}{label} is missing",
             where=where,
             fix="restore the file, or fix `file` in the lock",
         )
     actual = file_sha256(path)
-    if actual != pin.sha256:
+    if actual != sha256:
         raise LockError(
-            f"patch file {pin.file} has sha256 {actual}, the lock pins {pin.sha256}",
+            f"patch file {rel}{label} has sha256 {actual}, the lock pins {sha256}",
             where=f"{where}.sha256",
             fix="if deliberate, run `k3env lock --update-hashes`; else restore the file",
         )
     return path
+
+
+def verify_patch_file(lock: Lock, pin: ContainerPatchPin) -> Path:
+    """The container patch file's path, after checking its sha256 against the lock."""
+    return verify_pinned_file(
+        lock, pin.file, pin.sha256, key=f"container_patches.{pin.name}", label=""
+    )

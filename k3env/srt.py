@@ -24,9 +24,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ._schema import canonical_sha256, file_sha256
+from ._schema import canonical_sha256
 from .errors import ConfigError, LockError, PatchError, ToolError
-from .lock import Lock, SrtPatchPin, SrtSlurmPin
+from .lock import Lock, SrtPatchPin, SrtSlurmPin, verify_pinned_file
 from .log import Log
 from .runner import attempt, require_tool, run
 from .state import State
@@ -77,18 +77,9 @@ def _patch_files(lock: Lock, srt: SrtSlurmPin) -> list[tuple[SrtPatchPin, Path]]
                 where=f"{where}.sha256",
                 fix=f"on a host with the repository: {hint}; then `k3env lock --update-hashes`",
             )
-        path = lock.resolve_path(p.file)
-        if not path.is_file():
-            raise LockError(
-                f"patch file {p.file} ({label}) is missing", where=where, fix="restore the file"
-            )
-        actual = file_sha256(path)
-        if actual != p.sha256:
-            raise LockError(
-                f"patch file {p.file} ({label}) has sha256 {actual}, the lock pins {p.sha256}",
-                where=f"{where}.sha256",
-                fix="if the edit is deliberate, run `k3env lock --update-hashes`; else restore it",
-            )
+        path = verify_pinned_file(
+            lock, p.file, p.sha256, key=f"srt_slurm.patches[{p.index}]", label=f" ({label})"
+        )
         out.append((p, path))
     return out
 
