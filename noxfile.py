@@ -72,6 +72,22 @@ def enroot(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def srt(session: nox.Session) -> None:
+    """Materialize the pinned srt-slurm (+ PR patches), write recipes/, validate them with it.
+
+    Recipes name each image by its pushed digest: run `nox -s enroot` (or `k3env push`) first.
+    Extra args go to materialize/validate (e.g. `-- --source /srv/mirrors/srt-slurm`).
+    """
+    _install(session)
+    session.run("k3env", "srt", "materialize", *session.posargs)
+    Path("recipes").mkdir(exist_ok=True)
+    for spec in sorted(Path("images").glob("*.toml")):
+        out = f"recipes/{spec.stem}.yaml"
+        session.run("k3env", "srt", "recipe", spec.stem, "--out", out, "-q")
+    session.run("k3env", "srt", "validate", "recipes", *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def preflight(session: nox.Session) -> None:
     """Check serve profiles against the bring-up's failure rules (no engine)."""
     _install(session)

@@ -26,7 +26,8 @@ def test_nox_lists_build_image() -> None:
     nox = shutil.which("nox")
     argv = [nox] if nox else [sys.executable, "-m", "nox"]
     out = subprocess.run([*argv, "-l"], cwd=REPO, capture_output=True, text=True, check=True).stdout
-    for session in ("build-image", "tests", "bench", "lock", "twin"):
+    for session in ("build-image", "tests", "bench", "lock", "twin", "verify", "preflight",
+                    "enroot", "srt", "bump"):  # fmt: skip
         assert f" {session} -> " in out
 
 
