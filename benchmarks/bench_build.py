@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from k3env._schema import file_sha256  # noqa: E402
-from k3env.build import FIND_MODULES  # noqa: E402
+from k3env.build import find_modules_script  # noqa: E402
 from k3env.docker_engine import DockerEngine  # noqa: E402
 from k3env.lock import load_lock  # noqa: E402
 from k3env.log import Log  # noqa: E402
@@ -131,7 +131,9 @@ def main() -> int:
     base = engine.inspect(reference)
     assert base is not None
     size = engine.client.images.get(reference).attrs["Size"]
-    probe = engine.run(reference, ["python3", "-c", FIND_MODULES, "vllm.version"], timeout=120)
+    probe = engine.run(
+        reference, ["python3", "-c", find_modules_script(), "vllm.version"], timeout=120
+    )
     target = json.loads(probe.stdout)["vllm.version"]
     original = engine.read_files(reference, [target])[target]
     assert original is not None

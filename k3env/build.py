@@ -147,25 +147,19 @@ def _patch_plan(
     return todo, skipped
 
 
-FIND_MODULES = r"""
-import json, os, sys
-out = {}
-for mod in sys.argv[1:]:
-    parts = mod.split(".")
-    found = None
-    for d in sys.path:
-        if not d or not os.path.isdir(d):
-            continue
-        stem = os.path.join(d, *parts)
-        for cand in (stem + ".py", os.path.join(stem, "__init__.py")):
-            if os.path.isfile(cand):
-                found = os.path.realpath(cand)
-                break
-        if found:
-            break
-    out[mod] = found
-print(json.dumps(out))
-"""
+def find_modules_script() -> str:
+    """A ``python -c`` script printing ``{module: file}`` for the modules in argv, found on
+    the image's own sys.path without importing them: the probe's own lookup, so the builder
+    and ``k3env verify`` agree on where a module lives."""
+    import inspect
+
+    from .probes import probe
+
+    return (
+        inspect.getsource(probe.find_module_file)
+        + "import json, os, sys\n"
+        + "print(json.dumps({m: find_module_file(m) for m in sys.argv[1:]}))\n"
+    )
 
 
 def resolve_modules(
@@ -178,7 +172,9 @@ def resolve_modules(
     if missing:
         with log.step(f"locate {len(missing)} module(s) in {base.reference}"):
             result = engine.run(
-                base.image.id, [base.pin.python, "-c", FIND_MODULES, *missing], timeout=120
+                base.image.id,
+                [base.pin.python, "-c", find_modules_script(), *missing],
+                timeout=120,
             )
         if result.exit_code != 0:
             raise EngineError(

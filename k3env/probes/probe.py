@@ -391,6 +391,7 @@ def check_tokenizer(plan):
 
 # --- patches ---------------------------------------------------------------------------------
 def find_module_file(module):
+    """The file of ``module`` on sys.path, without importing it (or its parents)."""
     parts = module.split(".")
     for d in sys.path:
         if not d or not os.path.isdir(d):
@@ -398,7 +399,7 @@ def find_module_file(module):
         stem = os.path.join(d, *parts)
         for cand in (stem + ".py", os.path.join(stem, "__init__.py")):
             if os.path.isfile(cand):
-                return cand
+                return os.path.realpath(cand)
     return None
 
 
