@@ -98,7 +98,7 @@ def docker_context(root: Path, base_ref: str, target: str, text: str, value: str
 
 
 def build_in_process(root: Path, state_dir: str) -> float:
-    from k3env.cli import make_builder
+    from k3env.build import make_builder
     from k3env.spec import load_spec
 
     lock = load_lock(root / "pins/bench.lock.toml")

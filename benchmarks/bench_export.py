@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from k3env._schema import file_sha256  # noqa: E402
-from k3env.cli import make_builder  # noqa: E402
+from k3env.build import make_builder  # noqa: E402
 from k3env.docker_engine import DockerEngine  # noqa: E402
 from k3env.handoff import SQUASH_OPTIONS, export_image  # noqa: E402
 from k3env.layer import epoch_of  # noqa: E402

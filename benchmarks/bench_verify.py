@@ -16,7 +16,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from k3env.cli import make_builder  # noqa: E402
+from k3env.build import make_builder  # noqa: E402
 from k3env.docker_engine import DockerEngine  # noqa: E402
 from k3env.lock import load_lock  # noqa: E402
 from k3env.log import Log  # noqa: E402

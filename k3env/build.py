@@ -477,3 +477,17 @@ def _cached_patches(
         if name not in skipped_names
     ]
     return [*out, *skipped]
+
+
+def make_builder(lock: Lock, engine: Engine, state: State, log: Log, twin: bool) -> Builder:
+    """A Builder whose bases come by digest from a registry, or as the locally built twin."""
+    registry = registry_base(engine, log)
+
+    def resolve(pin: BasePin) -> ResolvedBase:
+        if pin.kind == "twin":
+            from .twin import twin_base  # twin builds on this module
+
+            return twin_base(lock, engine, state, log, pin)
+        return registry(pin)
+
+    return Builder(lock=lock, engine=engine, state=state, log=log, resolve_base=resolve, twin=twin)

@@ -327,9 +327,9 @@ def evaluate(
     srt_source: str | None = None,
 ) -> Outcome:
     """Build every image on ``lock``, verify and preflight it, and test each container patch."""
-    from .build import read_base_files, registry_base, resolve_modules
-    from .cli import make_builder
+    from .build import make_builder, read_base_files, registry_base, resolve_modules
     from .errors import PatchError
+    from .lock import verify_patch_file
     from .patches import ALREADY_PRESENT, apply_patch, load_patch_file
     from .preflight import contexts
     from .preflight import run as run_preflight
@@ -338,7 +338,7 @@ def evaluate(
     fates: list[PatchFate] = []
     resolve = registry_base(engine, log)
     for name, pin in lock.container_patches.items():
-        patch = load_patch_file(pin, lock.resolve_path(pin.file))
+        patch = load_patch_file(pin, verify_patch_file(lock, pin))
         for base_name in pin.bases:
             base_pin = lock.bases[base_name]
             if base_pin.kind != "registry" or base_pin.digest is None:

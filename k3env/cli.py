@@ -99,22 +99,6 @@ def _engine() -> Any:
     return DockerEngine()
 
 
-def make_builder(lock: Lock, engine: Any, state: State, log: Log, twin: bool) -> Any:
-    from .build import Builder, ResolvedBase, registry_base
-    from .lock import BasePin
-
-    registry = registry_base(engine, log)
-
-    def resolve(pin: BasePin) -> ResolvedBase:
-        if pin.kind == "twin":
-            from .twin import twin_base
-
-            return twin_base(lock, engine, state, log, pin)
-        return registry(pin)
-
-    return Builder(lock=lock, engine=engine, state=state, log=log, resolve_base=resolve, twin=twin)
-
-
 def cmd_build(args: argparse.Namespace, log: Log) -> int:
     lock = load_lock(args.lock)
     specs = load_specs(args.images, lock, tuple(args.image))
@@ -122,6 +106,8 @@ def cmd_build(args: argparse.Namespace, log: Log) -> int:
     if not log.quiet:
         log.info(f"engine: {engine.describe()}")
     state = State()
+    from .build import make_builder
+
     builder = make_builder(lock, engine, state, log, args.twin)
     results = []
     start = time.monotonic()
@@ -174,6 +160,8 @@ def _builds(args: argparse.Namespace, log: Log) -> tuple[Lock, list[Any], Any, S
     specs = load_specs(args.images, lock, tuple(args.image))
     engine = _engine()
     state = State()
+    from .build import make_builder
+
     builder = make_builder(lock, engine, state, log, args.twin)
     builds = []
     for spec in specs:
@@ -374,6 +362,8 @@ def cmd_verify(args: argparse.Namespace, log: Log) -> int:
     specs = load_specs(args.images, lock, tuple(args.image))
     engine = _engine()
     state = State()
+    from .build import make_builder
+
     builder = make_builder(lock, engine, state, log, args.twin)
     reports = []
     for spec in specs:

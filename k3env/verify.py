@@ -18,11 +18,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .build import BuildResult
+from .build import BuildResult, select_base
 from .engine import Engine
 from .envpolicy import merged_env
 from .errors import EngineError
-from .lock import Lock, verify_patch_file
+from .lock import BasePin, Lock, verify_patch_file
 from .patches import SKIPPED, load_patch_file
 from .spec import ImageSpec
 from .state import State
@@ -113,10 +113,9 @@ class ImageReport:
         }
 
 
-def plan_for(lock: Lock, spec: ImageSpec, build: BuildResult, twin: bool) -> dict[str, Any]:
-    base_pin = lock.bases[spec.base]
-    if twin and base_pin.twin:
-        base_pin = lock.bases[base_pin.twin]
+def plan_for(
+    lock: Lock, spec: ImageSpec, build: BuildResult, base_pin: BasePin, twin: bool
+) -> dict[str, Any]:
     statuses = {p.name: p for p in build.patches}
     patches: list[dict[str, Any]] = []
     for name in spec.patches:
@@ -176,9 +175,7 @@ def expected_versions(lock: Lock, twin: bool) -> dict[str, str | None]:
             key = names.get(name.strip().lower())
             if key:
                 out[key] = rest.split()[0]
-    elif lock.dynamo is not None:
-        # The real image carries no Dynamo of its own yet; the lock pins the source commit.
-        out["dynamo"] = None
+    # Over a registry base the lock pins no installed versions (its Dynamo is a source commit).
     return out
 
 
@@ -227,11 +224,9 @@ def verify_image(
     twin: bool,
     timeout: float = 300,
 ) -> ImageReport:
-    base_pin = lock.bases[spec.base]
-    if twin and base_pin.twin:
-        base_pin = lock.bases[base_pin.twin]
+    base_pin = select_base(lock, spec, twin)  # the base the builder used
     start = time.monotonic()
-    plan = plan_for(lock, spec, build, twin)
+    plan = plan_for(lock, spec, build, base_pin, twin)
     rows, facts, code, _ = run_probe(engine, build.image_id, base_pin.python, plan, timeout=timeout)
     results = tuple(
         CheckResult(
