@@ -26,13 +26,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from k3env._schema import file_sha256  # noqa: E402
-from k3env.build import find_modules_script  # noqa: E402
-from k3env.docker_engine import DockerEngine  # noqa: E402
-from k3env.lock import load_lock  # noqa: E402
+from k3env.config.lock import load_lock  # noqa: E402
+from k3env.config.reader import file_sha256  # noqa: E402
+from k3env.engine.dockerd import DockerEngine  # noqa: E402
+from k3env.image.build import find_modules_script  # noqa: E402
+from k3env.image.twin import ensure_twin  # noqa: E402
 from k3env.log import Log  # noqa: E402
 from k3env.state import State  # noqa: E402
-from k3env.twin import ensure_twin  # noqa: E402
 
 ANCHOR = '__version__ = "dev"'
 REPLACEMENT = '__version__ = "dev+k3env-bench"'
@@ -98,8 +98,8 @@ def docker_context(root: Path, base_ref: str, target: str, text: str, value: str
 
 
 def build_in_process(root: Path, state_dir: str) -> float:
-    from k3env.build import make_builder
-    from k3env.spec import load_spec
+    from k3env.config.spec import load_spec
+    from k3env.image.build import make_builder
 
     lock = load_lock(root / "pins/bench.lock.toml")
     spec = load_spec(root / "images/bench.toml", lock)
@@ -166,16 +166,19 @@ def main() -> int:
         clean(engine)
 
     # Preflight of every image in images/ (no engine): in-process and as a whole command.
-    from k3env.cluster import DEFAULT_CLUSTER, load_cluster
-    from k3env.preflight import contexts, run
-    from k3env.spec import load_specs
+    from k3env.checks.preflight import contexts, run_rules
+    from k3env.checks.rules import RULES
+    from k3env.config.cluster import DEFAULT_CLUSTER, load_cluster
+    from k3env.config.spec import load_specs
 
     pre_in, pre_cmd = [], []
     for _ in range(max(args.repeat, 5)):
         start = time.perf_counter()
         pre_lock = load_lock(REPO / "pins/k3.lock.toml")
         pre_specs = load_specs(REPO / "images", pre_lock)
-        report = run(contexts(pre_lock, pre_specs, load_cluster(REPO / DEFAULT_CLUSTER), None))
+        report = run_rules(
+            contexts(pre_lock, pre_specs, load_cluster(REPO / DEFAULT_CLUSTER), None), RULES
+        )
         pre_in.append(time.perf_counter() - start)
         start = time.perf_counter()
         subprocess.run(

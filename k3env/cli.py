@@ -10,13 +10,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import __version__
-from .cluster import DEFAULT_CLUSTER
-from .errors import CheckFailed, ConfigError, K3envError
-from .lock import DEFAULT_LOCK, Lock, check_files, load_lock
-from .log import Log
-from .spec import DEFAULT_IMAGES, load_specs
-from .state import State
+from k3env import __version__
+from k3env.config.cluster import DEFAULT_CLUSTER
+from k3env.config.lock import DEFAULT_LOCK, Lock, check_files, load_lock
+from k3env.config.spec import DEFAULT_IMAGES, load_specs
+from k3env.errors import CheckFailed, ConfigError, K3envError
+from k3env.log import Log
+from k3env.state import State
 
 
 def _emit(args: argparse.Namespace, payload: Any, human: Callable[[], None]) -> None:
@@ -33,7 +33,7 @@ def _emit(args: argparse.Namespace, payload: Any, human: Callable[[], None]) -> 
 def cmd_lock(args: argparse.Namespace, log: Log) -> int:
     lock = load_lock(args.lock)
     if args.update_hashes:
-        from .lock_edit import update_hashes
+        from k3env.config.lock_edit import update_hashes
 
         changes = update_hashes(lock)
         _emit(
@@ -94,7 +94,7 @@ def cmd_lock(args: argparse.Namespace, log: Log) -> int:
 # build / twin
 # ---------------------------------------------------------------------------------------------
 def _engine() -> Any:
-    from .docker_engine import DockerEngine
+    from k3env.engine.dockerd import DockerEngine
 
     return DockerEngine()
 
@@ -106,7 +106,7 @@ def cmd_build(args: argparse.Namespace, log: Log) -> int:
     if not log.quiet:
         log.info(f"engine: {engine.describe()}")
     state = State()
-    from .build import make_builder
+    from k3env.image.build import make_builder
 
     builder = make_builder(lock, engine, state, log, args.twin)
     results = []
@@ -141,7 +141,7 @@ def cmd_build(args: argparse.Namespace, log: Log) -> int:
 
 
 def cmd_twin(args: argparse.Namespace, log: Log) -> int:
-    from .twin import ensure_twin
+    from k3env.image.twin import ensure_twin
 
     lock = load_lock(args.lock)
     engine = _engine()
@@ -160,7 +160,7 @@ def _builds(args: argparse.Namespace, log: Log) -> tuple[Lock, list[Any], Any, S
     specs = load_specs(args.images, lock, tuple(args.image))
     engine = _engine()
     state = State()
-    from .build import make_builder
+    from k3env.image.build import make_builder
 
     builder = make_builder(lock, engine, state, log, args.twin)
     builds = []
@@ -171,7 +171,7 @@ def _builds(args: argparse.Namespace, log: Log) -> tuple[Lock, list[Any], Any, S
 
 
 def cmd_push(args: argparse.Namespace, log: Log) -> int:
-    from .handoff import cluster_commands, push_image
+    from k3env.handoff.enroot import cluster_commands, push_image
 
     _lock, specs, engine, state, builds = _builds(args, log)
     pushed = []
@@ -193,7 +193,13 @@ def cmd_push(args: argparse.Namespace, log: Log) -> int:
 
 
 def cmd_export(args: argparse.Namespace, log: Log) -> int:
-    from .handoff import check_squashfs, cluster_commands, export_image, last_push, require_ok
+    from k3env.handoff.enroot import (
+        check_squashfs,
+        cluster_commands,
+        export_image,
+        last_push,
+        require_ok,
+    )
 
     if args.check:
         lock = load_lock(args.lock)
@@ -234,7 +240,7 @@ def cmd_export(args: argparse.Namespace, log: Log) -> int:
 # srt-slurm
 # ---------------------------------------------------------------------------------------------
 def cmd_srt_materialize(args: argparse.Namespace, log: Log) -> int:
-    from .srt import materialize
+    from k3env.handoff.srt import materialize
 
     m = materialize(load_lock(args.lock), State(), log, source=args.source)
     _emit(
@@ -249,7 +255,7 @@ def cmd_srt_materialize(args: argparse.Namespace, log: Log) -> int:
 
 
 def cmd_srt_validate(args: argparse.Namespace, log: Log) -> int:
-    from .srt import materialize, validate
+    from k3env.handoff.srt import materialize, validate
 
     recipes: list[Path] = []
     for r in args.recipe:
@@ -280,11 +286,11 @@ def cmd_srt_validate(args: argparse.Namespace, log: Log) -> int:
 
 
 def cmd_srt_recipe(args: argparse.Namespace, log: Log) -> int:
-    from .cluster import load_cluster
-    from .envpolicy import merged_env
-    from .handoff import pushed_record
-    from .recipe import recipe, to_yaml
-    from .rules import MODELS
+    from k3env.checks.rules import MODELS
+    from k3env.config.cluster import load_cluster
+    from k3env.handoff.enroot import pushed_record
+    from k3env.handoff.recipe import recipe, to_yaml
+    from k3env.image.envpolicy import merged_env
 
     lock = load_lock(args.lock)
     (spec,) = load_specs(args.images, lock, (args.image,))
@@ -355,14 +361,14 @@ def cmd_srt_recipe(args: argparse.Namespace, log: Log) -> int:
 # verify
 # ---------------------------------------------------------------------------------------------
 def cmd_verify(args: argparse.Namespace, log: Log) -> int:
-    from .report import markdown, table
-    from .verify import verify_image
+    from k3env.checks.report import markdown, table
+    from k3env.checks.verify import verify_image
 
     lock = load_lock(args.lock)
     specs = load_specs(args.images, lock, tuple(args.image))
     engine = _engine()
     state = State()
-    from .build import make_builder
+    from k3env.image.build import make_builder
 
     builder = make_builder(lock, engine, state, log, args.twin)
     reports = []
@@ -404,9 +410,9 @@ def cmd_verify(args: argparse.Namespace, log: Log) -> int:
 # preflight
 # ---------------------------------------------------------------------------------------------
 def cmd_preflight(args: argparse.Namespace, log: Log) -> int:
-    from .cluster import load_cluster
-    from .preflight import contexts, run
-    from .rules import RULES, RULES_BY_ID
+    from k3env.checks.preflight import contexts, run_rules
+    from k3env.checks.rules import RULES, RULES_BY_ID
+    from k3env.config.cluster import load_cluster
 
     if args.explain:
         rule = RULES_BY_ID.get(args.explain)
@@ -433,7 +439,13 @@ def cmd_preflight(args: argparse.Namespace, log: Log) -> int:
     lock = load_lock(args.lock)
     specs = load_specs(args.images, lock, tuple(args.image))
     cluster = load_cluster(args.cluster)
-    report = run(contexts(lock, specs, cluster, State()), tuple(args.rule))
+    unknown = sorted(set(args.rule) - set(RULES_BY_ID))
+    if unknown:
+        raise ConfigError(
+            f"unknown rule(s) {unknown}", where="--rule", fix=f"choose from {sorted(RULES_BY_ID)}"
+        )
+    rules = [r for r in RULES if not args.rule or r.id in args.rule]
+    report = run_rules(contexts(lock, specs, cluster, State()), rules)
     elapsed = time.perf_counter() - start
     payload = {**report.as_json(), "cluster": str(args.cluster), "seconds": round(elapsed, 4)}
 
@@ -463,7 +475,7 @@ def cmd_preflight(args: argparse.Namespace, log: Log) -> int:
 # bump
 # ---------------------------------------------------------------------------------------------
 def cmd_bump(args: argparse.Namespace, log: Log) -> int:
-    from .bump import (
+    from k3env.bump.pins import (
         as_json,
         body,
         candidate_lock,
@@ -474,8 +486,8 @@ def cmd_bump(args: argparse.Namespace, log: Log) -> int:
         leaf_changes,
         title,
     )
-    from .cluster import load_cluster
-    from .registry import resolve_digest
+    from k3env.config.cluster import load_cluster
+    from k3env.engine.registry import resolve_digest
 
     lock = load_lock(args.lock)
     changes_wanted = leaf_changes(
@@ -487,7 +499,7 @@ def cmd_bump(args: argparse.Namespace, log: Log) -> int:
     )
     new_lock, new_text, changes = candidate_lock(lock, changes_wanted)
     if args.edit_only:
-        from .lock_edit import replace_atomically
+        from k3env.config.lock_edit import replace_atomically
 
         replace_atomically(lock.path, new_text)
         _emit(

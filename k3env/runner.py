@@ -9,8 +9,8 @@ import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from .errors import ToolError
-from .log import Log
+from k3env.errors import ToolError
+from k3env.log import Log
 
 
 def require_tool(name: str, package: str) -> str:

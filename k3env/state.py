@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
+
+from k3env.files import write_atomic
 
 
 class State:
@@ -41,13 +42,4 @@ class State:
 
     def write_bytes(self, data: bytes, *parts: str) -> None:
         """Atomic: a reader sees the old content or the new, never half of it."""
-        p = self.path(*parts)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, p)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomic(self.path(*parts), data)

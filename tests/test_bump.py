@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from k3env.bump import Outcome, PatchFate, body, leaf_changes
+from k3env.bump.pins import Outcome, PatchFate, body, leaf_changes
+from k3env.checks.verify import CheckResult, ImageReport
 from k3env.cli import main
-from k3env.lock import load_lock
-from k3env.lock_edit import Change
-from k3env.verify import CheckResult, ImageReport
+from k3env.config.lock import load_lock
+from k3env.config.lock_edit import Change
 
 LOCK = Path("pins/k3.lock.toml")
 NEW = "1234567890abcdef1234567890abcdef12345678"

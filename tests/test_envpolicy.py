@@ -4,10 +4,10 @@ from pathlib import Path
 
 import pytest
 
-from k3env.envpolicy import baked_env, credential_reason, merge_env
+from k3env.config.lock import load_lock
+from k3env.config.spec import load_spec
 from k3env.errors import SecretError
-from k3env.lock import load_lock
-from k3env.spec import load_spec
+from k3env.image.envpolicy import baked_env, credential_reason, merge_env
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,8 @@ import io
 import json
 import tarfile
 
-from k3env.layer import BaseImage, LayerFile, assemble, docker_archive, epoch_of, layer_tar
+from k3env.engine.protocol import BaseImage
+from k3env.image.layer import LayerFile, assemble, docker_archive, epoch_of, layer_tar
 
 BASE = BaseImage(
     id="sha256:" + "1" * 64,

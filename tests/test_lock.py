@@ -6,8 +6,8 @@ from pathlib import Path
 import pytest
 
 from k3env.cli import main
+from k3env.config.lock import load_lock
 from k3env.errors import LockError
-from k3env.lock import load_lock
 
 from .conftest import REPO, replace_in
 

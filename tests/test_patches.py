@@ -4,8 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from k3env.config.patchfile import Edit, PatchFile
 from k3env.errors import PatchError
-from k3env.patches import ALREADY_PRESENT, APPLIED, Edit, PatchFile, apply_patch
+from k3env.image.patches import ALREADY_PRESENT, APPLIED, apply_patch
 
 SRC = """def postprocess_state(self, idx_mapping):
     self.num_accepted_tokens_gpu.index_fill_(0, idx_mapping, 1)

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import pytest
 
+from k3env.checks.argv import parse_options
+from k3env.checks.preflight import contexts, run_rules
+from k3env.checks.rules import RULES
 from k3env.cli import main
-from k3env.cluster import load_cluster
-from k3env.lock import load_lock
-from k3env.preflight import contexts, parse_options, run
-from k3env.rules import RULES
-from k3env.spec import load_spec
+from k3env.config.cluster import load_cluster
+from k3env.config.lock import load_lock
+from k3env.config.spec import load_spec
 from k3env.state import State
 
 from .conftest import replace_in
@@ -27,7 +28,7 @@ CLUSTER = Path("clusters/b200-dgxc.toml")
 def findings(spec: Path, state: State | None = None) -> dict[str, str]:
     """rule id -> worst severity, for one spec."""
     lock = load_lock(LOCK)
-    report = run(contexts(lock, [load_spec(spec, lock)], load_cluster(CLUSTER), state))
+    report = run_rules(contexts(lock, [load_spec(spec, lock)], load_cluster(CLUSTER), state), RULES)
     out: dict[str, str] = {}
     for f in report.findings:
         if out.get(f.rule) != "error":
@@ -193,7 +194,7 @@ def test_verify_facts_about_the_image_override_the_lock(repo_with_clusters: Path
     )
     assert findings(DYN, state)["K3-TOKENIZER-MODEL-TYPE"] == "error"
     lock = load_lock(LOCK)
-    report = run(contexts(lock, [load_spec(DYN, lock)], load_cluster(CLUSTER), state))
+    report = run_rules(contexts(lock, [load_spec(DYN, lock)], load_cluster(CLUSTER), state), RULES)
     assert report.facts_from == {
         "kimi-k3-dynamo/agg": "k3env/kimi-k3-dynamo:t (built over the CPU twin)"
     }

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from k3env.config.lock import load_lock
+from k3env.config.spec import load_spec, load_specs
 from k3env.errors import SpecError
-from k3env.lock import load_lock
-from k3env.spec import load_spec, load_specs
 
 from .conftest import REPO, replace_in
 

@@ -101,10 +101,10 @@ def test_valid_generated_recipe_passes_and_unknown_field_is_reported(
 
 
 def test_dynamo_recipe_asks_for_no_install_when_dynamo_is_baked(srt_repo: Path) -> None:
-    from k3env.cluster import load_cluster
-    from k3env.lock import load_lock
-    from k3env.recipe import recipe
-    from k3env.spec import load_spec
+    from k3env.config.cluster import load_cluster
+    from k3env.config.lock import load_lock
+    from k3env.config.spec import load_spec
+    from k3env.handoff.recipe import recipe
 
     lock = load_lock(LOCK)
     spec = load_spec(srt_repo / "images/kimi-k3-dynamo.toml", lock)
@@ -187,9 +187,9 @@ def test_dirty_cache_is_an_error(srt_repo: Path, capsys: pytest.CaptureFixture[s
 def test_srt_patch_fates_after_a_version_bump(
     srt_repo: Path, upstream: Upstream, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from k3env.lock import load_lock
+    from k3env.config.lock import load_lock
+    from k3env.handoff.srt import patch_fates
     from k3env.log import Log
-    from k3env.srt import patch_fates
 
     fates = patch_fates(load_lock(LOCK), Log(quiet=True))
     assert [f.status for f in fates] == ["applies", "applies"]

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from k3env import twin
-from k3env.docker_engine import DockerEngine
+from k3env.config.lock import load_lock
+from k3env.engine.dockerd import DockerEngine
 from k3env.errors import EngineError
-from k3env.lock import load_lock
 from k3env.log import Log
 from k3env.state import State
 
@@ -114,7 +114,7 @@ def fixed_base(engine: DockerEngine, registry: str) -> BaseFixture:
 
 def write_project(root: Path, base: BaseFixture, *, env: dict[str, str] | None = None) -> Path:
     """A lock + spec + patch pinning ``base`` by digest; returns the lock path."""
-    from k3env._schema import file_sha256
+    from k3env.config.reader import file_sha256
 
     (root / "pins").mkdir(parents=True, exist_ok=True)
     (root / "images").mkdir(exist_ok=True)

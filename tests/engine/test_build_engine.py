@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from k3env.cli import main
-from k3env.docker_engine import DockerEngine
+from k3env.engine.dockerd import DockerEngine
 
 from ..conftest import replace_in
 from .conftest import FIXED, BaseFixture, probe_tags, write_project

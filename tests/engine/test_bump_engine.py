@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from k3env.cli import main
-from k3env.docker_engine import DockerEngine
-from k3env.registry import resolve_digest
+from k3env.engine.dockerd import DockerEngine
+from k3env.engine.registry import resolve_digest
 
 from .conftest import REGISTRY, BaseFixture
 

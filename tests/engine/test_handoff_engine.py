@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from k3env.cli import main
-from k3env.docker_engine import DockerEngine
+from k3env.engine.dockerd import DockerEngine
 from k3env.state import State
 
 from .conftest import REGISTRY

@@ -13,10 +13,10 @@ from typing import Any
 
 import pytest
 
+from k3env.checks.verify import PROBE_ENV, run_probe
 from k3env.cli import main
-from k3env.docker_engine import DockerEngine
+from k3env.engine.dockerd import DockerEngine
 from k3env.state import State
-from k3env.verify import PROBE_ENV, run_probe
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry, pytest.mark.twin]
 

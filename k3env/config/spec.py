@@ -11,9 +11,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._schema import NAME_RE, Table, canonical_sha256, env_table, load_toml
-from .errors import SpecError
-from .lock import Lock
+from k3env.config.lock import Lock
+from k3env.config.reader import NAME_RE, Table, env_table, load_toml
+from k3env.errors import SpecError
+from k3env.hashing import canonical_sha256
 
 ROLES = ("vllm-serve", "dynamo-frontend", "dynamo-worker")
 DEFAULT_IMAGES = Path("images")

@@ -15,31 +15,25 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from . import __version__
-from ._schema import canonical_sha256, file_sha256
-from .engine import Engine, ImageFile
-from .envpolicy import baked_env, merge_env
-from .errors import EngineError, LockError, PatchError
-from .layer import BaseImage, LayerFile, assemble, docker_archive, sha256_digest
-from .lock import BasePin, Lock, verify_patch_file
-from .log import Log
-from .patches import APPLIED, SKIPPED, PatchFile, PatchResult, apply_patch, load_patch_file
-from .spec import ImageSpec
-from .state import State
+from k3env import __version__
+from k3env.config.lock import BasePin, Lock, verify_patch_file
+from k3env.config.patchfile import PatchFile, load_patch_file
+from k3env.config.spec import ImageSpec
+from k3env.engine.protocol import Engine, ImageFile
+from k3env.errors import EngineError, PatchError
+from k3env.hashing import canonical_sha256, file_sha256, sha256_digest
+from k3env.image.bases import ResolvedBase, registry_base, select_base
+from k3env.image.envpolicy import baked_env, merge_env
+from k3env.image.layer import LayerFile, assemble, docker_archive
+from k3env.image.patches import APPLIED, SKIPPED, PatchResult, apply_patch
+from k3env.image.twin import twin_base
+from k3env.log import Log
+from k3env.state import State
 
 # Bump when the layout of what we write changes: it is part of every inputs hash.
 BUILD_FORMAT = 1
 PROVENANCE_PATH = "/etc/k3env/provenance.json"
 LABEL_PREFIX = "io.k3env"
-
-
-@dataclass(frozen=True, kw_only=True)
-class ResolvedBase:
-    pin: BasePin
-    reference: str  # what the engine knows it by
-    name: str  # org.opencontainers.image.base.name
-    digest: str | None  # registry manifest digest, when known
-    image: BaseImage
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,54 +69,6 @@ class BuildResult:
         }
 
 
-# A base resolver returns the base image for a pin (pulling or building it as needed).
-BaseResolver = Callable[[BasePin], ResolvedBase]
-
-
-def registry_base(engine: Engine, log: Log) -> BaseResolver:
-    def resolve(pin: BasePin) -> ResolvedBase:
-        ref = pin.pull_reference
-        if ref is None:
-            raise LockError(
-                f"base {pin.name} ({pin.display}) has no resolved digest",
-                where=f"bases.{pin.name}.digest",
-                fix=(
-                    "resolve it on a host that reaches the registry (`skopeo inspect "
-                    f"docker://{pin.repository}:{pin.tag}`) and record it with "
-                    f"`k3env bump bases.{pin.name}`; or build over the CPU twin with --twin"
-                ),
-            )
-        image = engine.inspect(ref)
-        if image is None:
-            with log.step(f"pull {ref}"):
-                engine.pull(ref, log.detail)
-            image = engine.inspect(ref)
-            if image is None:
-                raise EngineError("pulled image not found", where=ref, fix="pull it by hand")
-        return ResolvedBase(
-            pin=pin,
-            reference=ref,
-            name=f"{pin.repository}:{pin.tag}",
-            digest=pin.digest,
-            image=image,
-        )
-
-    return resolve
-
-
-def select_base(lock: Lock, spec: ImageSpec, twin: bool) -> BasePin:
-    pin = lock.base(spec.base, where=f"{spec.path}: base")
-    if twin and pin.kind != "twin":
-        if pin.twin is None:
-            raise LockError(
-                f"base {pin.name} has no CPU twin",
-                where=f"{lock.path}: bases.{pin.name}",
-                fix='add twin = "NAME" naming a [bases.NAME] with kind = "twin", or drop --twin',
-            )
-        pin = lock.bases[pin.twin]
-    return pin
-
-
 def _patch_plan(
     lock: Lock, spec: ImageSpec, base: BasePin
 ) -> tuple[list[tuple[PatchFile, str | None, str | None]], list[PatchResult]]:
@@ -153,7 +99,7 @@ def find_modules_script() -> str:
     and ``k3env verify`` agree on where a module lives."""
     import inspect
 
-    from .probes import probe
+    from k3env.probes import probe
 
     return (
         inspect.getsource(probe.find_module_file)
@@ -485,8 +431,6 @@ def make_builder(lock: Lock, engine: Engine, state: State, log: Log, twin: bool)
 
     def resolve(pin: BasePin) -> ResolvedBase:
         if pin.kind == "twin":
-            from .twin import twin_base  # twin builds on this module
-
             return twin_base(lock, engine, state, log, pin)
         return registry(pin)
 

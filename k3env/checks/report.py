@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .verify import CHECKS, ImageReport
+from k3env.checks.verify import CHECKS, ImageReport
 
 _MARK = {"pass": "✅", "fail": "❌", "skip": "n/a"}
 

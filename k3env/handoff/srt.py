@@ -24,12 +24,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from ._schema import canonical_sha256
-from .errors import ConfigError, LockError, PatchError, ToolError
-from .lock import Lock, SrtPatchPin, SrtSlurmPin, verify_pinned_file
-from .log import Log
-from .runner import attempt, require_tool, run
-from .state import State
+from k3env.config.lock import Lock, SrtPatchPin, SrtSlurmPin, verify_pinned_file
+from k3env.errors import ConfigError, LockError, PatchError, ToolError
+from k3env.hashing import canonical_sha256
+from k3env.log import Log
+from k3env.runner import attempt, require_tool, run
+from k3env.state import State
 
 SRT_FORMAT = 1
 MARKER = "k3env-materialized.json"

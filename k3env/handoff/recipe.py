@@ -12,10 +12,10 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from .cluster import Cluster
-from .errors import SpecError
-from .preflight import parse_options
-from .spec import ImageSpec, ServeProfile
+from k3env.checks.argv import parse_options
+from k3env.config.cluster import Cluster
+from k3env.config.spec import ImageSpec, ServeProfile
+from k3env.errors import SpecError
 
 # Launcher-owned topology flags: srt-slurm sets them per node (its vllm frontend strips them).
 TOPOLOGY_FLAGS = {"nnodes", "node-rank", "master-addr", "master-port", "headless", "host", "port"}

@@ -13,8 +13,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .preflight import ERROR, WARNING, Command, Context, kv_transfer_config
-from .versions import in_range
+from k3env.checks.argv import ParsedCommand, kv_transfer_config
+from k3env.checks.preflight import ERROR, WARNING, Context, Hit
+from k3env.versions import in_range
 
 # --- Known facts, by source --------------------------------------------------------------------
 # Models, keyed by tokenizer model_type.
@@ -52,15 +53,6 @@ SRT_FEATURES: Mapping[str, str] = {
 VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 OFFLOAD_DRAM_BUDGET_PERCENT = 80  # the framework's CPU-offload budget per node
 FRONTEND_ONLY_FLAGS = ("--tool-call-parser", "--enable-auto-tool-choice")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Hit:
-    key: str
-    message: str
-    severity: str | None = None
-    fix: str | None = None
-    file: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,7 +112,7 @@ def _int(value: str | bool | None, default: int) -> int:
         return default
 
 
-def _ranks(cmd: Command) -> int:
+def _ranks(cmd: ParsedCommand) -> int:
     tp = _int(cmd.opt("--tensor-parallel-size") or cmd.opt("-tp"), 1)
     pp = _int(cmd.opt("--pipeline-parallel-size") or cmd.opt("-pp"), 1)
     return tp * pp
@@ -131,7 +123,7 @@ def _expandable(ctx: Context) -> bool:
     return "expandable_segments:true" in conf.replace(" ", "").lower()
 
 
-def _connector(cmd: Command) -> str | None:
+def _connector(cmd: ParsedCommand) -> str | None:
     cfg = kv_transfer_config(cmd)
     return str(cfg.get("kv_connector")) if cfg and cfg.get("kv_connector") else None
 

@@ -7,11 +7,31 @@ real dockerd in the tests marked ``engine``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
-from .layer import BaseImage
+
+@dataclass(frozen=True, kw_only=True)
+class HistoryEntry:
+    created: str
+    created_by: str
+    comment: str = ""
+    empty_layer: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class BaseImage:
+    """What the builder needs to know of a base image (read from the engine)."""
+
+    id: str  # sha256:... (config digest)
+    created: str  # RFC 3339
+    architecture: str
+    os: str
+    variant: str | None
+    config: Mapping[str, Any]  # the image's container config (Env, Cmd, Entrypoint, Labels, ...)
+    diff_ids: tuple[str, ...]
+    history: tuple[HistoryEntry, ...] = field(default=())
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -10,18 +10,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ._schema import (
+from k3env.config.reader import (
     COMMIT_RE,
     DIGEST_RE,
     SHA256_RE,
     Table,
-    canonical_sha256,
     each_entry,
     env_table,
-    file_sha256,
     load_toml,
 )
-from .errors import LockError
+from k3env.errors import LockError
+from k3env.hashing import canonical_sha256, file_sha256
 
 LOCK_VERSION = 1
 DEFAULT_LOCK = Path("pins/k3.lock.toml")
@@ -287,7 +286,7 @@ def _twin(t: Table, unresolved: list[Unresolved]) -> TwinPin:
 def _dynamo(t: Table) -> DynamoPin:
     version = t.string("version", required=False)
     if version is not None:
-        from .versions import InvalidVersion, Version
+        from k3env.versions import InvalidVersion, Version
 
         try:
             Version(version)

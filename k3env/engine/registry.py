@@ -13,7 +13,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from .errors import EngineError, LockError
+from k3env.errors import EngineError, LockError
 
 ACCEPT = ", ".join(
     (

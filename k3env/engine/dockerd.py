@@ -17,10 +17,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from ._engine_http import EngineHTTP, EngineHTTPError
-from .engine import ImageFile, LayerPaths, Progress, PushResult, RunResult, Tagged
-from .errors import EngineError
-from .layer import BaseImage, HistoryEntry
+from k3env.engine._http import EngineHTTP, EngineHTTPError
+from k3env.engine.protocol import (
+    BaseImage,
+    HistoryEntry,
+    ImageFile,
+    LayerPaths,
+    Progress,
+    PushResult,
+    RunResult,
+    Tagged,
+)
+from k3env.errors import EngineError
 
 _FIX_DAEMON = (
     "start the engine (`dockerd &` as root, or `systemctl start docker`) and check DOCKER_HOST"

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._schema import COMMIT_RE, DIGEST_RE
-from .errors import ConfigError, K3envError, LockError
-from .lock import Lock, load_lock
-from .lock_edit import Change, render_leaves, replace_atomically, write_candidate
-from .verify import CHECKS, ImageReport
+from k3env.checks.verify import CHECKS, ImageReport
+from k3env.config.lock import Lock, load_lock
+from k3env.config.lock_edit import Change, render_leaves, replace_atomically, write_candidate
+from k3env.config.reader import COMMIT_RE, DIGEST_RE
+from k3env.errors import ConfigError, K3envError, LockError
 
 PINS_HELP = (
     "bases.NAME [TAG | TAG@sha256:...]",
@@ -114,7 +114,7 @@ def leaf_changes(
                 where=where,
                 fix=f"use one of {sorted(lock.container_patches)}",
             )
-        from ._schema import file_sha256
+        from k3env.hashing import file_sha256
 
         return {f"container_patches.{name}.sha256": file_sha256(lock.resolve_path(patch.file))}
     raise ConfigError(
@@ -140,8 +140,8 @@ def candidate_lock(lock: Lock, changes: dict[str, str]) -> tuple[Lock, str, list
 
 def commit_to_tag(source: str, tag: str) -> str:
     """``git ls-remote`` the tag's commit (annotated tags peeled)."""
-    from .log import Log
-    from .runner import attempt, require_tool
+    from k3env.log import Log
+    from k3env.runner import attempt, require_tool
 
     code, out = attempt(
         [require_tool("git", "git"), "ls-remote", "--tags", source, f"refs/tags/{tag}*"],
@@ -274,8 +274,8 @@ def finish(lock: Lock, new_text: str, after: Outcome, keep_failing: bool) -> boo
 
 def commit_branch(root: Path, lock: Lock, pin_title: str, message: str) -> str:
     """A local branch + commit of the lock with the PR message (never pushed)."""
-    from .log import Log
-    from .runner import run
+    from k3env.log import Log
+    from k3env.runner import run
 
     log = Log(quiet=True)
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", pin_title.lower()).strip("-")[:60]
@@ -327,13 +327,15 @@ def evaluate(
     srt_source: str | None = None,
 ) -> Outcome:
     """Build every image on ``lock``, verify and preflight it, and test each container patch."""
-    from .build import make_builder, read_base_files, registry_base, resolve_modules
-    from .errors import PatchError
-    from .lock import verify_patch_file
-    from .patches import ALREADY_PRESENT, apply_patch, load_patch_file
-    from .preflight import contexts
-    from .preflight import run as run_preflight
-    from .verify import verify_image
+    from k3env.checks.preflight import contexts, run_rules
+    from k3env.checks.rules import RULES
+    from k3env.checks.verify import verify_image
+    from k3env.config.lock import verify_patch_file
+    from k3env.config.patchfile import load_patch_file
+    from k3env.errors import PatchError
+    from k3env.image.bases import registry_base
+    from k3env.image.build import make_builder, read_base_files, resolve_modules
+    from k3env.image.patches import ALREADY_PRESENT, apply_patch
 
     fates: list[PatchFate] = []
     resolve = registry_base(engine, log)
@@ -367,7 +369,7 @@ def evaluate(
                 fates.append(PatchFate(name=name, base=base_name, status="conflicts",
                                        detail=e.message))  # fmt: skip
     if lock.srt_slurm is not None and lock.srt_slurm.patches:
-        from .srt import patch_fates
+        from k3env.handoff.srt import patch_fates
 
         try:
             for fate in patch_fates(lock, log, source=srt_source):
@@ -386,7 +388,7 @@ def evaluate(
         if run_verify
         else []
     )
-    pre = run_preflight(contexts(lock, specs, cluster, state))
+    pre = run_rules(contexts(lock, specs, cluster, state), RULES)
     errors = {spec.name: 0 for spec in specs}
     for f in pre.findings:
         if f.severity == "error":

@@ -8,59 +8,20 @@ truth depends on what is inside the image; preflight says which facts it lacked.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
-from .cluster import Cluster
-from .envpolicy import merged_env
-from .lock import Lock
-from .spec import ImageSpec, ServeProfile
-from .state import State
+from k3env.checks.argv import ParsedCommand, parse_options
+from k3env.config.cluster import Cluster
+from k3env.config.lock import Lock
+from k3env.config.spec import ImageSpec, ServeProfile
+from k3env.image.envpolicy import merged_env
+from k3env.state import State
 
 ERROR = "error"
 WARNING = "warning"
 ENGINE_ROLES = ("vllm-serve", "dynamo-worker")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Command:
-    role: str
-    index: int
-    argv: tuple[str, ...]
-    options: Mapping[str, str | bool]
-
-    def opt(self, name: str) -> str | bool | None:
-        return self.options.get(name)
-
-    def has(self, name: str) -> bool:
-        value = self.options.get(name)
-        return value is not None and value is not False
-
-
-def parse_options(argv: Iterable[str]) -> dict[str, str | bool]:
-    """``--flag value`` / ``--flag=value`` / bare ``--flag`` -> mapping. Positionals are ignored.
-
-    A flag followed by another flag (or nothing) is a switch. This does not replace the
-    image's own parser (``k3env verify`` runs that); it reads values for the rules.
-    """
-    out: dict[str, str | bool] = {}
-    tokens = list(argv)
-    i = 0
-    while i < len(tokens):
-        token = tokens[i]
-        if token.startswith("--"):
-            if "=" in token:
-                name, value = token.split("=", 1)
-                out[name] = value
-            elif i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
-                out[token] = tokens[i + 1]
-                i += 1
-            else:
-                out[token] = True
-        i += 1
-    return out
 
 
 @dataclass(kw_only=True)
@@ -71,17 +32,17 @@ class Context:
     cluster: Cluster
     env: Mapping[str, str]
     facts: Mapping[str, Any] | None
-    commands: tuple[Command, ...]
+    commands: tuple[ParsedCommand, ...]
     facts_source: str | None = None
     lacked: set[str] = field(default_factory=set)
 
-    def engine_commands(self) -> list[Command]:
+    def engine_commands(self) -> list[ParsedCommand]:
         return [c for c in self.commands if c.role in ENGINE_ROLES]
 
     def roles(self) -> set[str]:
         return {c.role for c in self.commands}
 
-    def key(self, command: Command) -> str:
+    def key(self, command: ParsedCommand) -> str:
         return f"profiles.{self.profile.name}.commands[{command.index}].argv"
 
     def fact(self, *path: str, lacking: str) -> Any:
@@ -93,6 +54,29 @@ class Context:
                 return None
             node = node[p]
         return node
+
+
+@dataclass(frozen=True, kw_only=True)
+class Hit:
+    key: str
+    message: str
+    severity: str | None = None
+    fix: str | None = None
+    file: str | None = None
+
+
+class Rule(Protocol):
+    """What the runner needs of a rule (``rules.RULES`` holds them, passed in by the CLI)."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def severity(self) -> str: ...
+    @property
+    def fix(self) -> str: ...
+    @property
+    def check(self) -> Callable[[Context], Iterable[Hit]]: ...
+    def applies(self, ctx: Context) -> bool: ...
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,7 +153,7 @@ def contexts(
         env = merged_env(lock, spec)
         for profile in spec.profiles.values():
             commands = tuple(
-                Command(role=c.role, index=i, argv=c.argv, options=parse_options(c.argv))
+                ParsedCommand(role=c.role, index=i, argv=c.argv, options=parse_options(c.argv))
                 for i, c in enumerate(profile.commands)
             )
             out.append(
@@ -187,10 +171,8 @@ def contexts(
     return out
 
 
-def run(ctxs: Iterable[Context], only: tuple[str, ...] = ()) -> Report:
-    from .rules import RULES
-
-    rules = [r for r in RULES if not only or r.id in only]
+def run_rules(ctxs: Iterable[Context], rules: Sequence[Rule]) -> Report:
+    """Every rule over every context: findings sorted errors first, then by file and key."""
     findings: list[Finding] = []
     checked = []
     lacked: dict[str, tuple[str, ...]] = {}
@@ -226,14 +208,3 @@ def run(ctxs: Iterable[Context], only: tuple[str, ...] = ()) -> Report:
         rules=len(rules),
         facts_from=facts_from,
     )
-
-
-def kv_transfer_config(command: Command) -> dict[str, Any] | None:
-    raw = command.opt("--kv-transfer-config")
-    if not isinstance(raw, str):
-        return None
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None

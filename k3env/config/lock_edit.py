@@ -15,8 +15,8 @@ from typing import Any
 
 import tomlkit
 
-from .errors import LockError
-from .lock import Lock, check_files, load_lock
+from k3env.config.lock import Lock, check_files, load_lock
+from k3env.errors import LockError
 
 
 @dataclass(frozen=True, kw_only=True)

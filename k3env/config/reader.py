@@ -1,4 +1,4 @@
-"""Reading TOML files into checked values: the one place that calls ``tomllib``.
+"""The TOML reader: files into checked values; the one place that calls ``tomllib``.
 
 Domain modules (lock, spec, patches) walk the parsed tables through a :class:`Table`, which
 records the key path for error messages and rejects keys nobody asked for.
@@ -6,15 +6,13 @@ records the key path for error messages and rejects keys nobody asked for.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 import tomllib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from .errors import ConfigError
+from k3env.errors import ConfigError
 
 T = TypeVar("T")
 
@@ -43,20 +41,6 @@ def load_toml(path: Path, error: type[ConfigError] = ConfigError) -> dict[str, A
             where=str(path),
             fix="fix the syntax at the line and column given (see https://toml.io)",
         ) from e
-
-
-def canonical_sha256(data: Any) -> str:
-    """Semantic hash of parsed data: comments and formatting do not change it."""
-    blob = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class Table:

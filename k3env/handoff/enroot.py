@@ -18,18 +18,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ._schema import file_sha256
-from .build import PROVENANCE_PATH, BuildResult
-from .engine import Engine
-from .errors import CheckFailed, EngineError
-from .layer import BaseImage, epoch_of
-from .lock import Lock, verify_patch_file
-from .log import Log
-from .patches import ALREADY_PRESENT, APPLIED, load_patch_file
-from .runner import output_or_none, require_tool, run, run_streaming
-from .spec import ImageSpec
-from .state import State
-from .tarstream import entries, filter_tar
+from k3env.config.lock import Lock, verify_patch_file
+from k3env.config.patchfile import load_patch_file
+from k3env.config.spec import ImageSpec
+from k3env.engine.protocol import BaseImage, Engine
+from k3env.errors import CheckFailed, EngineError
+from k3env.hashing import file_sha256
+from k3env.image.build import PROVENANCE_PATH, BuildResult
+from k3env.image.layer import epoch_of
+from k3env.image.patches import ALREADY_PRESENT, APPLIED
+from k3env.image.tarstream import entries, filter_tar
+from k3env.log import Log
+from k3env.runner import output_or_none, require_tool, run, run_streaming
+from k3env.state import State
 
 # enroot's defaults (ENROOT_SQUASH_OPTIONS), plus what makes the bytes reproducible.
 SQUASH_OPTIONS = ("-comp", "lzo", "-noD")
@@ -232,7 +233,7 @@ def _cat(sqsh: Path, path: str, log: Log) -> bytes | None:
 def check_squashfs(
     sqsh: Path, lock: Lock, specs: Mapping[str, ImageSpec], log: Log
 ) -> list[CheckItem]:
-    from .envpolicy import merged_env
+    from k3env.image.envpolicy import merged_env
 
     items: list[CheckItem] = []
     raw = _cat(sqsh, PROVENANCE_PATH, log)

@@ -17,14 +17,14 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._schema import canonical_sha256, file_sha256
-from .build import ResolvedBase
-from .engine import Engine
-from .errors import EngineError, LockError
-from .lock import BasePin, Lock, TwinPin
-from .log import Log
-from .runner import require_tool, run
-from .state import State
+from k3env.config.lock import BasePin, Lock, TwinPin
+from k3env.engine.protocol import Engine
+from k3env.errors import EngineError, LockError
+from k3env.hashing import canonical_sha256, file_sha256
+from k3env.image.bases import ResolvedBase
+from k3env.log import Log
+from k3env.runner import require_tool, run
+from k3env.state import State
 
 TWIN_FORMAT = 2  # 2: no leftover ENTRYPOINT, PATH set
 STAGE1_REPOSITORY = "k3env/debian-python"

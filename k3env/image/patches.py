@@ -16,29 +16,13 @@ writing the image is the builder's job.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-from ._schema import Table, load_toml
-from .errors import PatchError, SpecError
-from .lock import ContainerPatchPin
+from k3env.config.patchfile import PatchFile
+from k3env.errors import PatchError
 
 APPLIED = "applied"
 ALREADY_PRESENT = "already-present"
 SKIPPED = "skipped"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Edit:
-    anchor: str
-    replacement: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class PatchFile:
-    name: str
-    path: Path
-    description: str
-    edits: tuple[Edit, ...]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -48,30 +32,6 @@ class PatchResult:
     status: str  # applied | already-present | skipped
     detail: str
     new_text: str | None  # None unless applied
-
-
-def load_patch_file(pin: ContainerPatchPin, path: Path) -> PatchFile:
-    t = Table(load_toml(path, SpecError), file=path, path="", error=SpecError)
-    edits = []
-    for e in t.tables("edits"):
-        anchor = e.string("anchor")
-        replacement = e.string("replacement")
-        if not anchor:
-            raise e.fail("anchor", "empty anchor", "write the exact text the edit replaces")
-        if anchor == replacement:
-            raise e.fail("replacement", "replacement equals the anchor", "this edit does nothing")
-        edits.append(Edit(anchor=anchor, replacement=replacement))
-        e.done()
-    if not edits:
-        raise t.fail("edits", "a patch needs at least one [[edits]] entry", "add [[edits]]")
-    pf = PatchFile(
-        name=pin.name,
-        path=path,
-        description=t.string("description", required=False, default=""),
-        edits=tuple(edits),
-    )
-    t.done()
-    return pf
 
 
 def _lines_of(text: str, needle: str) -> list[int]:

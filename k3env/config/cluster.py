@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ._schema import Table, load_toml
-from .errors import ConfigError
+from k3env.config.reader import Table, load_toml
+from k3env.errors import ConfigError
 
 DEFAULT_CLUSTER = Path("clusters/b200-dgxc.toml")
 

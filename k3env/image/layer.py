@@ -13,14 +13,16 @@ engine resolves the base's chain from its layer store and never reads or copies 
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import tarfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
+
+from k3env.engine.protocol import BaseImage, HistoryEntry
+from k3env.hashing import sha256_digest
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -31,28 +33,6 @@ class LayerFile:
     uid: int = 0
     gid: int = 0
     is_dir: bool = False
-
-
-@dataclass(frozen=True, kw_only=True)
-class HistoryEntry:
-    created: str
-    created_by: str
-    comment: str = ""
-    empty_layer: bool = False
-
-
-@dataclass(frozen=True, kw_only=True)
-class BaseImage:
-    """What the builder needs to know of a base image (read from the engine)."""
-
-    id: str  # sha256:... (config digest)
-    created: str  # RFC 3339
-    architecture: str
-    os: str
-    variant: str | None
-    config: Mapping[str, Any]  # the image's container config (Env, Cmd, Entrypoint, Labels, ...)
-    diff_ids: tuple[str, ...]
-    history: tuple[HistoryEntry, ...] = field(default=())
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,10 +69,6 @@ def layer_tar(files: Sequence[LayerFile], mtime: int) -> bytes:
                 info.size = len(f.content)
                 tar.addfile(info, io.BytesIO(f.content))
     return buf.getvalue()
-
-
-def sha256_digest(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 def image_config(

@@ -18,14 +18,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from .build import BuildResult, select_base
-from .engine import Engine
-from .envpolicy import merged_env
-from .errors import EngineError
-from .lock import BasePin, Lock, verify_patch_file
-from .patches import SKIPPED, load_patch_file
-from .spec import ImageSpec
-from .state import State
+from k3env.config.lock import BasePin, Lock, verify_patch_file
+from k3env.config.patchfile import load_patch_file
+from k3env.config.spec import ImageSpec
+from k3env.engine.protocol import Engine
+from k3env.errors import EngineError
+from k3env.image.bases import select_base
+from k3env.image.build import BuildResult
+from k3env.image.envpolicy import merged_env
+from k3env.image.patches import SKIPPED
+from k3env.state import State
 
 MARK = "@@k3env-probe@@"
 CHECKS = ("versions", "imports", "args", "parsers", "tokenizer", "patches", "env")

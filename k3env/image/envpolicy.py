@@ -10,9 +10,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
-from .errors import SecretError
-from .lock import BasePin, Lock
-from .spec import ImageSpec
+from k3env.config.lock import BasePin, Lock
+from k3env.config.spec import ImageSpec
+from k3env.errors import SecretError
 
 # Variable names that carry credentials by convention. Matched on word parts, so that
 # PYTORCH_CUDA_ALLOC_CONF or VLLM_..._TOKENS are not flagged by accident.

@@ -1,0 +1,34 @@
+"""Content hashes: the one place k3env computes sha256, and how digests become cache keys."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+
+def canonical_sha256(data: Any) -> str:
+    """Semantic hash of parsed data: comments and formatting do not change it."""
+    blob = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file's bytes, read in 1 MiB chunks."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def sha256_digest(data: bytes) -> str:
+    """An OCI digest (``sha256:<hex>``) of ``data``."""
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def digest_hex(digest: str) -> str:
+    """The hex part of ``sha256:<hex>`` (a bare hex string is returned as it is): the form
+    every cache file keyed by an image ID or a digest is named by."""
+    return digest.removeprefix("sha256:")

@@ -1,0 +1,70 @@
+"""Base images: which pin an image is built over (the real base or its CPU twin), and the
+engine's view of it, pulled by digest from its registry when the engine lacks it."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from k3env.config.lock import BasePin, Lock
+from k3env.config.spec import ImageSpec
+from k3env.engine.protocol import BaseImage, Engine
+from k3env.errors import EngineError, LockError
+from k3env.log import Log
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolvedBase:
+    pin: BasePin
+    reference: str  # what the engine knows it by
+    name: str  # org.opencontainers.image.base.name
+    digest: str | None  # registry manifest digest, when known
+    image: BaseImage
+
+
+# A base resolver returns the base image for a pin (pulling or building it as needed).
+BaseResolver = Callable[[BasePin], ResolvedBase]
+
+
+def registry_base(engine: Engine, log: Log) -> BaseResolver:
+    def resolve(pin: BasePin) -> ResolvedBase:
+        ref = pin.pull_reference
+        if ref is None:
+            raise LockError(
+                f"base {pin.name} ({pin.display}) has no resolved digest",
+                where=f"bases.{pin.name}.digest",
+                fix=(
+                    "resolve it on a host that reaches the registry (`skopeo inspect "
+                    f"docker://{pin.repository}:{pin.tag}`) and record it with "
+                    f"`k3env bump bases.{pin.name}`; or build over the CPU twin with --twin"
+                ),
+            )
+        image = engine.inspect(ref)
+        if image is None:
+            with log.step(f"pull {ref}"):
+                engine.pull(ref, log.detail)
+            image = engine.inspect(ref)
+            if image is None:
+                raise EngineError("pulled image not found", where=ref, fix="pull it by hand")
+        return ResolvedBase(
+            pin=pin,
+            reference=ref,
+            name=f"{pin.repository}:{pin.tag}",
+            digest=pin.digest,
+            image=image,
+        )
+
+    return resolve
+
+
+def select_base(lock: Lock, spec: ImageSpec, twin: bool) -> BasePin:
+    pin = lock.base(spec.base, where=f"{spec.path}: base")
+    if twin and pin.kind != "twin":
+        if pin.twin is None:
+            raise LockError(
+                f"base {pin.name} has no CPU twin",
+                where=f"{lock.path}: bases.{pin.name}",
+                fix='add twin = "NAME" naming a [bases.NAME] with kind = "twin", or drop --twin',
+            )
+        pin = lock.bases[pin.twin]
+    return pin
