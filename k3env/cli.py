@@ -8,21 +8,27 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from k3env import __version__
 from k3env.config.cluster import DEFAULT_CLUSTER
 from k3env.config.lock import DEFAULT_LOCK, Lock, check_files, load_lock
-from k3env.config.spec import DEFAULT_IMAGES, load_specs
+from k3env.config.spec import DEFAULT_IMAGES, ImageSpec, load_specs
 from k3env.errors import CheckFailed, ConfigError, K3envError
+from k3env.files import write_atomic
 from k3env.log import Log
 from k3env.state import State
 
+if TYPE_CHECKING:
+    from k3env.engine.protocol import Engine
+    from k3env.image.build import BuildResult
+
 
 def _emit(args: argparse.Namespace, payload: Any, human: Callable[[], None]) -> None:
+    """The command's result: kept for ``main`` to print as the one JSON document (``--json``;
+    a failure after this adds its error to the same document), or printed for a person."""
     if args.json:
-        json.dump(payload, sys.stdout, indent=2, sort_keys=True)
-        sys.stdout.write("\n")
+        args.result = payload
     else:
         human()
 
@@ -93,34 +99,16 @@ def cmd_lock(args: argparse.Namespace, log: Log) -> int:
 # ---------------------------------------------------------------------------------------------
 # build / twin
 # ---------------------------------------------------------------------------------------------
-def _engine() -> Any:
+def _engine() -> Engine:
+    """The engine, built once per command here and passed in (never at import time)."""
     from k3env.engine.dockerd import DockerEngine
 
     return DockerEngine()
 
 
 def cmd_build(args: argparse.Namespace, log: Log) -> int:
-    lock = load_lock(args.lock)
-    specs = load_specs(args.images, lock, tuple(args.image))
-    engine = _engine()
-    if not log.quiet:
-        log.info(f"engine: {engine.describe()}")
-    state = State()
-    from k3env.image.build import make_builder
-
-    builder = make_builder(lock, engine, state, log, args.twin)
-    results = []
     start = time.monotonic()
-    for spec in specs:
-        with log.step(f"build {spec.name}" + (" (over the CPU twin)" if args.twin else "")):
-            result = builder.build(spec)
-        results.append(result)
-        # Where preflight finds the facts verify learned about this image.
-        state.write_json(
-            {"image_id": result.image_id, "reference": result.reference, "twin": result.twin},
-            "builds",
-            f"{spec.name}.json",
-        )
+    lock, _specs, _engine, _state, results = _builds(args, log)
     payload = {
         "lock": str(args.lock),
         "lock_sha256": lock.sha256,
@@ -155,23 +143,24 @@ def cmd_twin(args: argparse.Namespace, log: Log) -> int:
 # ---------------------------------------------------------------------------------------------
 # push / export (the cluster handoff)
 # ---------------------------------------------------------------------------------------------
-def _builds(args: argparse.Namespace, log: Log) -> tuple[Lock, list[Any], Any, State, list[Any]]:
+def _builds(
+    args: argparse.Namespace, log: Log
+) -> tuple[Lock, list[ImageSpec], Engine, State, list[BuildResult]]:
+    """The one build loop of every command that needs images: load, build (cached), record."""
+    from k3env.image.build import build_all, make_builder
+
     lock = load_lock(args.lock)
     specs = load_specs(args.images, lock, tuple(args.image))
     engine = _engine()
+    log.info(f"engine: {engine.describe()}")
     state = State()
-    from k3env.image.build import make_builder
-
     builder = make_builder(lock, engine, state, log, args.twin)
-    builds = []
-    for spec in specs:
-        with log.step(f"build {spec.name}"):
-            builds.append(builder.build(spec))
-    return lock, specs, engine, state, builds
+    return lock, specs, engine, state, build_all(builder, specs)
 
 
 def cmd_push(args: argparse.Namespace, log: Log) -> int:
-    from k3env.handoff.enroot import cluster_commands, push_image
+    from k3env.handoff.enroot import cluster_commands
+    from k3env.handoff.push import push_image
 
     _lock, specs, engine, state, builds = _builds(args, log)
     pushed = []
@@ -197,9 +186,9 @@ def cmd_export(args: argparse.Namespace, log: Log) -> int:
         check_squashfs,
         cluster_commands,
         export_image,
-        last_push,
         require_ok,
     )
+    from k3env.handoff.push import last_push
 
     if args.check:
         lock = load_lock(args.lock)
@@ -288,8 +277,9 @@ def cmd_srt_validate(args: argparse.Namespace, log: Log) -> int:
 def cmd_srt_recipe(args: argparse.Namespace, log: Log) -> int:
     from k3env.checks.rules import MODELS
     from k3env.config.cluster import load_cluster
-    from k3env.handoff.enroot import pushed_record
+    from k3env.handoff.push import pushed_record
     from k3env.handoff.recipe import recipe, to_yaml
+    from k3env.image.build import last_build
     from k3env.image.envpolicy import merged_env
 
     lock = load_lock(args.lock)
@@ -307,7 +297,7 @@ def cmd_srt_recipe(args: argparse.Namespace, log: Log) -> int:
     container = args.container
     facts: dict[str, Any] = {}
     if container is None:
-        build = state.read_json("builds", f"{spec.name}.json") or {}
+        build = last_build(state, lock, spec) or {}
         record = pushed_record(state, str(build.get("image_id", ""))) if build else None
         if record is None:
             raise ConfigError(
@@ -316,9 +306,7 @@ def cmd_srt_recipe(args: argparse.Namespace, log: Log) -> int:
                 fix=f"k3env push {spec.name} (or pass --container REF|PATH.sqsh)",
             )
         container = f"{record['reference'].rsplit(':', 1)[0]}@{record['digest']}"
-        facts = (
-            state.read_json("facts", str(build["image_id"]).removeprefix("sha256:") + ".json") or {}
-        )
+        facts = state.read_record("facts", str(build["image_id"])) or {}
     model_path = args.model_path or cluster.model_path
     if not model_path:
         raise ConfigError(
@@ -344,10 +332,7 @@ def cmd_srt_recipe(args: argparse.Namespace, log: Log) -> int:
         "# edit those and regenerate. Container patches and env are baked into the image.\n"
     )
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.out.with_name(f".{args.out.name}.partial")
-        tmp.write_text(header + text)
-        tmp.replace(args.out)
+        write_atomic(args.out, header + text)
         log.info(f"recipe written to {args.out}")
     _emit(
         args,
@@ -364,17 +349,9 @@ def cmd_verify(args: argparse.Namespace, log: Log) -> int:
     from k3env.checks.report import markdown, table
     from k3env.checks.verify import verify_image
 
-    lock = load_lock(args.lock)
-    specs = load_specs(args.images, lock, tuple(args.image))
-    engine = _engine()
-    state = State()
-    from k3env.image.build import make_builder
-
-    builder = make_builder(lock, engine, state, log, args.twin)
+    lock, specs, engine, state, builds = _builds(args, log)
     reports = []
-    for spec in specs:
-        with log.step(f"build {spec.name}"):
-            build = builder.build(spec)
+    for spec, build in zip(specs, builds, strict=True):
         with log.step(f"verify {spec.name} in one container ({build.reference})"):
             reports.append(
                 verify_image(engine, state, lock, spec, build, twin=args.twin, timeout=args.timeout)
@@ -475,17 +452,9 @@ def cmd_preflight(args: argparse.Namespace, log: Log) -> int:
 # bump
 # ---------------------------------------------------------------------------------------------
 def cmd_bump(args: argparse.Namespace, log: Log) -> int:
-    from k3env.bump.pins import (
-        as_json,
-        body,
-        candidate_lock,
-        commit_branch,
-        commit_to_tag,
-        evaluate,
-        finish,
-        leaf_changes,
-        title,
-    )
+    from k3env.bump.body import as_json, body, title
+    from k3env.bump.evaluate import evaluate
+    from k3env.bump.pins import candidate_lock, commit_branch, commit_to_tag, finish, leaf_changes
     from k3env.config.cluster import load_cluster
     from k3env.engine.registry import resolve_digest
 
@@ -696,17 +665,26 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     log = Log(quiet=args.quiet)
+    args.result = None
     try:
-        return int(args.func(args, log))
+        code = int(args.func(args, log))
     except K3envError as e:
         if getattr(args, "json", False):
-            json.dump(e.as_json(), sys.stdout, indent=2)
-            sys.stdout.write("\n")
+            result = args.result if isinstance(args.result, dict) else {}
+            _print_json({**result, "error": e.as_json()})
         print(f"k3env: error: {e.render()}", file=sys.stderr)
         return e.return_code
     except KeyboardInterrupt:
         print("k3env: interrupted", file=sys.stderr)
         return 130
+    if getattr(args, "json", False):
+        _print_json(args.result)
+    return code
+
+
+def _print_json(payload: Any) -> None:
+    json.dump(payload, sys.stdout, indent=2, sort_keys=True)
+    sys.stdout.write("\n")
 
 
 if __name__ == "__main__":

@@ -1,9 +1,11 @@
 """What k3env remembers on this host, keyed by content so it is never stale.
 
-``$K3ENV_STATE_DIR`` (default ``~/.cache/k3env``) holds: facts about base images keyed by image
-ID (which file a module resolves to, file contents read for patching), the CPU twin's records
-keyed by its input hash, and the wheelhouse. An entry keyed by an image ID describes an
-immutable image, so it is reused without checks.
+``$K3ENV_STATE_DIR`` (default ``~/.cache/k3env``) holds records, each under a kind and a
+content key: facts about images keyed by image ID (which file a module resolves to, file
+contents read for patching, what verify learned), pushes and exports keyed by image ID, builds
+keyed by the hash of (lock, spec, twin), the CPU twin's records keyed by its input hash, and
+the wheelhouse. A record keyed by an image ID describes an immutable image, so it is reused
+without checks; nothing is keyed by a name that another lock could reuse.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from k3env.files import write_atomic
+from k3env.hashing import digest_hex
 
 
 class State:
@@ -43,3 +46,10 @@ class State:
     def write_bytes(self, data: bytes, *parts: str) -> None:
         """Atomic: a reader sees the old content or the new, never half of it."""
         write_atomic(self.path(*parts), data)
+
+    def read_record(self, kind: str, key: str) -> Any:
+        """The JSON record of ``kind`` under a content key (a digest or a hex hash)."""
+        return self.read_json(kind, f"{digest_hex(key)}.json")
+
+    def write_record(self, value: Any, kind: str, key: str) -> None:
+        self.write_json(value, kind, f"{digest_hex(key)}.json")

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from k3env.bump.pins import Outcome, PatchFate, body, leaf_changes
+from k3env.bump.body import body
+from k3env.bump.evaluate import Outcome, PatchFate
+from k3env.bump.pins import leaf_changes
 from k3env.checks.verify import CheckResult, ImageReport
 from k3env.cli import main
 from k3env.config.lock import load_lock
@@ -73,7 +75,6 @@ def _report(image: str, status: str) -> ImageReport:
         results=(result,),
         facts={},
         seconds=1.0,
-        exit_code=0,
     )
 
 

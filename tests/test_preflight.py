@@ -14,6 +14,7 @@ from k3env.cli import main
 from k3env.config.cluster import load_cluster
 from k3env.config.lock import load_lock
 from k3env.config.spec import load_spec
+from k3env.image.build import build_key
 from k3env.state import State
 
 from .conftest import replace_in
@@ -182,10 +183,12 @@ def test_tokenizer_model_type_follows_the_pinned_dynamo(repo_with_clusters: Path
 def test_verify_facts_about_the_image_override_the_lock(repo_with_clusters: Path) -> None:
     state = State()
     image_id = "ab" * 32
-    state.write_json(
+    lock = load_lock(LOCK)
+    spec = load_spec(DYN, lock)
+    state.write_record(
         {"image_id": f"sha256:{image_id}", "reference": "k3env/kimi-k3-dynamo:t", "twin": True},
         "builds",
-        "kimi-k3-dynamo.json",
+        build_key(lock, spec, twin=True),
     )
     state.write_json(
         {"versions": {"dynamo": "1.6.1"}, "dynamo": {"tiktoken_model_types": ["kimi", "kimi_k2"]}},
@@ -193,7 +196,6 @@ def test_verify_facts_about_the_image_override_the_lock(repo_with_clusters: Path
         f"{image_id}.json",
     )
     assert findings(DYN, state)["K3-TOKENIZER-MODEL-TYPE"] == "error"
-    lock = load_lock(LOCK)
     report = run_rules(contexts(lock, [load_spec(DYN, lock)], load_cluster(CLUSTER), state), RULES)
     assert report.facts_from == {
         "kimi-k3-dynamo/agg": "k3env/kimi-k3-dynamo:t (built over the CPU twin)"
@@ -223,7 +225,7 @@ def test_linter_output_and_json(
     assert "images/kimi-k3-direct-f.toml: env.PYTHONHASHSEED: K3-PYTHONHASHSEED error:" in out
     assert "fix: set PYTHONHASHSEED" in out
     assert main(["preflight", "kimi-k3-direct-f", "--json"]) == 4
-    payload = json.loads(capsys.readouterr().out.split('\n{\n  "error"')[0])
+    payload = json.loads(capsys.readouterr().out)
     assert payload["errors"] == 1 and payload["findings"][0]["rule"] == "K3-PYTHONHASHSEED"
     assert "kimi-k3-direct-f/agg" in payload["lacked_facts"]
 
@@ -231,3 +233,26 @@ def test_linter_output_and_json(
 def test_parse_options() -> None:
     opts = parse_options(["vllm", "serve", "/m", "--a", "1", "--flag", "--b=2", "--c", '{"x": 1}'])
     assert opts == {"--a": "1", "--flag": True, "--b": "2", "--c": '{"x": 1}'}
+
+
+def test_facts_are_never_borrowed_from_another_lock(repo_with_clusters: Path) -> None:
+    """A build recorded under one lock does not lend its facts to a spec under another."""
+    state = State()
+    image_id = "cd" * 32
+    lock = load_lock(LOCK)
+    spec = load_spec(DYN, lock)
+    state.write_record(
+        {"image_id": f"sha256:{image_id}", "reference": "k3env/kimi-k3-dynamo:t", "twin": True},
+        "builds",
+        build_key(lock, spec, twin=True),
+    )
+    state.write_record({"versions": {"dynamo": "1.6.1"}}, "facts", image_id)
+    report = run_rules(contexts(lock, [spec], load_cluster(CLUSTER), state), RULES)
+    assert report.facts_from  # this lock: the facts are used
+    replace_in(LOCK, "[env]\n", '[env]\nK3ENV_OTHER_LOCK = "1"\n')
+    other = load_lock(LOCK)
+    assert other.sha256 != lock.sha256
+    report = run_rules(
+        contexts(other, [load_spec(DYN, other)], load_cluster(CLUSTER), state), RULES
+    )
+    assert report.facts_from == {}

@@ -16,6 +16,7 @@ from k3env.checks.argv import ParsedCommand, parse_options
 from k3env.config.cluster import Cluster
 from k3env.config.lock import Lock
 from k3env.config.spec import ImageSpec, ServeProfile
+from k3env.image.build import last_build
 from k3env.image.envpolicy import merged_env
 from k3env.state import State
 
@@ -128,14 +129,16 @@ class Report:
         }
 
 
-def load_facts(state: State, spec: ImageSpec) -> tuple[Mapping[str, Any] | None, str | None]:
-    """Facts verify cached for the last image built from ``spec`` (by image ID), and which
-    image that was (a CPU-twin build answers for the twin's versions, not the GPU image's)."""
-    build = state.read_json("builds", f"{spec.name}.json")
+def load_facts(
+    state: State, lock: Lock, spec: ImageSpec
+) -> tuple[Mapping[str, Any] | None, str | None]:
+    """Facts verify cached for the image built from ``spec`` under this very ``lock`` (by
+    image ID), and which image that was (a CPU-twin build answers for the twin's versions,
+    not the GPU image's). Never facts of an image another lock built."""
+    build = last_build(state, lock, spec)
     if not build:
         return None, None
-    image_id = str(build.get("image_id", "")).removeprefix("sha256:")
-    facts = state.read_json("facts", f"{image_id}.json")
+    facts = state.read_record("facts", str(build["image_id"]))
     if not isinstance(facts, Mapping):
         return None, None
     source = f"{build.get('reference')}" + (
@@ -149,7 +152,7 @@ def contexts(
 ) -> list[Context]:
     out = []
     for spec in specs:
-        facts, source = load_facts(state, spec) if state else (None, None)
+        facts, source = load_facts(state, lock, spec) if state else (None, None)
         env = merged_env(lock, spec)
         for profile in spec.profiles.values():
             commands = tuple(

@@ -26,7 +26,7 @@ from k3env.errors import EngineError
 from k3env.image.bases import select_base
 from k3env.image.build import BuildResult
 from k3env.image.envpolicy import merged_env
-from k3env.image.patches import SKIPPED
+from k3env.image.patches import SKIPPED, missing_edits
 from k3env.state import State
 
 MARK = "@@k3env-probe@@"
@@ -89,7 +89,6 @@ class ImageReport:
     results: tuple[CheckResult, ...]
     facts: Mapping[str, Any]
     seconds: float
-    exit_code: int
 
     @property
     def failed(self) -> list[CheckResult]:
@@ -126,15 +125,7 @@ def plan_for(
         if result is not None and result.status == SKIPPED:
             patches.append({"name": name, "skip": result.detail})
             continue
-        pf = load_patch_file(pin, verify_patch_file(lock, pin))
-        patches.append(
-            {
-                "name": name,
-                "module": pin.module,
-                "path": pin.path,
-                "edits": [{"anchor": e.anchor, "replacement": e.replacement} for e in pf.edits],
-            }
-        )
+        patches.append({"name": name, "module": pin.module, "path": pin.path})
     env = merged_env(lock, spec, base_pin)
     return {
         "image": spec.name,
@@ -181,6 +172,15 @@ def expected_versions(lock: Lock, twin: bool) -> dict[str, str | None]:
     return out
 
 
+@dataclass(frozen=True, kw_only=True)
+class ProbeOutput:
+    """What the probe printed: its verdicts, the facts it learned, the patch targets' text."""
+
+    rows: list[dict[str, Any]]
+    facts: dict[str, Any]
+    patch_targets: dict[str, Any]
+
+
 def run_probe(
     engine: Engine,
     image: str,
@@ -188,7 +188,7 @@ def run_probe(
     plan: Mapping[str, Any],
     *,
     timeout: float,
-) -> tuple[list[dict[str, Any]], dict[str, Any], int, str]:
+) -> ProbeOutput:
     workdir = Path(tempfile.mkdtemp(prefix="k3env-probe-"))
     try:
         with resources.as_file(resources.files("k3env.probes") / "probe.py") as probe:
@@ -207,13 +207,57 @@ def run_probe(
     for line in reversed(result.stdout.splitlines()):
         if line.startswith(MARK):
             payload = json.loads(line[len(MARK) :])
-            return payload["results"], payload["facts"], result.exit_code, result.stdout
+            return ProbeOutput(
+                rows=payload["results"],
+                facts=payload["facts"],
+                patch_targets=payload.get("patch_targets") or {},
+            )
     raise EngineError(
         f"the probe printed no verdict (exit {result.exit_code}):\n"
         f"{(result.stdout + result.stderr).strip()[-3000:]}",
         where=image,
         fix="the image's Python could not run the probe: check `python` in the base pin",
     )
+
+
+def patch_rows(
+    lock: Lock, spec: ImageSpec, build: BuildResult, targets: Mapping[str, Any]
+) -> list[CheckResult]:
+    """Whether each of the spec's patches is present in the image's copy of its target,
+    judged by the builder's own definition (``image.patches.missing_edits``)."""
+    statuses = {p.name: p for p in build.patches}
+    rows = []
+    for name in spec.patches:
+        result = statuses.get(name)
+        pin = lock.container_patches[name]
+
+        def row(status: str, output: str, name: str = name) -> CheckResult:
+            return CheckResult(
+                image=spec.name,
+                profile=None,
+                check="patches",
+                subject=name,
+                status=status,
+                component="image",
+                version=None,
+                output=output,
+            )
+
+        if result is not None and result.status == SKIPPED:
+            rows.append(row("skip", result.detail))
+            continue
+        target = targets.get(name) or {}
+        if target.get("text") is None:
+            rows.append(row("fail", f"target {pin.target} not found in the image"))
+            continue
+        missing = missing_edits(load_patch_file(pin, verify_patch_file(lock, pin)), target["text"])
+        path = target.get("path")
+        rows.append(
+            row("fail", f"{path}: " + "; ".join(missing))
+            if missing
+            else row("pass", f"{path}: every edit present")
+        )
+    return rows
 
 
 def verify_image(
@@ -229,7 +273,8 @@ def verify_image(
     base_pin = select_base(lock, spec, twin)  # the base the builder used
     start = time.monotonic()
     plan = plan_for(lock, spec, build, base_pin, twin)
-    rows, facts, code, _ = run_probe(engine, build.image_id, base_pin.python, plan, timeout=timeout)
+    out = run_probe(engine, build.image_id, base_pin.python, plan, timeout=timeout)
+    facts = out.facts
     results = tuple(
         CheckResult(
             image=spec.name,
@@ -241,9 +286,9 @@ def verify_image(
             version=r.get("version"),
             output=str(r.get("output", "")),
         )
-        for r in rows
-    )
-    state.write_json(facts, "facts", f"{build.image_id.removeprefix('sha256:')}.json")
+        for r in out.rows
+    ) + tuple(patch_rows(lock, spec, build, out.patch_targets))
+    state.write_record(facts, "facts", build.image_id)
     return ImageReport(
         image=spec.name,
         reference=build.reference,
@@ -251,5 +296,4 @@ def verify_image(
         results=results,
         facts=facts,
         seconds=time.monotonic() - start,
-        exit_code=code,
     )

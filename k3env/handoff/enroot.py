@@ -1,11 +1,9 @@
-"""Hand images to the cluster: push by digest, enroot squashfs export, and checks of both.
+"""The enroot image: export to squashfs, and check any squashfs against the lock.
 
-Slurm jobs run images through pyxis/enroot. ``push`` records the registry digest of each
-image (by image ID) so that the cluster imports exactly what was tested; ``export`` writes
-the enroot image itself (a squashfs with /etc/environment, /etc/rc, /etc/fstab), streamed
-from the engine into mksquashfs, deterministic byte for byte; ``check`` re-reads any
-squashfs, e.g. one ``enroot import`` made on the cluster, against the lock.
-"""
+Slurm jobs run images through pyxis/enroot. ``export`` writes the enroot image itself (a
+squashfs with /etc/environment, /etc/rc, /etc/fstab), streamed from the engine into
+mksquashfs, deterministic byte for byte; ``check`` re-reads any squashfs, e.g. one
+``enroot import`` made on the cluster, against the lock."""
 
 from __future__ import annotations
 
@@ -23,6 +21,7 @@ from k3env.config.patchfile import load_patch_file
 from k3env.config.spec import ImageSpec
 from k3env.engine.protocol import BaseImage, Engine
 from k3env.errors import CheckFailed, EngineError
+from k3env.handoff.push import Pushed, last_push
 from k3env.hashing import file_sha256
 from k3env.image.build import PROVENANCE_PATH, BuildResult
 from k3env.image.layer import epoch_of
@@ -35,60 +34,6 @@ from k3env.state import State
 # enroot's defaults (ENROOT_SQUASH_OPTIONS), plus what makes the bytes reproducible.
 SQUASH_OPTIONS = ("-comp", "lzo", "-noD")
 ENROOT_FILES = ("etc/environment", "etc/rc", "etc/rc.local", "etc/fstab")
-
-
-@dataclass(frozen=True, kw_only=True)
-class Pushed:
-    image: str
-    image_id: str
-    reference: str  # REGISTRY/REPO:TAG
-    digest: str  # manifest digest in the registry
-    layers_sent: int
-    layers_skipped: int
-
-    @property
-    def by_digest(self) -> str:
-        return f"{self.reference.rsplit(':', 1)[0]}@{self.digest}"
-
-    @property
-    def enroot_uri(self) -> str:
-        """``docker://REGISTRY#REPO@sha256:...`` (enroot >= 4.0 takes digests)."""
-        registry, _, repo = self.by_digest.partition("/")
-        return f"docker://{registry}#{repo}"
-
-    def as_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "by_digest": self.by_digest, "enroot_uri": self.enroot_uri}
-
-
-def push_image(engine: Engine, state: State, build: BuildResult, registry: str, log: Log) -> Pushed:
-    repository = f"{registry}/{build.reference.rsplit(':', 1)[0]}"
-    tag = build.reference.rsplit(":", 1)[1]
-    engine.tag(build.image_id, repository, tag)
-    result = engine.push(repository, tag, log.detail)
-    pushed = Pushed(
-        image=build.image,
-        image_id=build.image_id,
-        reference=f"{repository}:{tag}",
-        digest=result.digest,
-        layers_sent=len(result.sent),
-        layers_skipped=len(result.layers) - len(result.sent),
-    )
-    # Written only after the registry answered with a digest: no record claims a failed push.
-    state.write_json(pushed.as_json(), "pushed", build.image_id.removeprefix("sha256:") + ".json")
-    return pushed
-
-
-def pushed_record(state: State, image_id: str) -> dict[str, Any] | None:
-    record = state.read_json("pushed", image_id.removeprefix("sha256:") + ".json")
-    return record if isinstance(record, dict) else None
-
-
-def last_push(state: State, image_id: str) -> Pushed | None:
-    """The recorded push of ``image_id``, if any."""
-    record = pushed_record(state, image_id)
-    if record is None:
-        return None
-    return Pushed(**{k: record[k] for k in Pushed.__dataclass_fields__})
 
 
 # --- enroot image files (pure) ------------------------------------------------------------------
@@ -196,9 +141,7 @@ def export_image(
         mksquashfs=squashfs_version(log),
         options=options,
     )
-    state.write_json(
-        exported.as_json(), "exports", build.image_id.removeprefix("sha256:") + ".json"
-    )
+    state.write_record(exported.as_json(), "exports", build.image_id)
     return exported
 
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from k3env import __version__
 from k3env.config.lock import BasePin, Lock, verify_patch_file
@@ -21,7 +22,7 @@ from k3env.config.patchfile import PatchFile, load_patch_file
 from k3env.config.spec import ImageSpec
 from k3env.engine.protocol import Engine, ImageFile
 from k3env.errors import EngineError, PatchError
-from k3env.hashing import canonical_sha256, file_sha256, sha256_digest
+from k3env.hashing import canonical_sha256, digest_hex, file_sha256, sha256_digest
 from k3env.image.bases import ResolvedBase, registry_base, select_base
 from k3env.image.envpolicy import baked_env, merge_env
 from k3env.image.layer import LayerFile, assemble, docker_archive
@@ -112,7 +113,7 @@ def resolve_modules(
     engine: Engine, state: State, base: ResolvedBase, modules: list[str], log: Log
 ) -> dict[str, str | None]:
     """Module -> file in the image, found on the image's own sys.path without importing."""
-    key = base.image.id.split(":", 1)[1]
+    key = digest_hex(base.image.id)
     cached: dict[str, str | None] = state.read_json("images", key, "modules.json") or {}
     missing = [m for m in modules if m not in cached]
     if missing:
@@ -145,7 +146,7 @@ def read_base_files(
     engine: Engine, state: State, base: ResolvedBase, paths: list[str]
 ) -> dict[str, ImageFile | None]:
     """Files of the base image; cached by image ID (an image never changes)."""
-    key = base.image.id.split(":", 1)[1]
+    key = digest_hex(base.image.id)
     index: dict[str, dict[str, int | str] | None] = (
         state.read_json("images", key, "files.json") or {}
     )
@@ -176,7 +177,7 @@ def read_base_files(
             if f is None:
                 index[p] = None
                 continue
-            sha = sha256_digest(f.content).split(":", 1)[1]
+            sha = digest_hex(sha256_digest(f.content))
             state.write_bytes(f.content, "blobs", sha)
             index[p] = {"sha256": sha, "mode": f.mode, "uid": f.uid, "gid": f.gid}
         state.write_json(index, "images", key, "files.json")
@@ -435,3 +436,37 @@ def make_builder(lock: Lock, engine: Engine, state: State, log: Log, twin: bool)
         return registry(pin)
 
     return Builder(lock=lock, engine=engine, state=state, log=log, resolve_base=resolve, twin=twin)
+
+
+def build_key(lock: Lock, spec: ImageSpec, twin: bool) -> str:
+    """What a build record is keyed by: the lock's and the spec's content, and the base kind.
+    Another checkout with another lock never finds this image's record."""
+    return canonical_sha256({"lock": lock.sha256, "spec": spec.sha256, "twin": twin})
+
+
+def build_all(builder: Builder, specs: Sequence[ImageSpec]) -> list[BuildResult]:
+    """Build each spec in order, recording each image under its ``build_key`` (where
+    preflight and ``srt recipe`` find the image, and so the facts verify learned)."""
+    results = []
+    for spec in specs:
+        with builder.log.step(
+            f"build {spec.name}" + (" (over the CPU twin)" if builder.twin else "")
+        ):
+            result = builder.build(spec)
+        builder.state.write_record(
+            {"image_id": result.image_id, "reference": result.reference, "twin": result.twin},
+            "builds",
+            build_key(builder.lock, spec, builder.twin),
+        )
+        results.append(result)
+    return results
+
+
+def last_build(state: State, lock: Lock, spec: ImageSpec) -> dict[str, Any] | None:
+    """The recorded build of ``spec`` under ``lock``: over the real base if there is one,
+    else over the CPU twin; ``None`` when neither was built from this lock and spec."""
+    for twin in (False, True):
+        record = state.read_record("builds", build_key(lock, spec, twin))
+        if isinstance(record, dict) and record.get("image_id"):
+            return record
+    return None

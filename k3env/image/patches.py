@@ -17,12 +17,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from k3env.config.patchfile import PatchFile
+from k3env.config.patchfile import Edit, PatchFile
 from k3env.errors import PatchError
 
 APPLIED = "applied"
 ALREADY_PRESENT = "already-present"
 SKIPPED = "skipped"
+
+# Where one edit stands in a file (edit_state).
+PRESENT = "present"
+FRESH = "fresh"
+ABSENT = "absent"
+AMBIGUOUS = "ambiguous"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,25 +49,55 @@ def _lines_of(text: str, needle: str) -> list[int]:
     return lines
 
 
+def edit_state(edit: Edit, text: str) -> tuple[str, list[int]]:
+    """Where one edit stands in ``text``: ``present`` (the replacement is there and no fresh
+    anchor is left), ``fresh`` (the anchor occurs once: it can be applied), ``absent`` (neither
+    anchor nor replacement), or ``ambiguous`` (the anchor occurs several times); with the
+    lines of the anchor. The one definition of "this patch is present", for the builder,
+    ``k3env verify`` and ``k3env export --check`` alike."""
+    anchor_at = _lines_of(text, edit.anchor)
+    done_at = _lines_of(text, edit.replacement)
+    # An anchor inside the replacement is not a fresh match.
+    fresh = len(anchor_at) - len(done_at) * edit.replacement.count(edit.anchor)
+    if done_at and fresh <= 0:
+        return PRESENT, anchor_at
+    if fresh == 1 and len(anchor_at) == 1:
+        return FRESH, anchor_at
+    if not anchor_at:
+        return ABSENT, anchor_at
+    return AMBIGUOUS, anchor_at
+
+
+def missing_edits(patch: PatchFile, text: str) -> list[str]:
+    """Why ``patch`` is not fully present in ``text`` (empty: every edit is there)."""
+    out = []
+    for n, edit in enumerate(patch.edits, start=1):
+        state, at = edit_state(edit, text)
+        if state == FRESH:
+            out.append(f"edit {n}: not applied (its anchor is still at line {at[0]})")
+        elif state == ABSENT:
+            out.append(f"edit {n}: neither the replacement nor the anchor is there")
+        elif state == AMBIGUOUS:
+            out.append(f"edit {n}: anchor found {len(at)} times (lines {at}), replacement absent")
+    return out
+
+
 def apply_patch(patch: PatchFile, target: str, text: str, *, image: str) -> PatchResult:
     """Apply every edit of ``patch`` to ``text`` (the content of ``target`` in ``image``)."""
     where = f"container patch {patch.name} ({patch.path}) on {target} in {image}"
     applied = 0
     present = 0
     for n, edit in enumerate(patch.edits, start=1):
-        anchor_at = _lines_of(text, edit.anchor)
-        done_at = _lines_of(text, edit.replacement)
-        # An anchor inside the replacement is not a fresh match.
-        fresh = len(anchor_at) - len(done_at) * edit.replacement.count(edit.anchor)
-        if done_at and fresh <= 0:
+        state, anchor_at = edit_state(edit, text)
+        if state == PRESENT:
             present += 1
             continue
-        if fresh == 1 and len(anchor_at) == 1:
+        if state == FRESH:
             text = text.replace(edit.anchor, edit.replacement, 1)
             applied += 1
             continue
         first_line = edit.anchor.strip().splitlines()[0] if edit.anchor.strip() else edit.anchor
-        if not anchor_at:
+        if state == ABSENT:
             raise PatchError(
                 f"edit {n}: anchor not found, and the replacement is not there either: "
                 f"the file does not look as the patch expects (expected a line like "

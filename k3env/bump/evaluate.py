@@ -1,0 +1,126 @@
+"""One lock state, judged: build every image, verify it from inside, preflight it, and test
+each container patch and srt-slurm PR patch on the pinned versions."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from k3env.checks.preflight import contexts, run_rules
+from k3env.checks.rules import RULES
+from k3env.checks.verify import CHECKS, ImageReport, verify_image
+from k3env.config.cluster import Cluster
+from k3env.config.lock import Lock, verify_patch_file
+from k3env.config.patchfile import load_patch_file
+from k3env.config.spec import ImageSpec
+from k3env.engine.protocol import Engine
+from k3env.errors import K3envError, PatchError
+from k3env.handoff.srt import patch_fates
+from k3env.image.bases import registry_base
+from k3env.image.build import make_builder, read_base_files, resolve_modules
+from k3env.image.patches import ALREADY_PRESENT, apply_patch
+from k3env.log import Log
+from k3env.state import State
+
+
+@dataclass(frozen=True, kw_only=True)
+class PatchFate:
+    name: str
+    base: str
+    status: str  # applies | upstream | conflicts | skipped
+    detail: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Outcome:
+    """What one lock state gives: verify reports, preflight errors, patch fates."""
+
+    reports: Sequence[ImageReport]
+    preflight_errors: Mapping[str, int]  # image -> errors
+    patches: Sequence[PatchFate]
+    error: str | None = None  # a build that failed outright
+
+    def matrix(self) -> dict[str, dict[str, str]]:
+        return {r.image: {c: r.status(c) for c in CHECKS} for r in self.reports}
+
+    @property
+    def failed(self) -> bool:
+        return (
+            self.error is not None
+            or any(r.failed for r in self.reports)
+            or any(self.preflight_errors.values())
+            or any(p.status == "conflicts" for p in self.patches)
+        )
+
+
+def describe_error(e: K3envError) -> str:
+    return e.render().replace("\n", " ")
+
+
+def evaluate(
+    lock: Lock,
+    specs: Sequence[ImageSpec],
+    *,
+    engine: Engine,
+    state: State,
+    log: Log,
+    cluster: Cluster,
+    run_verify: bool,
+    srt_source: str | None = None,
+) -> Outcome:
+    """Build every image on ``lock``, verify and preflight it, and test each container patch."""
+    fates: list[PatchFate] = []
+    resolve = registry_base(engine, log)
+    for name, pin in lock.container_patches.items():
+        patch = load_patch_file(pin, verify_patch_file(lock, pin))
+        for base_name in pin.bases:
+            base_pin = lock.bases[base_name]
+            if base_pin.kind != "registry" or base_pin.digest is None:
+                fates.append(PatchFate(name=name, base=base_name, status="skipped",
+                                       detail="base not resolvable here"))  # fmt: skip
+                continue
+            try:
+                base = resolve(base_pin)
+                target = (
+                    pin.path
+                    or resolve_modules(engine, state, base, [pin.module or ""], log)[
+                        pin.module or ""
+                    ]
+                )
+                file = read_base_files(engine, state, base, [target])[target] if target else None
+                if file is None:
+                    raise PatchError(f"target {pin.target} not in the image", where=name, fix="")
+                result = apply_patch(
+                    patch, str(target), file.content.decode(), image=base.reference
+                )
+                status = "upstream" if result.status == ALREADY_PRESENT else "applies"
+                fates.append(
+                    PatchFate(name=name, base=base_name, status=status, detail=result.detail)
+                )
+            except PatchError as e:
+                fates.append(PatchFate(name=name, base=base_name, status="conflicts",
+                                       detail=e.message))  # fmt: skip
+    if lock.srt_slurm is not None and lock.srt_slurm.patches:
+        try:
+            for fate in patch_fates(lock, log, source=srt_source):
+                fates.append(PatchFate(name=fate.label, base=f"srt-slurm {lock.srt_slurm.version}",
+                                       status=fate.status, detail=fate.detail))  # fmt: skip
+        except K3envError as e:
+            fates.append(PatchFate(name="srt-slurm patches", base=lock.srt_slurm.version,
+                                   status="skipped", detail=describe_error(e)))  # fmt: skip
+    try:
+        builder = make_builder(lock, engine, state, log, False)
+        builds = [(spec, builder.build(spec)) for spec in specs]
+    except K3envError as e:
+        return Outcome(reports=(), preflight_errors={}, patches=fates, error=describe_error(e))
+    reports = (
+        [verify_image(engine, state, lock, spec, build, twin=False) for spec, build in builds]
+        if run_verify
+        else []
+    )
+    pre = run_rules(contexts(lock, specs, cluster, state), RULES)
+    errors = {spec.name: 0 for spec in specs}
+    for f in pre.findings:
+        if f.severity == "error":
+            errors[f.image] = errors.get(f.image, 0) + 1
+    return Outcome(reports=reports, preflight_errors=errors, patches=fates)

@@ -1,0 +1,66 @@
+"""Push derived images to a registry and remember each registry digest by image ID, so that
+the cluster imports exactly what was built and verified."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from k3env.engine.protocol import Engine
+from k3env.image.build import BuildResult
+from k3env.log import Log
+from k3env.state import State
+
+
+@dataclass(frozen=True, kw_only=True)
+class Pushed:
+    image: str
+    image_id: str
+    reference: str  # REGISTRY/REPO:TAG
+    digest: str  # manifest digest in the registry
+    layers_sent: int
+    layers_skipped: int
+
+    @property
+    def by_digest(self) -> str:
+        return f"{self.reference.rsplit(':', 1)[0]}@{self.digest}"
+
+    @property
+    def enroot_uri(self) -> str:
+        """``docker://REGISTRY#REPO@sha256:...`` (enroot >= 4.0 takes digests)."""
+        registry, _, repo = self.by_digest.partition("/")
+        return f"docker://{registry}#{repo}"
+
+    def as_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "by_digest": self.by_digest, "enroot_uri": self.enroot_uri}
+
+
+def push_image(engine: Engine, state: State, build: BuildResult, registry: str, log: Log) -> Pushed:
+    repository = f"{registry}/{build.reference.rsplit(':', 1)[0]}"
+    tag = build.reference.rsplit(":", 1)[1]
+    engine.tag(build.image_id, repository, tag)
+    result = engine.push(repository, tag, log.detail)
+    pushed = Pushed(
+        image=build.image,
+        image_id=build.image_id,
+        reference=f"{repository}:{tag}",
+        digest=result.digest,
+        layers_sent=len(result.sent),
+        layers_skipped=len(result.layers) - len(result.sent),
+    )
+    # Written only after the registry answered with a digest: no record claims a failed push.
+    state.write_record(pushed.as_json(), "pushed", build.image_id)
+    return pushed
+
+
+def pushed_record(state: State, image_id: str) -> dict[str, Any] | None:
+    record = state.read_record("pushed", image_id)
+    return record if isinstance(record, dict) else None
+
+
+def last_push(state: State, image_id: str) -> Pushed | None:
+    """The recorded push of ``image_id``, if any."""
+    record = pushed_record(state, image_id)
+    if record is None:
+        return None
+    return Pushed(**{k: record[k] for k in Pushed.__dataclass_fields__})
