@@ -27,8 +27,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from k3env.config.lock import load_lock  # noqa: E402
-from k3env.config.reader import file_sha256  # noqa: E402
 from k3env.engine.dockerd import DockerEngine  # noqa: E402
+from k3env.hashing import file_sha256  # noqa: E402
 from k3env.image.build import find_modules_script  # noqa: E402
 from k3env.image.twin import ensure_twin  # noqa: E402
 from k3env.log import Log  # noqa: E402

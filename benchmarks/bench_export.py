@@ -20,10 +20,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from k3env.config.lock import load_lock  # noqa: E402
-from k3env.config.reader import file_sha256  # noqa: E402
 from k3env.config.spec import load_specs  # noqa: E402
 from k3env.engine.dockerd import DockerEngine  # noqa: E402
 from k3env.handoff.enroot import SQUASH_OPTIONS, export_image  # noqa: E402
+from k3env.hashing import file_sha256  # noqa: E402
 from k3env.image.build import make_builder  # noqa: E402
 from k3env.image.layer import epoch_of  # noqa: E402
 from k3env.log import Log  # noqa: E402

@@ -52,6 +52,13 @@ KNOWN_PREFIXES = (
     "TRITON_",
     "LD_",
 )
+# Component name in reports and facts -> the distribution that carries it (the one table).
+COMPONENTS = {
+    "vllm": "vllm",
+    "dynamo": "ai-dynamo",
+    "dynamo-runtime": "ai-dynamo-runtime",
+    "torch": "torch",
+}
 # Tokenizer model_types probed in the Dynamo frontend for preflight's facts.
 TOKENIZER_CANDIDATES = ("kimi", "kimi_k2", "kimi_k25", "kimi_k3", "deepseek_v3")
 # What the probe process needs to build vLLM's parser without a GPU, and to stay offline.
@@ -143,6 +150,7 @@ def plan_for(
         "env": {name: spec.env_readers.get(name) for name in env},
         "known_prefixes": list(KNOWN_PREFIXES),
         "versions": expected_versions(lock, twin),
+        "components": COMPONENTS,
         "tokenizer_candidates": list(TOKENIZER_CANDIDATES)
         if any(c.role == "dynamo-frontend" for p in spec.profiles.values() for c in p.commands)
         else [],
@@ -154,12 +162,7 @@ def expected_versions(lock: Lock, twin: bool) -> dict[str, str | None]:
     out: dict[str, str | None] = {"vllm": None, "dynamo": None, "torch": None}
     if twin and lock.twin is not None:
         req = lock.resolve_path(lock.twin.requirements)
-        names = {
-            "vllm": "vllm",
-            "ai-dynamo": "dynamo",
-            "ai-dynamo-runtime": "dynamo-runtime",
-            "torch": "torch",
-        }
+        names = {dist: component for component, dist in COMPONENTS.items()}
         for line in req.read_text().splitlines():
             line = line.split("#", 1)[0].strip()
             if "==" not in line:

@@ -85,6 +85,11 @@ class SrtPatchPin:
     provides: tuple[str, ...]
     why: str
 
+    @property
+    def label(self) -> str:
+        """How reports name the patch: its PR number, else its title."""
+        return f"PR #{self.pr}" if self.pr else self.title
+
 
 @dataclass(frozen=True, kw_only=True)
 class SrtSlurmPin:
@@ -114,7 +119,6 @@ class ContainerPatchPin:
 class AiperfPin:
     name: str
     version: str
-    wheel: str
     sha256: str | None
 
 
@@ -374,9 +378,7 @@ def _aiperf(t: Table, unresolved: list[Unresolved]) -> AiperfPin:
     sha = t.matching("sha256", SHA256_RE, _SHA_FIX, allow_unresolved=True)
     if sha is None:
         unresolved.append(Unresolved(key="aiperf.sha256", hint="pip download --no-deps aiperf"))
-    pin = AiperfPin(
-        name=t.string("name"), version=t.string("version"), wheel=t.string("wheel"), sha256=sha
-    )
+    pin = AiperfPin(name=t.string("name"), version=t.string("version"), sha256=sha)
     t.done()
     return pin
 

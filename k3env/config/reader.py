@@ -98,9 +98,6 @@ class Table:
             raise self.fail(key, f"expected a non-negative number, got {value!r}", "fix the value")
         return float(value)
 
-    def boolean(self, key: str, *, default: bool = False) -> bool:
-        return bool(self._get(key, bool, False, default))
-
     def str_list(self, key: str, *, required: bool = False) -> tuple[str, ...]:
         value = self._get(key, list, required, [])
         for i, item in enumerate(value):

@@ -1,4 +1,5 @@
-"""Resolve an image tag to its manifest digest through the registry's HTTP API (stdlib).
+"""The registry's HTTP API (stdlib), the one registry client: a tag's manifest digest, and
+whether a manifest is still there.
 
 ``HEAD /v2/<repo>/manifests/<tag>`` answers with ``Docker-Content-Digest``. Registries that
 want a token (Docker Hub) say so in ``WWW-Authenticate``; an anonymous token is fetched from
@@ -51,9 +52,11 @@ def _token(challenge: str) -> str | None:
     return str(token) if token else None
 
 
-def resolve_digest(repository: str, tag: str) -> str:
+def _head_manifest(repository: str, reference: str) -> str:
+    """``HEAD`` a manifest by tag or digest; its ``Docker-Content-Digest``."""
     host, repo = split_repository(repository)
-    url = f"{_scheme(host)}://{host}/v2/{repo}/manifests/{tag}"
+    url = f"{_scheme(host)}://{host}/v2/{repo}/manifests/{reference}"
+    tag = reference
     headers = {"Accept": ACCEPT}
     for _ in range(2):
         request = urllib.request.Request(url, method="HEAD", headers=headers)
@@ -83,3 +86,16 @@ def resolve_digest(repository: str, tag: str) -> str:
                 f"cannot reach the registry: {e}", where=url, fix="check the network / registry"
             ) from e
     raise LockError(f"cannot authenticate to {host}", where=url, fix="log in (skopeo login)")
+
+
+def resolve_digest(repository: str, tag: str) -> str:
+    """The manifest digest a registry serves for ``repository:tag`` now."""
+    return _head_manifest(repository, tag)
+
+
+def manifest_exists(repository: str, digest: str) -> bool:
+    """Whether the registry still serves ``repository@digest`` (a registry can be wiped)."""
+    try:
+        return _head_manifest(repository, digest) == digest
+    except (EngineError, LockError):
+        return False

@@ -25,7 +25,7 @@ from k3env.handoff.push import Pushed, last_push
 from k3env.hashing import file_sha256
 from k3env.image.build import PROVENANCE_PATH, BuildResult
 from k3env.image.layer import epoch_of
-from k3env.image.patches import ALREADY_PRESENT, APPLIED
+from k3env.image.patches import ALREADY_PRESENT, APPLIED, missing_edits
 from k3env.image.tarstream import entries, filter_tar
 from k3env.log import Log
 from k3env.runner import output_or_none, require_tool, run, run_streaming
@@ -226,15 +226,15 @@ def check_squashfs(
             items.append(CheckItem(what=f"patch {p['name']}", ok=True, detail=p["status"]))
             continue
         pin = lock.container_patches[p["name"]]
-        edits = load_patch_file(pin, verify_patch_file(lock, pin)).edits
+        patch = load_patch_file(pin, verify_patch_file(lock, pin))
         text = (_cat(sqsh, p["target"].lstrip("/"), log) or b"").decode(errors="replace")
-        missing = [n for n, e in enumerate(edits, 1) if e.replacement not in text]
+        missing = missing_edits(patch, text)
         items.append(
             CheckItem(
                 what=f"patch {p['name']}",
                 ok=not missing,
                 detail=f"{p['target']}: "
-                + (f"edit(s) {missing} absent" if missing else f"{len(edits)} edit(s) present"),
+                + ("; ".join(missing) if missing else f"{len(patch.edits)} edit(s) present"),
             )
         )
     return items

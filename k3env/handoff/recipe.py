@@ -97,8 +97,6 @@ def to_yaml(data: Mapping[str, Any], indent: int = 0) -> str:
                 lines.append(to_yaml(value, indent + 1).rstrip("\n"))
             else:
                 lines.append(f"{pad}{key}: {{}}")
-        elif isinstance(value, list):
-            lines.append(f"{pad}{key}: {json.dumps(value)}")
-        else:
+        else:  # a scalar or a list: JSON is a YAML flow value
             lines.append(f"{pad}{key}: {json.dumps(value)}")
     return "\n".join(lines) + "\n"

@@ -69,7 +69,7 @@ def _patch_files(lock: Lock, srt: SrtSlurmPin) -> list[tuple[SrtPatchPin, Path]]
     out = []
     for p in srt.patches:
         where = f"{lock.path}: srt_slurm.patches[{p.index}]"
-        label = f"PR #{p.pr}" if p.pr else p.title
+        label = p.label
         if p.sha256 is None:
             hint = f"git format-patch --stdout {p.range} > {p.file}" if p.range else "write it"
             raise LockError(
@@ -194,7 +194,7 @@ def materialize(lock: Lock, state: State, log: Log, *, source: str | None = None
         _git(["checkout", "--quiet", "--detach", srt.commit], log, cwd=src, what="git checkout")
         applied = []
         for pin, path in patches:
-            label = f"PR #{pin.pr}" if pin.pr else pin.title
+            label = pin.label
             code, check = attempt(
                 [require_tool("git", "git"), "apply", "--check", "--verbose", str(path)],
                 log, cwd=src,
@@ -300,7 +300,7 @@ def patch_fates(lock: Lock, log: Log, *, source: str | None = None) -> list[SrtP
         _git(["clone", "--quiet", "--no-checkout", source or srt.git, str(src)], log, what="clone")
         _git(["checkout", "--quiet", "--detach", srt.commit], log, cwd=src, what="git checkout")
         for pin, path in patches:
-            label = f"PR #{pin.pr}" if pin.pr else pin.title
+            label = pin.label
             code, out = attempt([git, "apply", "--check", str(path)], log, cwd=src)
             if code == 0:
                 _git(["apply", str(path)], log, cwd=src, what="git apply")

@@ -13,12 +13,12 @@ digest like any other base. Two stages, each cached on its own:
 from __future__ import annotations
 
 import tempfile
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
 from k3env.config.lock import BasePin, Lock, TwinPin
 from k3env.engine.protocol import Engine
+from k3env.engine.registry import manifest_exists
 from k3env.errors import EngineError, LockError
 from k3env.hashing import canonical_sha256, file_sha256
 from k3env.image.bases import ResolvedBase
@@ -33,7 +33,6 @@ LABEL = "io.k3env.twin.inputs"
 
 @dataclass(frozen=True, kw_only=True)
 class TwinPlan:
-    stage1_hash: str
     inputs: str
     requirements: Path
     stage1_ref: str
@@ -61,7 +60,6 @@ def plan(lock: Lock) -> TwinPlan:
     )
     inputs = canonical_sha256({"format": TWIN_FORMAT, "stage1": stage1, "requirements": actual})
     return TwinPlan(
-        stage1_hash=stage1,
         inputs=inputs,
         requirements=req,
         stage1_ref=f"{STAGE1_REPOSITORY}:{stage1[:20]}",
@@ -179,7 +177,12 @@ def ensure_twin(lock: Lock, engine: Engine, state: State, log: Log) -> tuple[str
     record = state.read_json("twin", f"{p.inputs}.json")
     found = engine.lookup(p.reference)
     built = found is not None and found.labels.get(LABEL) == p.inputs
-    if built and record and record.get("digest") and _registry_has(p, str(record["digest"])):
+    if (
+        built
+        and record
+        and record.get("digest")
+        and manifest_exists(p.reference.rsplit(":", 1)[0], str(record["digest"]))
+    ):
         return p.reference, str(record["digest"])
     if not built:
         stage1 = ensure_stage1(lock, p, engine, log)
@@ -204,22 +207,6 @@ def ensure_twin(lock: Lock, engine: Engine, state: State, log: Log) -> tuple[str
         digest = engine.push(repository, tag, log.detail).digest
     state.write_json({"reference": p.reference, "digest": digest}, "twin", f"{p.inputs}.json")
     return p.reference, digest
-
-
-def _registry_has(p: TwinPlan, digest: str) -> bool:
-    """Whether the registry still serves the manifest (a registry can be wiped)."""
-    registry, _, rest = p.reference.partition("/")
-    repository = rest.rsplit(":", 1)[0]
-    request = urllib.request.Request(
-        f"http://{registry}/v2/{repository}/manifests/{digest}",
-        method="HEAD",
-        headers={"Accept": "application/vnd.docker.distribution.manifest.v2+json"},
-    )
-    try:
-        with urllib.request.urlopen(request, timeout=5) as response:
-            return bool(response.status == 200)
-    except OSError:
-        return False
 
 
 def _req_dir(p: TwinPlan, state: State) -> Path:

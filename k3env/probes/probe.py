@@ -89,12 +89,7 @@ def first_import(*names):
 
 # --- versions -------------------------------------------------------------------------------
 def check_versions(plan):
-    for component, dist in (
-        ("vllm", "vllm"),
-        ("dynamo", "ai-dynamo"),
-        ("dynamo-runtime", "ai-dynamo-runtime"),
-        ("torch", "torch"),
-    ):
+    for component, dist in sorted(plan["components"].items()):
         FACTS["versions"][component] = version_of(dist)
     for component, expected in sorted(plan.get("versions", {}).items()):
         actual = FACTS["versions"].get(component)
