@@ -26,10 +26,11 @@ def tests(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff (lint + format check) and mypy --strict."""
+    """ruff (lint + format check), mypy --strict, and the layout check (no import cycle)."""
     _install(session, "lint")
-    session.run("ruff", "check", "k3env", "tests", "noxfile.py", "benchmarks")
-    session.run("ruff", "format", "--check", "k3env", "tests", "noxfile.py", "benchmarks")
+    session.run("python", "scripts/check_layout.py", "k3env")
+    session.run("ruff", "check", "k3env", "tests", "noxfile.py", "benchmarks", "scripts")
+    session.run("ruff", "format", "--check", "k3env", "tests", "noxfile.py", "benchmarks", "scripts")
     session.run("mypy")
 
 
@@ -99,6 +100,15 @@ def bump(session: nox.Session) -> None:
     """Bump one pin (`-- PIN VALUE`), rebuild, verify, preflight; write the PR title and body."""
     _install(session)
     session.run("k3env", "bump", *session.posargs)
+
+
+@nox.session(python=PYTHON, default=False)
+def schemas(session: nox.Session) -> None:
+    """Regenerate schemas/ (JSON Schemas of the lock and specs) and README's command table."""
+    _install(session)
+    session.run("k3env", "schema", "lock", "--out", "schemas/lock.schema.json", "-q")
+    session.run("k3env", "schema", "spec", "--out", "schemas/image-spec.schema.json", "-q")
+    session.run("python", "scripts/readme_commands.py", "README.md")
 
 
 @nox.session(python=PYTHON)

@@ -1,3 +1,5 @@
+"""``python -m k3env``: the same as the ``k3env`` command."""
+
 import sys
 
 from k3env.cli import main

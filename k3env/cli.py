@@ -96,6 +96,30 @@ def cmd_lock(args: argparse.Namespace, log: Log) -> int:
     return 0
 
 
+def cmd_schema(args: argparse.Namespace, log: Log) -> int:
+    """The JSON Schema of the lock or of image specs, recorded from k3env's own reader run
+    over the real files (so a key the reader would reject is not in it)."""
+    from k3env.config.reader import record_schema
+    from k3env.config.spec import load_spec
+
+    if args.kind == "lock":
+        schema = record_schema(lambda: load_lock(args.lock), "k3env lockfile (pins/*.lock.toml)")
+    else:
+        lock = load_lock(args.lock)
+        paths = sorted(args.images.glob("*.toml"))
+        if not paths:
+            raise ConfigError("no image specs", where=str(args.images), fix="pass --images DIR")
+        schema = record_schema(
+            lambda: [load_spec(path, lock) for path in paths], "k3env image spec (images/*.toml)"
+        )
+    text = json.dumps(schema, indent=2, sort_keys=True) + "\n"
+    if args.out:
+        write_atomic(args.out, text)
+        log.info(f"schema written to {args.out}")
+    _emit(args, schema, lambda: None if args.out else print(text, end=""))
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------
 # build / twin
 # ---------------------------------------------------------------------------------------------
@@ -555,6 +579,22 @@ def parser() -> argparse.ArgumentParser:
     )
     lock.set_defaults(func=cmd_lock)
 
+    schema = sub.add_parser(
+        "schema",
+        parents=[common],
+        help="write the JSON Schema of the lock or of image specs (for editors)",
+        description="The JSON Schema of the lock or of image specs, recorded from k3env's own "
+        "reader walking the real files; `schemas/` holds the committed ones (a test fails when "
+        "they drift). Editors that read `#:schema` comments (taplo, Even Better TOML) check the "
+        "files against them.",
+    )
+    schema.add_argument("kind", choices=("lock", "spec"), help="which file kind")
+    schema.add_argument(
+        "--images", type=Path, default=DEFAULT_IMAGES, help="image spec directory (for spec)"
+    )
+    schema.add_argument("--out", type=Path, help="write the schema here (atomically)")
+    schema.set_defaults(func=cmd_schema)
+
     build = sub.add_parser("build", parents=[common], help="build derived images from specs")
     _image_args(
         build, twin="build over each base's CPU twin (offline default; verification on a CPU host)"
@@ -659,7 +699,102 @@ def parser() -> argparse.ArgumentParser:
     pre.add_argument("--explain", metavar="RULE", help="print what RULE prevents and its fix")
     pre.add_argument("--list-rules", action="store_true", help="list the rules")
     pre.set_defaults(func=cmd_preflight)
+    for name, sub_parser in [
+        *sub.choices.items(),
+        *(("srt " + n, s) for n, s in srt_sub.choices.items()),
+    ]:
+        if not sub_parser.description and name in DESCRIPTIONS:
+            sub_parser.description = DESCRIPTIONS[name]
     return p
+
+
+# What each command does, for `--help` and README's command table (rendered from here).
+DESCRIPTIONS = {
+    "lock": (
+        "Validate the lock, report unresolved pins, fail when a pinned file's sha256 differs "
+        "(exit 4). With `--update-hashes`: record the sha256 of edited pinned files in place "
+        "(comments, key order kept; atomic)."
+    ),
+    "build": (
+        "Build derived images (one deterministic layer over the base, config written by k3env, "
+        "tagged by the content hash of the inputs; a rebuild with nothing changed is one "
+        "inspect); `--twin` builds over each base's CPU twin."
+    ),
+    "twin": ("Build (cached by content) and push the CPU twin base"),
+    "push": (
+        "Push derived images (base layers the registry has are not sent again), record each "
+        "registry digest by image ID, print the `enroot import docker://REGISTRY#REPO@sha256:...`"
+        " line and the `srtslurm.yaml` `containers:` mapping"
+    ),
+    "export": (
+        "Write enroot images (`.sqsh`: the rootfs plus `/etc/environment`, `/etc/rc` with an "
+        "`enroot-provenance` line naming the digest, `/etc/fstab`), streamed from the engine into"
+        " `mksquashfs -tar` with enroot's options, fixed timestamps: the same image gives the "
+        "same bytes; sha256 recorded. With `--check FILE.sqsh`: re-read any squashfs (e.g. one "
+        "`enroot import` made on the cluster) against the lock: provenance, env, patches (exit 4 "
+        "on a difference)"
+    ),
+    "srt materialize": (
+        "Clone the pinned srt-slurm (its git URL, or a local mirror), check the tag is the pinned"
+        " commit, verify each PR patch's sha256 and apply them in order (`git apply --check` "
+        "first: a conflict names the patch, file and hunk), install `srtctl` into its own venv; "
+        "cached by version + commit + patch hashes, built in a temp dir renamed at the end"
+    ),
+    "srt recipe": (
+        "An srt-slurm recipe from a serve profile: the image by pushed digest, `vllm_config` "
+        "engine flags, env, frontend type, no Dynamo install when it is baked, no `setup_script`"
+    ),
+    "srt validate": (
+        "Load recipes with the materialized srt-slurm's own `load_config` (its marshmallow "
+        "schema); each error with file, key path and srt-slurm's message"
+    ),
+    "bump": (
+        "Change one pin (`bases.NAME TAG` resolves and records the digest; `dynamo COMMIT`; "
+        "`srt-slurm TAG`; `container_patches.NAME`) in place (only the changed leaves differ), "
+        "rebuild, verify and preflight before and after, report each container patch as applies /"
+        " upstream (drop it) / conflicts, and write a PR title and markdown body; the lock is "
+        "replaced atomically only when everything passes (or `--keep-failing`); `--commit` makes "
+        "a local branch and commit, never a push. `.github/workflows/pin-bump.yml` runs it on a "
+        "schedule and opens the PR"
+    ),
+    "verify": (
+        "Check each image from inside, in one container start: the serve lines parse with the "
+        "image's own vLLM / Dynamo parsers (including vLLM's server-setup validation), parser "
+        "names are registered where they are used, the tokenizer `model_type` loads in Dynamo's "
+        "Rust frontend, entrypoint modules import, patches are present, every baked env var is "
+        "read by something, versions match the lock; prints a table and a markdown compat matrix"
+    ),
+    "preflight": (
+        "Check serve profiles, specs, the lock and a cluster profile against 13 rules drawn from "
+        "the bring-up's failures, with no engine (~2 ms)"
+    ),
+}
+
+
+COMMON_OPTIONS = ("[-h]", "[--json]", "[-q]", "[--lock LOCK]")
+
+
+def command_table(p: argparse.ArgumentParser | None = None) -> str:
+    """README's command table, rendered from the parser itself (a test fails on drift)."""
+    rows = ["| command | what it does |", "|---|---|"]
+
+    def walk(parser: argparse.ArgumentParser) -> None:
+        for action in parser._actions:
+            if not isinstance(action, argparse._SubParsersAction):
+                continue
+            for sub in action.choices.values():
+                if any(isinstance(a, argparse._SubParsersAction) for a in sub._actions):
+                    walk(sub)
+                    continue
+                usage = " ".join(sub.format_usage().split())
+                usage = usage.removeprefix("usage: ").replace("|", "\\|")
+                for common in COMMON_OPTIONS:
+                    usage = usage.replace(f" {common}", "")
+                text = " ".join((sub.description or "").split()).replace("|", "\\|")
+                rows.append(f"| `{usage}` | {text} |")
+
+    walk(p or parser())
+    return "\n".join(rows) + "\n"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k3env.config.lock import Lock
-from k3env.config.reader import NAME_RE, Table, env_table, load_toml
+from k3env.config.reader import NAME_RE, Table, each_entry, env_table, load_toml
 from k3env.errors import SpecError
 from k3env.hashing import canonical_sha256
 
@@ -79,16 +79,12 @@ def load_spec(path: Path, lock: Lock) -> ImageSpec:
     if len(set(patches)) != len(patches):
         raise t.fail("patches", "a patch is listed twice", "list each patch once")
     env = env_table(t.table("env", required=False))
-    readers_t = t.table("env_readers", required=False)
-    readers = {k: readers_t.string(k) for k in readers_t.keys()}
-    readers_t.done()
+    readers = env_table(t.table("env_readers", required=False))
     allow = t.str_list("allow_credentials")
     for i, a in enumerate(allow):
         if a not in env and a not in lock.env and a not in lock.bases[base].env:
             raise t.fail(f"allow_credentials[{i}]", f"{a!r} is not set in [env]", "remove it")
-    profiles_t = t.table("profiles", required=False)
-    profiles = {p: _profile(p, profiles_t.table(p)) for p in profiles_t.keys()}
-    profiles_t.done()
+    profiles = each_entry(t.table("profiles", required=False), _profile)
     spec = ImageSpec(
         name=name,
         path=path,

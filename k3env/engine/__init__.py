@@ -1,0 +1,2 @@
+"""What talks to dockerd and to registries: the Engine protocol, k3env's own Docker Engine API
+client, the registry API."""

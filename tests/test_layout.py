@@ -1,0 +1,67 @@
+"""The layout check (scripts/check_layout.py): k3env passes it, and it fails on what it forbids."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from .conftest import REPO
+
+
+def _checker() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("check_layout", REPO / "scripts/check_layout.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["check_layout"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _package(root: Path, files: dict[str, str]) -> Path:
+    pkg = root / "k3env"
+    for rel, text in files.items():
+        path = pkg / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return pkg
+
+
+def test_k3env_has_no_cycle_and_its_layers_hold() -> None:
+    assert _checker().check(REPO / "k3env") == []
+
+
+def test_a_cycle_is_found_even_through_a_lazy_import(tmp_path: Path) -> None:
+    pkg = _package(
+        tmp_path,
+        {
+            "__init__.py": '"""x"""\n',
+            "image/__init__.py": '"""x"""\n',
+            "image/build.py": '"""x"""\nfrom k3env.image.twin import twin_base\n',
+            "image/twin.py": '"""x"""\ndef f():\n    from k3env.image import build\n',
+        },
+    )
+    problems = _checker().check(pkg)
+    assert problems == ["import cycle: k3env.image.build -> k3env.image.twin -> k3env.image.build"]
+
+
+def test_an_upward_import_a_second_owner_and_a_missing_docstring_are_named(
+    tmp_path: Path,
+) -> None:
+    pkg = _package(
+        tmp_path,
+        {
+            "__init__.py": '"""x"""\n',
+            "config/__init__.py": '"""x"""\n',
+            "config/lock.py": '"""x"""\nimport tomlkit\nfrom k3env.checks import verify\n',
+            "checks/__init__.py": '"""x"""\n',
+            "checks/verify.py": "import json\n",
+        },
+    )
+    problems = _checker().check(pkg)
+    assert any("config module imports k3env.checks.verify (checks)" in p for p in problems)
+    assert any(p.startswith("tomlkit imported by ['k3env.config.lock']") for p in problems)
+    assert any(
+        p.endswith("verify.py: no module docstring (say the module's one job)") for p in problems
+    )
