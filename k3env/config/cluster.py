@@ -34,9 +34,9 @@ def load_cluster(path: Path) -> Cluster:
         description=t.string("description", required=False, default=""),
         gpu=t.string("gpu"),
         gpu_memory_gib=t.number("gpu_memory_gib"),
-        gpus_per_node=int(t.number("gpus_per_node")),
+        gpus_per_node=t.integer("gpus_per_node"),
         dram_per_node_gb=t.number("dram_per_node_gb"),
-        nodes=int(t.number("nodes")),
+        nodes=t.integer("nodes"),
         outside_pool_overhead_gib=t.number(
             "outside_pool_overhead_gib", required=False, default=0.0
         ),

@@ -6,6 +6,8 @@ Editing the lock in place is ``lock_edit``'s job.
 
 from __future__ import annotations
 
+import posixpath
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -19,10 +21,26 @@ from k3env.config.reader import (
     env_table,
     load_toml,
 )
+from k3env.config.secrets import refuse_credentials
+from k3env.config.shapes import (
+    DEFAULT_RELEASE_TAG_RE,
+    GIT_FIX,
+    REF_RE,
+    REPOSITORY_FIX,
+    REPOSITORY_RE,
+    TAG_FIX,
+    TAG_RE,
+    is_git_source,
+)
 from k3env.errors import LockError
 from k3env.hashing import canonical_sha256, file_sha256
 
 LOCK_VERSION = 1
+# Where a container patch with a `path` target may write, unless the lock says otherwise:
+# Python's install trees (a `module` target is found on the image's own sys.path instead).
+DEFAULT_PATCH_ROOTS = ("/usr/lib/python3", "/usr/local/lib/python3", "/opt", "/workspace")
+MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+REGISTRY_RE = re.compile(r"^[A-Za-z0-9.-]+(:[0-9]+)?$")
 DEFAULT_LOCK = Path("pins/k3.lock.toml")
 
 _SHA_FIX = 'write the 64-hex sha256 of the file (`sha256sum FILE`), or "unresolved"'
@@ -190,8 +208,11 @@ def load_lock(path: Path) -> Lock:
     unresolved: list[Unresolved] = []
     root = path.resolve().parent.parent if path.resolve().parent.name == "pins" else Path.cwd()
 
-    env = env_table(top.table("env", required=False))
-    bases = each_entry(top.table("bases"), lambda n, t: _base(n, t, unresolved))
+    allow = top.str_list("allow_credentials")
+    env_t = top.table("env", required=False)
+    env = env_table(env_t)
+    refuse_credentials(env_t, env, allow)
+    bases = each_entry(top.table("bases"), lambda n, t: _base(n, t, unresolved, allow))
     for b in bases.values():
         if b.twin is not None and (b.twin not in bases or bases[b.twin].kind != "twin"):
             raise top.fail(
@@ -204,8 +225,13 @@ def load_lock(path: Path) -> Lock:
         raise top.fail("twin", "a twin base is pinned but [twin] is missing", "add [twin]")
     dynamo = _dynamo(top.table("dynamo")) if top.has("dynamo") else None
     srt = _srt(top.table("srt_slurm"), unresolved) if top.has("srt_slurm") else None
+    roots = top.str_list("patch_roots") or DEFAULT_PATCH_ROOTS
+    for i, r in enumerate(roots):
+        if not r.startswith("/") or posixpath.normpath(r) != r or r == "/":
+            raise top.fail(f"patch_roots[{i}]", f"{r!r} is not a directory below /", "fix it")
     patches = each_entry(
-        top.table("container_patches", required=False), lambda n, t: _container_patch(n, t, bases)
+        top.table("container_patches", required=False),
+        lambda n, t: _container_patch(n, t, bases, roots),
     )
     aiperf = _aiperf(top.table("aiperf"), unresolved) if top.has("aiperf") else None
     top.done()
@@ -225,12 +251,16 @@ def load_lock(path: Path) -> Lock:
     )
 
 
-def _base(name: str, t: Table, unresolved: list[Unresolved]) -> BasePin:
+def _base(name: str, t: Table, unresolved: list[Unresolved], allow: tuple[str, ...]) -> BasePin:
     kind = t.string("kind", required=False, default="registry")
     if kind not in ("registry", "twin"):
         raise t.fail("kind", f"unknown base kind {kind!r}", 'use "registry" or "twin"')
     python = t.string("python", required=False, default="python3")
-    env = env_table(t.table("env", required=False))
+    if not python.startswith("/") and not re.match(r"^[A-Za-z0-9._-]+$", python):
+        raise t.fail("python", f"{python!r} is not an interpreter name or path", 'e.g. "python3"')
+    env_t = t.table("env", required=False)
+    env = env_table(env_t)
+    refuse_credentials(env_t, env, allow)
     if kind == "twin":
         t.done()
         return BasePin(
@@ -243,8 +273,8 @@ def _base(name: str, t: Table, unresolved: list[Unresolved]) -> BasePin:
             twin=None,
             env=env,
         )
-    repository = t.string("repository")
-    tag = t.string("tag")
+    repository = str(t.matching("repository", REPOSITORY_RE, REPOSITORY_FIX))
+    tag = str(t.matching("tag", TAG_RE, TAG_FIX))
     digest = t.matching("digest", DIGEST_RE, _DIGEST_FIX, allow_unresolved=True)
     if digest is None:
         unresolved.append(
@@ -280,8 +310,8 @@ def _twin(t: Table, unresolved: list[Unresolved]) -> TwinPin:
         debian_packages=t.str_list("debian_packages"),
         requirements=req,
         requirements_sha256=sha,
-        registry=t.string("registry"),
-        repository=t.string("repository"),
+        registry=str(t.matching("registry", REGISTRY_RE, "write HOST:PORT, e.g. 127.0.0.1:5000")),
+        repository=str(t.matching("repository", REPOSITORY_RE, REPOSITORY_FIX)),
     )
     t.done()
     return pin
@@ -301,16 +331,34 @@ def _dynamo(t: Table) -> DynamoPin:
     pin = DynamoPin(
         name=t.string("name"),
         version=version,
-        git=t.string("git"),
+        git=_git(t),
         commit=str(t.matching("commit", COMMIT_RE, _COMMIT_FIX)),
     )
     t.done()
     return pin
 
 
+def _git(t: Table) -> str:
+    git = str(t.string("git"))
+    if not is_git_source(git):
+        raise t.fail("git", f"{git!r} is not a git source", GIT_FIX)
+    return git
+
+
 def _srt(t: Table, unresolved: list[Unresolved]) -> SrtSlurmPin:
-    git = t.string("git")
-    version = t.string("version")
+    git = _git(t)
+    pattern = t.string("tag_pattern", required=False, default=DEFAULT_RELEASE_TAG_RE.pattern)
+    try:
+        tag_re = re.compile(pattern)
+    except re.error as e:
+        raise t.fail("tag_pattern", f"not a regular expression: {e}", "fix the pattern") from e
+    version = str(t.string("version"))
+    if not tag_re.match(version) or not REF_RE.match(version):
+        raise t.fail(
+            "version",
+            f"{version!r} is not a release tag (pattern {pattern})",
+            "write the srt-slurm release tag, e.g. v1.0.36 (or set tag_pattern)",
+        )
     commit = str(t.matching("commit", COMMIT_RE, _COMMIT_FIX))
     patches = []
     for i, p in enumerate(t.tables("patches")):
@@ -333,7 +381,7 @@ def _srt(t: Table, unresolved: list[Unresolved]) -> SrtSlurmPin:
                 index=i,
                 pr=pr,
                 title=p.string("title"),
-                file=p.string("file"),
+                file=_relative_file(p, "file"),
                 range=rng,
                 sha256=sha,
                 provides=p.str_list("provides"),
@@ -345,7 +393,33 @@ def _srt(t: Table, unresolved: list[Unresolved]) -> SrtSlurmPin:
     return SrtSlurmPin(git=git, version=version, commit=commit, patches=tuple(patches))
 
 
-def _container_patch(name: str, t: Table, bases: Mapping[str, BasePin]) -> ContainerPatchPin:
+def _relative_file(t: Table, key: str) -> str:
+    """A path relative to the repository root that stays inside it."""
+    rel = str(t.string(key))
+    norm = posixpath.normpath(rel)
+    if rel.startswith("/") or norm.startswith("..") or norm != rel.rstrip("/"):
+        raise t.fail(key, f"{rel!r} leaves the repository or is not normalised",
+                     "write a path relative to the repository root, without '..'")  # fmt: skip
+    return rel
+
+
+def _check_target_path(t: Table, path: str, roots: tuple[str, ...]) -> None:
+    """An absolute, normalised path inside one of the roots a patch may touch."""
+    if not path.startswith("/") or posixpath.normpath(path) != path or "/../" in f"{path}/":
+        raise t.fail("path", f"{path!r} is not an absolute, normalised path",
+                     "write the absolute path in the image, without '..' or '//'")  # fmt: skip
+    if not any(path.startswith(root.rstrip("/") + "/") for root in roots):
+        raise t.fail(
+            "path",
+            f"{path} is outside the roots a container patch may touch {list(roots)}",
+            "patch a Python module (module = ...), or add its directory to the lock's "
+            "top-level patch_roots if patching it is deliberate",
+        )
+
+
+def _container_patch(
+    name: str, t: Table, bases: Mapping[str, BasePin], roots: tuple[str, ...]
+) -> ContainerPatchPin:
     module = t.string("module", required=False)
     path = t.string("path", required=False)
     if (module is None) == (path is None):
@@ -354,15 +428,17 @@ def _container_patch(name: str, t: Table, bases: Mapping[str, BasePin]) -> Conta
             "a container patch needs exactly one target: `module` or `path`",
             'set module = "pkg.mod" (found on the image\'s sys.path) or path = "/abs/file"',
         )
-    if path is not None and not path.startswith("/"):
-        raise t.fail("path", f"{path!r} is not absolute", "write the absolute path in the image")
+    if module is not None and not MODULE_RE.match(module):
+        raise t.fail("module", f"{module!r} is not a dotted module name", 'e.g. "vllm.version"')
+    if path is not None:
+        _check_target_path(t, path, roots)
     pin_bases = t.str_list("bases", required=True)
     for b in pin_bases:
         if b not in bases:
             raise t.fail("bases", f"unknown base {b!r}", f"use one of {sorted(bases)}")
     pin = ContainerPatchPin(
         name=name,
-        file=t.string("file"),
+        file=_relative_file(t, "file"),
         sha256=str(t.matching("sha256", SHA256_RE, _SHA_FIX)),
         module=module,
         path=path,

@@ -35,8 +35,8 @@ def load_patch_file(pin: ContainerPatchPin, path: Path) -> PatchFile:
     t = Table(load_toml(path, SpecError), file=path, path="", error=SpecError)
     edits = []
     for e in t.tables("edits"):
-        anchor = e.string("anchor")
-        replacement = e.string("replacement")
+        anchor = e.text("anchor")
+        replacement = e.text("replacement")
         if not anchor:
             raise e.fail("anchor", "empty anchor", "write the exact text the edit replaces")
         if anchor == replacement:

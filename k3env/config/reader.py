@@ -15,6 +15,7 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TypeVar
 
+from k3env.config.shapes import control_character
 from k3env.errors import ConfigError
 
 T = TypeVar("T")
@@ -113,7 +114,12 @@ class Table:
         self._seen.add(key)
         if key not in self.data:
             if required:
-                raise self.fail(key, "required key is missing", f"add `{key} = ...` here")
+                import difflib
+
+                spare = [k for k in self.data if k not in self._seen]
+                close = difflib.get_close_matches(key, spare, n=1)
+                hint = f" (found `{close[0]}`: a misspelling?)" if close else ""
+                raise self.fail(key, f"required key is missing{hint}", f"add `{key} = ...` here")
             return default
         value = self.data[key]
         # bool is an int in Python; a TOML `true` is never a valid int here.
@@ -128,8 +134,21 @@ class Table:
         return value
 
     def string(self, key: str, *, required: bool = True, default: str | None = None) -> Any:
+        """A one-line string: no control characters (it may reach a line of a file in an
+        image, a command line or a tag)."""
+        self._note(key, {"type": "string", "pattern": r"^[^\x00-\x1f\x7f]*$"}, required)
+        value = self._get(key, str, required, default)
+        if isinstance(value, str) and (bad := control_character(value)):
+            raise self.fail(key, f"control character {bad} in {value!r}", "write it on one line")
+        return value
+
+    def text(self, key: str, *, required: bool = True, default: str | None = None) -> Any:
+        """A string that may span lines (a patch anchor): no other control characters."""
         self._note(key, {"type": "string"}, required)
-        return self._get(key, str, required, default)
+        value = self._get(key, str, required, default)
+        if isinstance(value, str) and (bad := control_character(value, multiline=True)):
+            raise self.fail(key, f"control character {bad} in {value!r}", "remove it")
+        return value
 
     def integer(self, key: str, *, required: bool = True, default: int | None = None) -> Any:
         self._note(key, {"type": "integer"}, required)
@@ -148,6 +167,8 @@ class Table:
         for i, item in enumerate(value):
             if not isinstance(item, str):
                 raise self.fail(f"{key}[{i}]", f"expected a string, got {item!r}", "quote it")
+            if bad := control_character(item):
+                raise self.fail(f"{key}[{i}]", f"control character {bad} in {item!r}", "fix it")
         return tuple(value)
 
     def table(self, key: str, *, required: bool = True) -> Table:

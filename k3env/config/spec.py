@@ -13,6 +13,8 @@ from pathlib import Path
 
 from k3env.config.lock import Lock
 from k3env.config.reader import NAME_RE, Table, each_entry, env_table, load_toml
+from k3env.config.secrets import refuse_credentials
+from k3env.config.shapes import REPOSITORY_FIX, REPOSITORY_RE
 from k3env.errors import SpecError
 from k3env.hashing import canonical_sha256
 
@@ -78,12 +80,14 @@ def load_spec(path: Path, lock: Lock) -> ImageSpec:
             )
     if len(set(patches)) != len(patches):
         raise t.fail("patches", "a patch is listed twice", "list each patch once")
-    env = env_table(t.table("env", required=False))
+    env_t = t.table("env", required=False)
+    env = env_table(env_t)
     readers = env_table(t.table("env_readers", required=False))
     allow = t.str_list("allow_credentials")
     for i, a in enumerate(allow):
         if a not in env and a not in lock.env and a not in lock.bases[base].env:
             raise t.fail(f"allow_credentials[{i}]", f"{a!r} is not set in [env]", "remove it")
+    refuse_credentials(env_t, env, allow)
     profiles = each_entry(t.table("profiles", required=False), _profile)
     spec = ImageSpec(
         name=name,
@@ -91,7 +95,7 @@ def load_spec(path: Path, lock: Lock) -> ImageSpec:
         sha256=canonical_sha256(data),
         description=t.string("description", required=False, default=""),
         base=base,
-        repository=t.string("repository", required=False, default=f"k3env/{name}"),
+        repository=_repository(t, name),
         patches=patches,
         env=env,
         env_readers=readers,
@@ -100,6 +104,13 @@ def load_spec(path: Path, lock: Lock) -> ImageSpec:
     )
     t.done()
     return spec
+
+
+def _repository(t: Table, name: str) -> str:
+    repository = str(t.string("repository", required=False, default=f"k3env/{name}"))
+    if not REPOSITORY_RE.match(repository):
+        raise t.fail("repository", f"{repository!r} is not an image repository", REPOSITORY_FIX)
+    return repository
 
 
 def load_specs(directory: Path, lock: Lock, only: tuple[str, ...] = ()) -> list[ImageSpec]:

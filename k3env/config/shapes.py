@@ -1,0 +1,59 @@
+"""The shapes a value must have before it may reach a file in an image, a command line or a
+tag: image references (the OCI distribution grammar), git sources, tag names, and strings
+free of control characters. Checked at load time, so bad input stops with exit 2 naming the
+file and key, long before a shell, git or dockerd sees it.
+"""
+
+from __future__ import annotations
+
+import re
+
+# github.com/distribution/reference grammar (reference.go): lowercase path components
+# separated by "/", an optional registry host[:port] in front; tags up to 128 characters.
+_ALNUM = r"[a-z0-9]+"
+_SEPARATOR = r"(?:[._]|__|[-]+)"
+_COMPONENT = rf"{_ALNUM}(?:{_SEPARATOR}{_ALNUM})*"
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
+REPOSITORY_RE = re.compile(rf"^(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*$")
+TAG_RE = re.compile(r"^[\w][\w.-]{0,127}$")
+# A git tag as srt-slurm releases them (v1.0.36); a lock may declare its own pattern.
+DEFAULT_RELEASE_TAG_RE = re.compile(r"^v[0-9]+(\.[0-9]+)*$")
+# What a git ref name may hold and still be one safe argv word (git check-ref-format, minus
+# the characters no release tag uses).
+REF_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._/+-]*$")
+# git sources: a URL with a scheme git speaks, scp-like user@host:path, or a local path.
+_GIT_URL_RE = re.compile(r"^(?:https?|ssh|git|file)://[^\s]+$")
+_GIT_SCP_RE = re.compile(r"^[A-Za-z0-9._-]+@[A-Za-z0-9.-]+:[^\s]+$")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+_CONTROL_BUT_LAYOUT_RE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+REPOSITORY_FIX = (
+    "use an image repository as the OCI reference grammar has it: lowercase letters, digits "
+    "and . _ - separators, path components joined by /, an optional registry host[:port]/ "
+    "in front (e.g. 127.0.0.1:5000/k3env/kimi-k3)"
+)
+TAG_FIX = "use letters, digits, '_', '.', '-' (at most 128, not starting with '.' or '-')"
+GIT_FIX = (
+    "use a git URL (https://, ssh://, git://, file://, or user@host:path) or a local path "
+    "that does not start with '-'"
+)
+
+
+def control_character(value: str, *, multiline: bool = False) -> str | None:
+    """The first control character in ``value`` (as ``\\xNN``), or None. ``multiline``
+    allows newlines and tabs (text such as a patch anchor, never a line of a file k3env
+    writes into an image)."""
+    m = (_CONTROL_BUT_LAYOUT_RE if multiline else _CONTROL_RE).search(value)
+    return f"\\x{ord(m.group(0)):02x}" if m else None
+
+
+def is_git_source(value: str) -> bool:
+    """A git URL or a local path that git cannot read as an option."""
+    if not value or value.startswith("-") or control_character(value):
+        return False
+    if "://" in value:
+        return bool(_GIT_URL_RE.match(value))
+    if _GIT_SCP_RE.match(value):
+        return True
+    return not any(c.isspace() for c in value) and "::" not in value  # a path (no transport)
