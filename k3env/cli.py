@@ -14,7 +14,7 @@ from k3env import __version__
 from k3env.config.cluster import DEFAULT_CLUSTER
 from k3env.config.lock import DEFAULT_LOCK, Lock, check_files, load_lock
 from k3env.config.spec import DEFAULT_IMAGES, ImageSpec, load_specs
-from k3env.errors import CheckFailed, ConfigError, K3envError
+from k3env.errors import CheckFailed, ConfigError, K3envError, StateError
 from k3env.files import write_atomic
 from k3env.log import Log
 from k3env.state import State
@@ -490,11 +490,11 @@ def cmd_bump(args: argparse.Namespace, log: Log) -> int:
         resolve_digest=resolve_digest,
         resolve_tag_commit=lambda url, tag: commit_to_tag(args.source or url, tag),
     )
-    new_lock, new_text, changes = candidate_lock(lock, changes_wanted)
+    new_lock, changes = candidate_lock(lock, changes_wanted)
     if args.edit_only:
-        from k3env.config.lock_edit import replace_atomically
+        from k3env.config.lock_edit import set_leaves
 
-        replace_atomically(lock.path, new_text)
+        set_leaves(lock.path, changes_wanted)
         _emit(
             args,
             {"changes": [c.__dict__ for c in changes]},
@@ -513,7 +513,7 @@ def cmd_bump(args: argparse.Namespace, log: Log) -> int:
                          log=log, cluster=cluster, run_verify=not args.skip_verify,
                          srt_source=args.source)  # fmt: skip
     text = body(new_lock, args.pin, changes, before, after)
-    written = finish(lock, new_text, after, args.keep_failing)
+    written = finish(lock, changes_wanted, after, args.keep_failing)
     if args.body:
         args.body.write_text(text)
     branch = None
@@ -812,6 +812,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("k3env: interrupted", file=sys.stderr)
         return 130
+    except OSError as e:
+        # A file k3env was told to use (an --out path, a recipe, a directory) that the
+        # system refused: the user's to fix, not a bug to show as a traceback.
+        err = StateError(
+            f"{e.strerror or e}",
+            where=str(e.filename) if e.filename else args.command,
+            fix="check the path, its permissions and the free disk space",
+        )
+        if getattr(args, "json", False):
+            _print_json({**(args.result if isinstance(args.result, dict) else {}),
+                         "error": err.as_json()})  # fmt: skip
+        print(f"k3env: error: {err.render()}", file=sys.stderr)
+        return err.return_code
     if getattr(args, "json", False):
         _print_json(args.result)
     return code

@@ -75,6 +75,12 @@ class ToolError(K3envError):
     return_code = 3
 
 
+class StateError(K3envError):
+    """k3env's own files (the state directory, outputs) could not be read or written."""
+
+    return_code = 3
+
+
 class CheckFailed(K3envError):
     """A check ran and found a problem (e.g. ``lock --check`` with unresolved pins)."""
 

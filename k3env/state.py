@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from k3env.errors import StateError
 from k3env.files import write_atomic
 from k3env.hashing import digest_hex
 
@@ -45,7 +46,14 @@ class State:
 
     def write_bytes(self, data: bytes, *parts: str) -> None:
         """Atomic: a reader sees the old content or the new, never half of it."""
-        write_atomic(self.path(*parts), data)
+        try:
+            write_atomic(self.path(*parts), data)
+        except OSError as e:
+            raise StateError(
+                f"cannot write k3env's state: {e.strerror}",
+                where=str(self.path(*parts)),
+                fix="free disk space or point K3ENV_STATE_DIR at a writable directory",
+            ) from e
 
     def read_record(self, kind: str, key: str) -> Any:
         """The JSON record of ``kind`` under a content key (a digest or a hex hash)."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from k3env.bump.evaluate import Outcome
 from k3env.config.lock import Lock, load_lock
-from k3env.config.lock_edit import Change, render_leaves, replace_atomically, write_candidate
+from k3env.config.lock_edit import Change, candidate, render_leaves, set_leaves
 from k3env.config.reader import COMMIT_RE, DIGEST_RE
 from k3env.errors import ConfigError, LockError
 from k3env.hashing import file_sha256
@@ -90,20 +90,17 @@ def leaf_changes(
     )
 
 
-def candidate_lock(lock: Lock, changes: dict[str, str]) -> tuple[Lock, str, list[Change]]:
+def candidate_lock(lock: Lock, changes: dict[str, str]) -> tuple[Lock, list[Change]]:
     """The bumped lock, loaded from a candidate file beside the real one (then removed)."""
     text, done = render_leaves(lock.path.read_text(), changes)
     if not done:
         raise LockError(
             "nothing to bump: the lock already pins that", where=str(lock.path), fix="none needed"
         )
-    candidate = write_candidate(lock.path, text)
-    try:
-        new = load_lock(candidate)
-    finally:
-        candidate.unlink(missing_ok=True)
+    with candidate(lock.path, text) as path:
+        new = load_lock(path)
     # The same file, as far as provenance and relative paths go.
-    return dataclasses.replace(new, path=lock.path), text, done
+    return dataclasses.replace(new, path=lock.path), done
 
 
 def commit_to_tag(source: str, tag: str) -> str:
@@ -125,11 +122,12 @@ def commit_to_tag(source: str, tag: str) -> str:
     return commit
 
 
-def finish(lock: Lock, new_text: str, after: Outcome, keep_failing: bool) -> bool:
-    """Write the bumped lock (atomically) when it passed or the user asked; True if written."""
+def finish(lock: Lock, changes: dict[str, str], after: Outcome, keep_failing: bool) -> bool:
+    """Write the bumped leaves into the lock as it is now (under its file lock, so an edit made
+    meanwhile is kept) when the checks passed or the user asked; True if written."""
     if after.failed and not keep_failing:
         return False
-    replace_atomically(lock.path, new_text)
+    set_leaves(lock.path, changes)
     return True
 
 

@@ -1,14 +1,19 @@
 """In-place edits of the lockfile: the one place that imports ``tomlkit``.
 
 Leaves are assigned in place, so comments, key order and formatting survive and a diff shows
-only the changed values. The file is replaced atomically: a failed edit leaves it untouched.
+only the changed values. Every write re-reads the lock under an exclusive file lock, applies
+its leaves to what is there now, checks the result loads, and replaces the file atomically: a
+failed edit leaves it untouched and no candidate file behind.
 """
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +22,7 @@ import tomlkit
 
 from k3env.config.lock import Lock, check_files, load_lock
 from k3env.errors import LockError
+from k3env.files import write_atomic
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,35 +69,74 @@ def render_leaves(text: str, changes: dict[str, str]) -> tuple[str, list[Change]
     return tomlkit.dumps(doc), done
 
 
+@contextmanager
+def locked(path: Path) -> Iterator[None]:
+    """An exclusive lock on the lockfile ``path`` for the length of a read-modify-write: two
+    writers (``bump``, ``lock --update-hashes``) on one lock never lose each other's edits."""
+    guard = path.with_name(f".{path.name}.flock")
+    try:
+        fd = os.open(guard, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        raise LockError(
+            f"cannot lock {path} for writing: {e.strerror}",
+            where=str(guard),
+            fix="check that the directory is writable",
+        ) from e
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
 def set_leaves(path: Path, changes: dict[str, str]) -> list[Change]:
-    """Assign each ``key path -> value``; validates the result before replacing the file."""
-    new_text, done = render_leaves(path.read_text(), changes)
-    if done:
-        _write_checked(path, new_text)
+    """Assign each ``key path -> value`` to the lock as it is now (read under the file lock,
+    so a concurrent edit is kept); validates the result before replacing the file."""
+    with locked(path):
+        new_text, done = render_leaves(_read(path), changes)
+        if done:
+            _write_checked(path, new_text)
     return done
 
 
-def write_candidate(path: Path, text: str) -> Path:
-    """``text`` beside ``path`` (same directory, so relative paths resolve the same)."""
-    candidate = path.with_name(f".{path.name}.candidate")
-    candidate.write_text(text)
-    return candidate
-
-
-def replace_atomically(path: Path, text: str) -> None:
-    _write_checked(path, text)
-
-
-def _write_checked(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+@contextmanager
+def candidate(path: Path, text: str) -> Iterator[Path]:
+    """``text`` in a temporary file beside ``path`` (same directory, so relative paths
+    resolve the same), removed on the way out whatever happens."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".candidate")
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
-        load_lock(Path(tmp))  # refuse to write a lock that does not load
-        os.replace(tmp, path)
-    except BaseException:
+        yield Path(tmp)
+    except OSError as e:
+        raise LockError(
+            f"cannot write a candidate lock: {e.strerror}",
+            where=str(path.parent),
+            fix="free disk space or check permissions; the lock is unchanged",
+        ) from e
+    finally:
         Path(tmp).unlink(missing_ok=True)
-        raise
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except OSError as e:
+        raise LockError(f"cannot read the lock: {e.strerror}", where=str(path), fix="") from e
+
+
+def _write_checked(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` only if ``text`` loads as a lock."""
+    with candidate(path, text) as tmp:
+        load_lock(tmp)  # refuse to write a lock that does not load
+        try:
+            write_atomic(path, text)
+        except OSError as e:
+            raise LockError(
+                f"cannot write the lock: {e.strerror}",
+                where=str(path),
+                fix="free disk space or check permissions; the lock is unchanged",
+            ) from e
 
 
 def update_hashes(lock: Lock) -> list[Change]:

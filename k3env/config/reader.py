@@ -58,6 +58,10 @@ def load_toml(path: Path, error: type[ConfigError] = ConfigError) -> dict[str, A
         raise error(
             "file not found", where=str(path), fix="check the path, or create the file"
         ) from e
+    except OSError as e:  # a directory, no permission, an I/O error
+        raise error(
+            f"cannot read the file: {e.strerror}", where=str(path), fix="pass a readable file"
+        ) from e
     try:
         return tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:

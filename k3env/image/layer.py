@@ -15,13 +15,16 @@ from __future__ import annotations
 
 import io
 import json
+import posixpath
 import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from k3env.config.shapes import control_character
 from k3env.engine.protocol import BaseImage, HistoryEntry
+from k3env.errors import PatchError
 from k3env.hashing import sha256_digest
 
 
@@ -52,8 +55,27 @@ def epoch_of(created: str) -> int:
     return int(datetime.fromisoformat(text).replace(tzinfo=UTC).timestamp())
 
 
+def check_entry_path(path: str) -> None:
+    """Refuse a layer entry that is not an absolute, normalised path below ``/``: a ``..``
+    entry would write outside the directory it names when the layer is applied."""
+    if (
+        not path.startswith("/")
+        or path == "/"
+        or posixpath.normpath(path) != path
+        or any(part in ("", ".", "..") for part in path[1:].split("/"))
+        or control_character(path)
+    ):
+        raise PatchError(
+            f"refusing to write {path!r} into a layer: not an absolute, normalised path",
+            where="image layer",
+            fix="a patch target must resolve inside the image without '..' (check the lock)",
+        )
+
+
 def layer_tar(files: Sequence[LayerFile], mtime: int) -> bytes:
     """A tar with sorted entries, fixed owners and ``mtime``: same files, same bytes."""
+    for f in files:
+        check_entry_path(f.path)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for f in sorted(files, key=lambda f: f.path):
