@@ -17,7 +17,6 @@
             (pkgs.python311.withPackages (ps: [
               ps.nox
               ps.pip
-              ps.docker
               ps.tomlkit
               ps.packaging
               ps.pytest
@@ -25,6 +24,7 @@
             pkgs.docker-client
             pkgs.skopeo
             pkgs.squashfsTools
+            pkgs.libfaketime
             pkgs.debootstrap
             pkgs.git
           ];

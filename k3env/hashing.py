@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 from pathlib import Path
@@ -26,6 +27,11 @@ def file_sha256(path: Path) -> str:
 def sha256_digest(data: bytes) -> str:
     """An OCI digest (``sha256:<hex>``) of ``data``."""
     return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def record_hash(data: bytes) -> str:
+    """sha256 as a wheel's RECORD writes it: urlsafe base64, no padding."""
+    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
 
 
 def digest_hex(digest: str) -> str:

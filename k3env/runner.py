@@ -64,6 +64,7 @@ def run_streaming(
     log: Log,
     *,
     what: str | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> str:
     """Run ``argv`` with ``chunks`` streamed to its stdin; a non-zero exit raises."""
     log.command(list(argv))
@@ -71,7 +72,11 @@ def run_streaming(
     try:
         # The context manager closes every pipe and waits, also when ``chunks`` raises.
         with subprocess.Popen(
-            list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+            list(argv),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **env} if env else None,
         ) as proc:
             assert proc.stdin is not None and proc.stdout is not None
             try:

@@ -7,7 +7,7 @@ set -euo pipefail
 need=()
 for pair in dockerd:docker.io docker-registry:docker-registry skopeo:skopeo \
             mksquashfs:squashfs-tools debootstrap:debootstrap nix-instantiate:nix-bin \
-            curl:curl git:git; do
+            curl:curl git:git faketime:faketime; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair##*:}")
 done
 if [ "${#need[@]}" -gt 0 ]; then

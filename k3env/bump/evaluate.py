@@ -17,7 +17,7 @@ from k3env.engine.protocol import Engine
 from k3env.errors import K3envError, PatchError
 from k3env.handoff.srt import patch_fates
 from k3env.image.bases import registry_base
-from k3env.image.build import make_builder, read_base_files, resolve_modules
+from k3env.image.build import build_all, make_builder, read_base_files, resolve_modules
 from k3env.image.patches import ALREADY_PRESENT, apply_patch
 from k3env.log import Log
 from k3env.state import State
@@ -110,7 +110,7 @@ def evaluate(
                                    status="skipped", detail=describe_error(e)))  # fmt: skip
     try:
         builder = make_builder(lock, engine, state, log, False)
-        builds = [(spec, builder.build(spec)) for spec in specs]
+        builds = list(zip(specs, build_all(builder, specs), strict=True))
     except K3envError as e:
         return Outcome(reports=(), preflight_errors={}, patches=fates, error=describe_error(e))
     reports = (

@@ -209,12 +209,20 @@ def run_probe(
         shutil.rmtree(workdir, ignore_errors=True)
     for line in reversed(result.stdout.splitlines()):
         if line.startswith(MARK):
-            payload = json.loads(line[len(MARK) :])
-            return ProbeOutput(
-                rows=payload["results"],
-                facts=payload["facts"],
-                patch_targets=payload.get("patch_targets") or {},
-            )
+            try:
+                payload = json.loads(line[len(MARK) :])
+                return ProbeOutput(
+                    rows=list(payload["results"]),
+                    facts=dict(payload["facts"]),
+                    patch_targets=dict(payload.get("patch_targets") or {}),
+                )
+            except (ValueError, KeyError, TypeError) as e:
+                raise EngineError(
+                    f"the probe's verdict line is cut off or malformed ({e}; exit "
+                    f"{result.exit_code}): {line[:200]!r}",
+                    where=image,
+                    fix="raise --timeout if the probe was killed; else report it as a k3env bug",
+                ) from e
     raise EngineError(
         f"the probe printed no verdict (exit {result.exit_code}):\n"
         f"{(result.stdout + result.stderr).strip()[-3000:]}",

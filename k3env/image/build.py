@@ -25,15 +25,18 @@ from k3env.errors import EngineError, PatchError
 from k3env.hashing import canonical_sha256, digest_hex, file_sha256, sha256_digest
 from k3env.image.bases import ResolvedBase, registry_base, select_base
 from k3env.image.envpolicy import baked_env, merge_env
-from k3env.image.layer import LayerFile, assemble, docker_archive
+from k3env.image.layer import LayerFile, assemble, docker_archive, runtime_config
 from k3env.image.patches import APPLIED, SKIPPED, PatchResult, apply_patch
 from k3env.image.twin import twin_base
 from k3env.log import Log
 from k3env.state import State
 
 # Bump when the layout of what we write changes: it is part of every inputs hash.
-BUILD_FORMAT = 1
+BUILD_FORMAT = 2  # 2: provenance records the runtime config and the layer's files
 PROVENANCE_PATH = "/etc/k3env/provenance.json"
+PROVENANCE_LABEL = "io.k3env.provenance.sha256"
+# The parts of an image config a job runs with (enroot turns them into /etc files).
+RUNTIME_KEYS = ("Env", "Entrypoint", "Cmd", "WorkingDir", "Volumes", "Labels")
 LABEL_PREFIX = "io.k3env"
 
 
@@ -258,14 +261,19 @@ class Builder:
 
         results, files = self._apply_patches(spec, base, todo)
         results = [*results, *skipped]
-        provenance = self._provenance(spec, base, inputs, results, env)
+        labels = self._labels(spec, base, inputs, results)
+        config_env = merge_env(list(base.image.config.get("Env") or []), env)
+        runtime = runtime_config(base.image, env=config_env, labels=labels)
+        provenance = self._provenance(spec, base, inputs, results, env, runtime, files)
+        # The provenance file is itself checked: its hash rides in the config (a label,
+        # which enroot writes into /etc/rc), and it lists every other file of this layer.
+        labels[PROVENANCE_LABEL] = digest_hex(sha256_digest(provenance))
         files.append(LayerFile(path="/etc/k3env", is_dir=True, mode=0o755))
         files.append(LayerFile(path=PROVENANCE_PATH, content=provenance, mode=0o644))
-        labels = self._labels(spec, base, inputs, results)
         assembled = assemble(
             base.image,
             files,
-            env=merge_env(list(base.image.config.get("Env") or []), env),
+            env=config_env,
             labels=labels,
             created_by=f"k3env build {spec.name} (inputs {inputs[:20]})",
             comment=f"k3env {__version__}",
@@ -354,6 +362,8 @@ class Builder:
         inputs: str,
         patches: list[PatchResult],
         env: dict[str, str],
+        runtime: Mapping[str, Any],
+        files: Sequence[LayerFile],
     ) -> bytes:
         doc = {
             "k3env_build_format": BUILD_FORMAT,
@@ -379,6 +389,10 @@ class Builder:
                 for p in patches
             ],
             "env": env,
+            # What the image runs with (its config, as enroot writes it into /etc/rc and
+            # /etc/environment), and the sha256 of every other file of this layer.
+            "config": {k: runtime.get(k) for k in RUNTIME_KEYS},
+            "files": {f.path: digest_hex(sha256_digest(f.content)) for f in files if not f.is_dir},
         }
         return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
 

@@ -93,6 +93,19 @@ def layer_tar(files: Sequence[LayerFile], mtime: int) -> bytes:
     return buf.getvalue()
 
 
+def runtime_config(
+    base: BaseImage, *, env: Sequence[str], labels: Mapping[str, str]
+) -> dict[str, Any]:
+    """The derived image's container config: the base's, with ``env`` and the labels merged
+    over the base's (sorted)."""
+    config = dict(base.config)
+    config["Env"] = list(env)
+    merged = dict(base.config.get("Labels") or {})
+    merged.update(labels)
+    config["Labels"] = dict(sorted(merged.items()))
+    return config
+
+
 def image_config(
     base: BaseImage,
     *,
@@ -102,11 +115,7 @@ def image_config(
     created_by: str,
     comment: str,
 ) -> dict[str, Any]:
-    config = dict(base.config)
-    config["Env"] = list(env)
-    merged = dict(base.config.get("Labels") or {})
-    merged.update(labels)
-    config["Labels"] = dict(sorted(merged.items()))
+    config = runtime_config(base, env=env, labels=labels)
     history: list[dict[str, Any]] = [_history_json(h) for h in base.history]
     history.append(
         _history_json(HistoryEntry(created=base.created, created_by=created_by, comment=comment))

@@ -1,0 +1,342 @@
+"""The builder over the in-memory engine: patches, image IDs, the cache, bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from k3env.config.lock import BasePin
+from k3env.errors import EngineError, PatchError, SecretError
+from k3env.hashing import sha256_digest
+from k3env.image import twin
+from k3env.image.bases import ResolvedBase
+from k3env.image.build import PROVENANCE_PATH, Builder, BuildResult, make_builder
+from k3env.image.layer import LayerFile, assemble, docker_archive
+from k3env.log import Log
+
+from .conftest import TEST_BASE_REPOSITORY
+from .fake_engine import (
+    BUGGY,
+    FIXED,
+    MODULE_FILE,
+    REPOSITORY,
+    Commit,
+    FakeEngine,
+    PatchPin,
+    Project,
+    Published,
+    layer_tar,
+    manifest_digest,
+    python_base,
+    write_project,
+)
+
+QUIET = Log(quiet=True)
+
+
+def build(engine: FakeEngine, project: Project) -> BuildResult:
+    """One ``k3env build`` run: a fresh builder over the project's lock and state."""
+    lock = project.lock()
+    builder = make_builder(lock, engine, project.state, QUIET, False)
+    return builder.build(project.spec(lock))
+
+
+def archive_members(archive: bytes) -> dict[str, bytes]:
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar if m.isfile()}  # type: ignore[union-attr]
+
+
+def test_build_applies_the_patch_and_the_image_id_is_the_config_digest(
+    fake_engine: FakeEngine, fake_project: Project
+) -> None:
+    base = fake_project.bases["testbase"]
+    result = build(fake_engine, fake_project)
+
+    assert result.cached is False
+    assert [(p.name, p.status) for p in result.patches] == [("int64", "applied")]
+    assert result.reference == f"{REPOSITORY}:{result.inputs[:20]}"
+    # The base was pulled by digest, and the patched file is in the loaded image.
+    assert ("pull", (base.reference,)) in fake_engine.calls
+    assert fake_engine.text(result.reference, MODULE_FILE) == FIXED
+    assert fake_engine.text(base.reference, MODULE_FILE) == BUGGY
+    # The ID is the sha256 of the config JSON the builder wrote into the archive.
+    (archive,) = fake_engine.archives
+    members = archive_members(archive)
+    (entry,) = json.loads(members["manifest.json"])
+    config = members[entry["Config"]]
+    assert result.image_id == sha256_digest(config)
+    assert entry["Config"] == result.image_id.removeprefix("sha256:") + ".json"
+    # Only the new layer travels; the base's layers are named by diff ID.
+    assert sorted(members) == sorted(["manifest.json", entry["Config"], entry["Layers"][-1]])
+    image = fake_engine.inspect(result.image_id)
+    assert image is not None
+    assert image.diff_ids[:-1] == base.image.image.diff_ids
+    assert len(image.diff_ids) == len(base.image.image.diff_ids) + 1
+    assert image.created == base.image.image.created
+    assert "A=1" in image.config["Env"] and "STACK_WIDE=1" in image.config["Env"]
+    labels = image.config["Labels"]
+    assert labels["io.k3env.patch.int64"] == "applied"
+    assert labels["io.k3env.inputs"] == result.inputs
+    assert labels["org.opencontainers.image.base.digest"] == base.digest
+    provenance = json.loads(fake_engine.text(result.reference, PROVENANCE_PATH) or "")
+    assert provenance["base"]["digest"] == base.digest
+    assert provenance["lock"]["path"] == "pins/test.lock.toml"
+    assert provenance["patches"][0]["status"] == "applied"
+    assert fake_engine.tags(REPOSITORY) == [result.reference]
+
+
+def test_rebuild_with_nothing_changed_is_a_cache_hit_without_a_load(
+    fake_engine: FakeEngine, fake_project: Project
+) -> None:
+    first = build(fake_engine, fake_project)
+    mark = fake_engine.mark()
+    again = build(fake_engine, fake_project)
+    assert again.cached is True
+    assert again.image_id == first.image_id and again.reference == first.reference
+    assert [p.status for p in again.patches] == ["applied"]  # read back from the labels
+    # The base is found by inspect, the derived image by one lookup: nothing else.
+    assert fake_engine.verbs_since(mark) == ["inspect", "lookup"]
+
+
+def test_a_tag_without_our_inputs_label_is_not_a_cache_hit(
+    fake_engine: FakeEngine, fake_project: Project
+) -> None:
+    first = build(fake_engine, fake_project)
+    # Someone else's image under our tag: the label does not match, so it is rebuilt.
+    fake_engine.tag(fake_project.bases["testbase"].reference, REPOSITORY, first.inputs[:20])
+    again = build(fake_engine, fake_project)
+    assert again.cached is False and again.image_id == first.image_id
+    assert fake_engine.resolve(first.reference) == first.image_id
+
+
+def test_spec_env_change_gives_a_new_image_id_and_tag(
+    fake_engine: FakeEngine, fake_project: Project
+) -> None:
+    first = build(fake_engine, fake_project)
+    write_project(fake_project.root, fake_project.bases, env={"A": "2"})
+    second = build(fake_engine, fake_project)
+    assert second.cached is False
+    assert second.image_id != first.image_id
+    assert second.reference != first.reference
+    image = fake_engine.inspect(second.image_id)
+    assert image is not None and "A=2" in image.config["Env"] and "A=1" not in image.config["Env"]
+    assert fake_engine.tags(REPOSITORY) == sorted([first.reference, second.reference])
+
+
+def test_same_inputs_on_a_fresh_engine_give_the_same_image_id(
+    fake_engine: FakeEngine, fake_project: Project, tmp_path: Path
+) -> None:
+    first = build(fake_engine, fake_project)
+    other = FakeEngine()
+    base = other.publish(TEST_BASE_REPOSITORY, python_base(BUGGY))
+    assert base == fake_project.bases["testbase"]
+    elsewhere = write_project(tmp_path / "elsewhere", {"testbase": base})
+    again = build(other, elsewhere)
+    assert again.cached is False  # nothing shared: new engine, new state
+    assert again.image_id == first.image_id
+    assert again.reference == first.reference
+
+
+def test_builder_over_a_resolved_base_needs_no_registry(
+    fake_engine: FakeEngine, tmp_path: Path
+) -> None:
+    """``Builder`` with its own resolver: the base is only in the engine, never pulled."""
+    local = python_base(BUGGY)
+    base_image = fake_engine.add(local, "local/base:1")
+    pin = Published(repository="local/base", tag="1", digest=manifest_digest(local.id), image=local)
+    project = write_project(tmp_path, {"testbase": pin})
+    lock = project.lock()
+
+    def resolve(pin: BasePin) -> ResolvedBase:
+        return ResolvedBase(
+            pin=pin, reference="local/base:1", name="local/base:1", digest=None, image=base_image
+        )
+
+    builder = Builder(
+        lock=lock, engine=fake_engine, state=project.state, log=QUIET, resolve_base=resolve
+    )
+    result = builder.build(project.spec(lock))
+    assert "pull" not in fake_engine.verbs
+    assert fake_engine.text(result.image_id, MODULE_FILE) == FIXED
+    image = fake_engine.inspect(result.image_id)
+    assert image is not None
+    assert "org.opencontainers.image.base.digest" not in image.config["Labels"]
+
+
+@pytest.mark.parametrize(
+    ("base_text", "anchor", "message"),
+    [
+        (BUGGY, "index_fill_(0, idx_map,", "edit 1: anchor not found"),
+        (BUGGY + BUGGY, "index_fill_(0, idx_mapping,", "edit 1: anchor found 2 times"),
+    ],
+    ids=["anchor-absent", "anchor-twice"],
+)
+def test_a_patch_that_does_not_fit_raises_and_nothing_is_loaded_or_tagged(
+    fake_engine: FakeEngine, tmp_path: Path, base_text: str, anchor: str, message: str
+) -> None:
+    base = fake_engine.publish(TEST_BASE_REPOSITORY, python_base(base_text))
+    patch = PatchPin(text=f'[[edits]]\nanchor = "{anchor}"\nreplacement = "fixed()"\n')
+    project = write_project(tmp_path, {"testbase": base}, patches={"int64": patch})
+    with pytest.raises(PatchError) as e:
+        build(fake_engine, project)
+    assert message in str(e.value)
+    assert "container patch int64" in str(e.value) and MODULE_FILE in str(e.value)
+    assert "load" not in fake_engine.verbs and "tag" not in fake_engine.verbs
+    assert fake_engine.tags(REPOSITORY) == []
+
+
+def test_a_patch_target_module_missing_from_the_image_raises(
+    fake_engine: FakeEngine, tmp_path: Path
+) -> None:
+    base = fake_engine.publish(TEST_BASE_REPOSITORY, python_base(BUGGY))
+    project = write_project(
+        tmp_path, {"testbase": base}, patches={"int64": PatchPin(module="k3test.moved")}
+    )
+    with pytest.raises(PatchError, match=r"target module k3test\.moved is not on the image's"):
+        build(fake_engine, project)
+    assert fake_engine.tags(REPOSITORY) == []
+
+
+def test_a_credential_in_the_spec_env_is_refused_before_any_engine_call(
+    fake_engine: FakeEngine, fake_project: Project
+) -> None:
+    write_project(
+        fake_project.root,
+        fake_project.bases,
+        env={"A": "1", "HF_TOKEN": "hf_abcdefghijklmnopqrstuvwxyz0123"},
+    )
+    with pytest.raises(SecretError) as e:
+        build(fake_engine, fake_project)
+    assert "images/probe.toml: env.HF_TOKEN" in str(e.value)
+    assert "Hugging Face token" in str(e.value) and "allow_credentials" in str(e.value)
+    assert fake_engine.calls == []
+
+
+def test_the_builder_itself_refuses_a_credential_before_any_engine_call(
+    fake_engine: FakeEngine, fake_project: Project
+) -> None:
+    """Defence in depth: a spec that got past the reader still never reaches the engine."""
+    lock = fake_project.lock()
+    spec = fake_project.spec(lock)
+    spec = dataclasses.replace(spec, env={**spec.env, "HF_TOKEN": "hf_" + "a1" * 16})
+    builder = make_builder(lock, fake_engine, fake_project.state, QUIET, False)
+    with pytest.raises(SecretError, match="refusing to bake HF_TOKEN into image probe"):
+        builder.build(spec)
+    assert fake_engine.calls == []
+
+
+def test_an_engine_that_rewrites_the_config_is_refused_and_nothing_is_tagged(
+    fake_engine: FakeEngine, fake_project: Project
+) -> None:
+    fake_engine.rewrite_configs = True
+    with pytest.raises(EngineError, match="the engine stored sha256:") as e:
+        build(fake_engine, fake_project)
+    assert "expected sha256:" in str(e.value)
+    assert "tag" not in fake_engine.verbs
+    assert fake_engine.tags(REPOSITORY) == []
+    # The image the engine made of our archive was removed again.
+    removed = [args[0] for verb, args in fake_engine.calls if verb == "remove"]
+    assert len(removed) == 1 and fake_engine.inspect(removed[0]) is None
+
+
+def test_the_fake_refuses_an_archive_over_a_base_it_lacks_like_dockerd() -> None:
+    """The fake is only useful if it fails where dockerd fails: a docker-archive carries
+    only the new layer, so the base's layers must already be in the engine."""
+    base = python_base(BUGGY)
+    assembled = assemble(
+        base.image,
+        [LayerFile(path="/etc/x", content=b"x")],
+        env=[],
+        labels={},
+        created_by="test",
+        comment="",
+    )
+    archive = docker_archive(assembled, base.image.diff_ids)
+    engine = FakeEngine()
+    with pytest.raises(EngineError, match="no such file or directory"):
+        engine.load(archive)
+    engine.add(base)
+    assert engine.load(archive) == assembled.image_id
+    assert engine.text(assembled.image_id, "/etc/x") == "x"
+    assert engine.text(assembled.image_id, MODULE_FILE) == BUGGY
+
+
+TWIN = """
+[bases.cpu-twin]
+kind = "twin"
+[twin]
+debian_suite = "bookworm"
+debian_mirror = "http://deb.debian.org/debian"
+debian_packages = ["python3"]
+requirements = "pins/twin.requirements.txt"
+requirements_sha256 = "unresolved"
+registry = "127.0.0.1:5000"
+repository = "k3env/cpu-twin"
+"""
+
+
+def test_build_over_the_cpu_twin_imports_commits_and_pushes_it(
+    fake_engine: FakeEngine, fake_project: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The twin path end to end over the fake: stage 1 imported, wheels installed by
+    run_and_commit (the test plays pip), pushed, then the derived image built over it."""
+    root = fake_project.root
+    base = fake_project.bases["testbase"]
+    write_project(
+        root, fake_project.bases, patches={"int64": PatchPin(bases=("testbase", "cpu-twin"))}
+    )
+    lock_text = fake_project.lock_path.read_text()
+    fake_project.lock_path.write_text(
+        lock_text.replace(
+            f'digest = "{base.digest}"\n', f'digest = "{base.digest}"\ntwin = "cpu-twin"\n'
+        )
+        + TWIN
+    )
+    (root / "pins/twin.requirements.txt").write_text(
+        "vllm==0.33.0 --hash=sha256:" + "0" * 64 + "\n"
+    )
+    lock = fake_project.lock()
+    plan = twin.plan(lock)
+    # Stage 1 as debootstrap + `docker import` leave it: Python, no k3test yet.
+    rootfs = root / "rootfs.tar"
+    rootfs.write_bytes(
+        layer_tar({"/usr/bin/python3": b"\x7fELF", "/usr/lib/python3/dist-packages/README": ""})
+    )
+    stage1 = fake_engine.import_rootfs(rootfs, *plan.stage1_ref.split(":"))
+    wheels = root / "wheels"
+    wheels.mkdir()
+    monkeypatch.setattr(twin, "download_wheels", lambda p, state, log: wheels)
+    installs: list[dict[str, str]] = []
+
+    def pip_install(image: str, argv: list[str], mounts: dict[str, str]) -> Commit:
+        installs.append(mounts)
+        return Commit(
+            output="installing 1 pinned wheels\n",
+            files={MODULE_FILE: BUGGY, MODULE_FILE.replace("mod.py", "__init__.py"): ""},
+        )
+
+    fake_engine.on_commit(pip_install)
+    result = make_builder(lock, fake_engine, fake_project.state, QUIET, True).build(
+        fake_project.spec(lock)
+    )
+
+    assert [m[str(wheels)] for m in installs] == ["/k3env/wheels"]
+    twin_image = fake_engine.inspect(plan.reference)
+    stage1_image = fake_engine.inspect(stage1)
+    assert twin_image is not None and stage1_image is not None
+    assert twin_image.diff_ids[:-1] == stage1_image.diff_ids  # one layer over stage 1
+    assert twin_image.config["Labels"] == {twin.LABEL: plan.inputs}
+    assert twin_image.config["Cmd"] == ["python3"]
+    assert [p.repository for p in fake_engine.pushes] == [plan.reference.rsplit(":", 1)[0]]
+    assert "pull" not in fake_engine.verbs
+    assert result.twin is True and result.base == plan.reference
+    assert result.base_id == twin_image.id
+    assert [(p.name, p.status) for p in result.patches] == [("int64", "applied")]
+    assert fake_engine.text(result.image_id, MODULE_FILE) == FIXED
+    image = fake_engine.inspect(result.image_id)
+    assert image is not None and image.config["Labels"]["io.k3env.twin"] == "true"

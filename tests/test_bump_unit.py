@@ -1,0 +1,218 @@
+"""One lock state judged over the in-memory engine: patch fates, verify, preflight errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from k3env.bump.evaluate import Outcome, PatchFate, evaluate
+from k3env.checks.verify import MARK
+from k3env.config.cluster import Cluster, load_cluster
+from k3env.engine.protocol import RunResult
+from k3env.log import Log
+
+from .conftest import REPO, TEST_BASE_REPOSITORY
+from .fake_engine import (
+    BUGGY,
+    FIXED,
+    REWRITTEN,
+    FakeEngine,
+    PatchPin,
+    Project,
+    Published,
+    python_base,
+    write_project,
+)
+
+QUIET = Log(quiet=True)
+ANCHOR_GONE = (
+    "edit 1: anchor not found, and the replacement is not there either: the file does not look "
+    "as the patch expects (expected a line like 'index_fill_(0, idx_mapping,')"
+)
+
+
+def serve_profile(name: str, *extra: str) -> str:
+    argv = ", ".join(f'"{a}"' for a in ("vllm", "serve", "/model", *extra))
+    return (
+        f'\n[profiles.{name}]\n[[profiles.{name}.commands]]\nrole = "vllm-serve"\nargv = [{argv}]\n'
+    )
+
+
+@pytest.fixture
+def cluster() -> Cluster:
+    """The repository's cluster profile: 2 nodes x 8 B200."""
+    return load_cluster(REPO / "clusters/b200-dgxc.toml")
+
+
+@pytest.fixture
+def bases(fake_engine: FakeEngine) -> dict[str, Published]:
+    """Three tags of one base in the fake registry: the anchor, the fix upstream, neither."""
+    return {
+        "testbase": fake_engine.publish(TEST_BASE_REPOSITORY, python_base(BUGGY), "1"),
+        "fixedbase": fake_engine.publish(TEST_BASE_REPOSITORY, python_base(FIXED), "2"),
+        "otherbase": fake_engine.publish(TEST_BASE_REPOSITORY, python_base(REWRITTEN), "3"),
+    }
+
+
+def project_over(
+    root: Path, bases: dict[str, Published], *, patch_bases: tuple[str, ...], **kw: object
+) -> Project:
+    return write_project(root, bases, patches={"int64": PatchPin(bases=patch_bases)}, **kw)  # type: ignore[arg-type]
+
+
+def judge(engine: FakeEngine, project: Project, cluster: Cluster, *, verify: bool) -> Outcome:
+    lock = project.lock()
+    return evaluate(
+        lock,
+        [project.spec(lock)],
+        engine=engine,
+        state=project.state,
+        log=QUIET,
+        cluster=cluster,
+        run_verify=verify,
+    )
+
+
+def test_patch_fates_applies_upstream_conflicts_and_no_verify(
+    fake_engine: FakeEngine, bases: dict[str, Published], cluster: Cluster, tmp_path: Path
+) -> None:
+    project = project_over(
+        tmp_path,
+        bases,
+        patch_bases=("testbase", "fixedbase", "otherbase"),
+        spec_tail=serve_profile("direct", "--tensor-parallel-size", "8"),
+    )
+    outcome = judge(fake_engine, project, cluster, verify=False)
+    assert list(outcome.patches) == [
+        PatchFate(name="int64", base="testbase", status="applies", detail="1 edit(s) applied"),
+        PatchFate(
+            name="int64",
+            base="fixedbase",
+            status="upstream",
+            detail="all 1 edit(s) already present: not applied twice",
+        ),
+        PatchFate(name="int64", base="otherbase", status="conflicts", detail=ANCHOR_GONE),
+    ]
+    # Every base was pulled by digest to be judged.
+    assert [args[0] for verb, args in fake_engine.calls if verb == "pull"] == [
+        bases[b].reference for b in ("testbase", "fixedbase", "otherbase")
+    ]
+    # The image was built (over testbase), but no probe ran.
+    assert fake_engine.tags("k3env-test/probe") != []
+    assert not any(
+        "/k3env-probe/probe.py" in args[1] for v, args in fake_engine.calls if v == "run"
+    )
+    assert outcome.reports == [] and outcome.error is None
+    assert outcome.preflight_errors == {"probe": 0}
+    assert outcome.failed  # a conflicting patch fails the state
+
+
+def test_a_clean_state_passes(
+    fake_engine: FakeEngine, bases: dict[str, Published], cluster: Cluster, tmp_path: Path
+) -> None:
+    project = project_over(
+        tmp_path,
+        bases,
+        patch_bases=("testbase", "fixedbase"),
+        spec_tail=serve_profile("direct", "--tensor-parallel-size", "8"),
+    )
+    outcome = judge(fake_engine, project, cluster, verify=False)
+    assert [p.status for p in outcome.patches] == ["applies", "upstream"]
+    assert outcome.preflight_errors == {"probe": 0}
+    assert not outcome.failed
+
+
+def test_preflight_errors_are_counted_per_image(
+    fake_engine: FakeEngine, bases: dict[str, Published], cluster: Cluster, tmp_path: Path
+) -> None:
+    project = project_over(
+        tmp_path,
+        bases,
+        patch_bases=("testbase",),
+        spec_tail=serve_profile("wide", "--tensor-parallel-size", "32")
+        + serve_profile("nodes", "--tensor-parallel-size", "8", "--nnodes", "3"),
+    )
+    outcome = judge(fake_engine, project, cluster, verify=False)
+    assert [p.status for p in outcome.patches] == ["applies"]
+    assert outcome.preflight_errors == {"probe": 2}  # 32 ranks > 16 GPUs; 3 nodes != 2
+    assert outcome.failed
+
+
+def test_a_build_that_fails_outright_is_the_outcomes_error(
+    fake_engine: FakeEngine, bases: dict[str, Published], cluster: Cluster, tmp_path: Path
+) -> None:
+    project = project_over(
+        tmp_path, bases, patch_bases=("testbase", "otherbase"), spec_base="otherbase"
+    )
+    outcome = judge(fake_engine, project, cluster, verify=True)
+    assert [p.status for p in outcome.patches] == ["applies", "conflicts"]
+    assert outcome.error is not None
+    assert "container patch int64" in outcome.error and "anchor not found" in outcome.error
+    assert "\n" not in outcome.error
+    assert outcome.reports == () and outcome.preflight_errors == {}
+    assert outcome.failed
+    assert fake_engine.tags("k3env-test/probe") == []
+
+
+def probe_answer(rows: list[dict[str, Published]], facts: dict[str, Published]) -> RunResult:
+    payload = {"results": rows, "facts": facts, "patch_targets": {}}
+    return RunResult(exit_code=0, stdout=MARK + json.dumps(payload) + "\n", stderr="")
+
+
+FRONTEND = """
+[profiles.agg]
+tokenizer_model_type = "kimi_k3"
+[[profiles.agg.commands]]
+role = "dynamo-frontend"
+argv = ["python3", "-m", "dynamo.frontend", "--http-port", "8000"]
+"""
+
+
+def test_verify_runs_on_each_built_image_and_a_failing_check_fails_the_state(
+    fake_engine: FakeEngine, bases: dict[str, Published], cluster: Cluster, tmp_path: Path
+) -> None:
+    project = project_over(tmp_path, bases, patch_bases=("testbase",), spec_tail=FRONTEND)
+    row: dict[str, object] = {
+        "check": "tokenizer", "subject": "model_type kimi_k3", "status": "fail",
+        "component": "dynamo-runtime", "version": "1.2.1", "profile": "agg",
+        "output": "Failed to load tiktoken tokenizer",
+    }  # fmt: skip
+    probed: list[str] = []
+
+    def probe(
+        image: str, argv: list[str], env: dict[str, str], mounts: dict[str, str]
+    ) -> RunResult | None:
+        if "/k3env-probe/probe.py" not in argv:
+            return None  # the builder's module lookup: the fake answers it
+        probed.append(image)
+        return probe_answer([row], {"versions": {"dynamo-runtime": "1.2.1"}})
+
+    fake_engine.on_run(probe)
+    outcome = judge(fake_engine, project, cluster, verify=True)
+    (report,) = outcome.reports
+    assert probed == [report.image_id]
+    assert fake_engine.resolve(report.reference) == report.image_id
+    assert outcome.matrix()["probe"]["tokenizer"] == "fail"
+    # The patch row comes from the host's own judgement: the probe sent no target text.
+    assert outcome.matrix()["probe"]["patches"] == "fail"
+    assert outcome.failed and outcome.error is None
+
+
+def test_preflight_in_a_bump_uses_the_facts_verify_just_learned(
+    fake_engine: FakeEngine, bases: dict[str, Published], cluster: Cluster, tmp_path: Path
+) -> None:
+    project = project_over(tmp_path, bases, patch_bases=("testbase",), spec_tail=FRONTEND)
+    facts = {"versions": {"dynamo": "1.2.1"}, "dynamo": {"tiktoken_model_types": ["kimi_k2"]}}
+    fake_engine.on_run(
+        lambda image, argv, env, mounts: (
+            probe_answer([], facts) if "/k3env-probe/probe.py" in argv else None
+        )
+    )
+    outcome = judge(fake_engine, project, cluster, verify=True)
+    (report,) = outcome.reports
+    assert project.state.read_record("facts", report.image_id) == facts
+    # With the facts: K3-TOKENIZER-MODEL-TYPE is an error (kimi_k3 not loaded by this Dynamo).
+    # Without them (what happens): only the warning "the Dynamo version is unknown".
+    assert outcome.preflight_errors == {"probe": 1}

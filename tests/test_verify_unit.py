@@ -1,0 +1,352 @@
+"""Verify's host side over the in-memory engine: the plan, patch verdicts, the probe's output."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from k3env.checks.preflight import load_facts
+from k3env.checks.verify import (
+    COMPONENTS,
+    KNOWN_PREFIXES,
+    MARK,
+    PROBE_ENV,
+    TOKENIZER_CANDIDATES,
+    CheckResult,
+    expected_versions,
+    patch_rows,
+    plan_for,
+    verify_image,
+)
+from k3env.config.lock import load_lock
+from k3env.config.spec import load_spec
+from k3env.engine.protocol import RunResult
+from k3env.errors import EngineError
+from k3env.image.build import BuildResult, build_all, make_builder
+from k3env.log import Log
+from k3env.state import State
+
+from .conftest import TEST_BASE_REPOSITORY
+from .fake_engine import (
+    BUGGY,
+    FIXED,
+    MODULE_FILE,
+    REWRITTEN,
+    FakeEngine,
+    PatchPin,
+    Project,
+    python_base,
+    write_project,
+)
+
+QUIET = Log(quiet=True)
+NOT_FOUND = "target module k3test.mod not found in the image"
+SKIP_DETAIL = "written for base(s) ['otherbase'], not testbase"
+PROFILES = """
+[env_readers]
+MY_SETTING = "the launcher script"
+
+[profiles.agg]
+description = "frontend + worker"
+tokenizer_model_type = "kimi_k3"
+tool_call_parser = "kimi_k3"
+reasoning_parser = "kimi_k3"
+
+[[profiles.agg.commands]]
+role = "dynamo-frontend"
+argv = ["python3", "-m", "dynamo.frontend", "--http-port", "8000"]
+
+[[profiles.agg.commands]]
+role = "dynamo-worker"
+argv = ["python3", "-m", "dynamo.vllm", "--model", "/model"]
+"""
+SERVE_ONLY = """\
+base = "testbase"
+[profiles.direct]
+[[profiles.direct.commands]]
+role = "vllm-serve"
+argv = ["vllm", "serve", "/model"]
+"""
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_engine: FakeEngine) -> Project:
+    """Two bases; ``int64`` is written for the spec's base, ``other`` only for another one."""
+    monkeypatch.setenv("K3ENV_STATE_DIR", str(tmp_path / "state"))
+    bases = {
+        "testbase": fake_engine.publish(TEST_BASE_REPOSITORY, python_base(BUGGY)),
+        "otherbase": fake_engine.publish("127.0.0.1:5000/k3env-test/other", python_base(BUGGY)),
+    }
+    patches = {
+        "int64": PatchPin(),
+        "other": PatchPin(
+            text='[[edits]]\nanchor = "a = 1"\nreplacement = "a = 2"\n',
+            bases=("otherbase",),
+            module=None,
+            path="/opt/other/settings.py",
+        ),
+    }
+    return write_project(
+        tmp_path,
+        bases,
+        env={"A": "1", "MY_SETTING": "x"},
+        patches=patches,
+        spec_tail=PROFILES,
+    )
+
+
+def built(engine: FakeEngine, project: Project) -> BuildResult:
+    lock = project.lock()
+    return make_builder(lock, engine, project.state, QUIET, False).build(project.spec(lock))
+
+
+def test_plan_carries_profiles_env_components_versions_and_patch_skips(
+    fake_engine: FakeEngine, project: Project
+) -> None:
+    lock = project.lock()
+    spec = project.spec(lock)
+    build = built(fake_engine, project)
+    assert [(p.name, p.status) for p in build.patches] == [
+        ("int64", "applied"),
+        ("other", "skipped"),
+    ]
+
+    plan = plan_for(lock, spec, build, lock.bases["testbase"], False)
+    assert plan == {
+        "image": "probe",
+        "profiles": [
+            {
+                "name": "agg",
+                "tokenizer_model_type": "kimi_k3",
+                "tool_call_parser": "kimi_k3",
+                "reasoning_parser": "kimi_k3",
+                "commands": [
+                    {
+                        "role": "dynamo-frontend",
+                        "argv": ["python3", "-m", "dynamo.frontend", "--http-port", "8000"],
+                    },
+                    {
+                        "role": "dynamo-worker",
+                        "argv": ["python3", "-m", "dynamo.vllm", "--model", "/model"],
+                    },
+                ],
+            }
+        ],
+        "patches": [
+            {"name": "int64", "module": "k3test.mod", "path": None},
+            {"name": "other", "skip": SKIP_DETAIL},
+        ],
+        # Every baked variable, with what reads it when the spec says so.
+        "env": {"STACK_WIDE": None, "A": None, "MY_SETTING": "the launcher script"},
+        "known_prefixes": list(KNOWN_PREFIXES),
+        # A registry base: the lock pins no installed versions.
+        "versions": {"vllm": None, "dynamo": None, "torch": None},
+        "components": COMPONENTS,
+        "tokenizer_candidates": list(TOKENIZER_CANDIDATES),
+    }
+    json.dumps(plan)  # it travels as JSON
+
+
+def test_plan_without_a_dynamo_frontend_asks_for_no_tokenizers(
+    fake_engine: FakeEngine, project: Project
+) -> None:
+    lock = project.lock()
+    (project.root / "images/serve.toml").write_text(SERVE_ONLY)
+    spec = load_spec(project.root / "images/serve.toml", lock)
+    build = BuildResult(
+        image="serve", reference="r:t", image_id="sha256:" + "0" * 64, inputs="i", cached=False,
+        base="b", base_id="sha256:" + "1" * 64, twin=False, patches=(), env=(),
+    )  # fmt: skip
+    plan = plan_for(lock, spec, build, lock.bases["testbase"], False)
+    assert plan["tokenizer_candidates"] == [] and plan["patches"] == []
+    assert plan["profiles"][0]["commands"] == [
+        {"role": "vllm-serve", "argv": ["vllm", "serve", "/model"]}
+    ]
+
+
+def test_over_the_twin_the_plan_expects_the_twins_pinned_wheels(repo: Path) -> None:
+    lock = load_lock(repo / "pins/k3.lock.toml")
+    assert expected_versions(lock, twin=True) == {
+        "vllm": "0.33.0",
+        "dynamo": "1.6.1",
+        "dynamo-runtime": "1.6.1",
+        "torch": "2.13.0+cpu",
+    }
+    assert expected_versions(lock, twin=False) == {"vllm": None, "dynamo": None, "torch": None}
+
+
+@pytest.mark.parametrize(
+    ("targets", "status", "output"),
+    [
+        (
+            {"int64": {"path": MODULE_FILE, "text": FIXED}},
+            "pass",
+            f"{MODULE_FILE}: every edit present",
+        ),
+        (
+            {"int64": {"path": MODULE_FILE, "text": BUGGY}},
+            "fail",
+            f"{MODULE_FILE}: edit 1: not applied (its anchor is still at line 2)",
+        ),
+        (
+            {"int64": {"path": MODULE_FILE, "text": REWRITTEN}},
+            "fail",
+            f"{MODULE_FILE}: edit 1: neither the replacement nor the anchor is there",
+        ),
+        ({"int64": {"path": None, "text": None}}, "fail", NOT_FOUND),
+        ({}, "fail", NOT_FOUND),
+    ],
+    ids=["present", "not-applied", "neither", "no-file", "not-probed"],
+)  # fmt: skip
+def test_patch_rows_judge_the_images_copy_of_each_target(
+    fake_engine: FakeEngine,
+    project: Project,
+    targets: dict[str, Any],
+    status: str,
+    output: str,
+) -> None:
+    lock = project.lock()
+    spec = project.spec(lock)
+    build = built(fake_engine, project)
+    rows = patch_rows(lock, spec, build, targets)
+    assert rows == [
+        CheckResult(
+            image="probe", profile=None, check="patches", subject="int64", status=status,
+            component="image", version=None, output=output,
+        ),
+        CheckResult(
+            image="probe", profile=None, check="patches", subject="other", status="skip",
+            component="image", version=None, output=SKIP_DETAIL,
+        ),
+    ]  # fmt: skip
+
+
+ROWS = [
+    {"check": "versions", "subject": "vllm", "status": "skip", "component": "vllm",
+     "version": "0.33.0", "output": "installed 0.33.0; lock pins none", "profile": None},
+    {"check": "args", "subject": "commands[1] dynamo-worker", "status": "fail",
+     "component": "dynamo", "version": "1.6.1", "output": "unrecognized arguments: --x",
+     "profile": "agg"},
+]  # fmt: skip
+FACTS = {
+    "versions": {"vllm": "0.33.0", "dynamo": "1.6.1"},
+    "dynamo": {"tiktoken_model_types": ["kimi_k2", "kimi_k3"]},
+}
+
+
+def test_verify_image_runs_the_probe_once_and_records_facts_by_image_id(
+    fake_engine: FakeEngine, project: Project, tmp_path: Path
+) -> None:
+    lock = project.lock()
+    spec = project.spec(lock)
+    build = built(fake_engine, project)
+    seen: dict[str, Any] = {}
+
+    def probe(
+        image: str, argv: list[str], env: dict[str, str], mounts: dict[str, str]
+    ) -> RunResult:
+        (host,) = mounts
+        seen.update(image=image, argv=argv, env=env, mounts=mounts, host=Path(host))
+        seen["plan"] = json.loads((Path(host) / "plan.json").read_text())
+        seen["probe"] = (Path(host) / "probe.py").read_text()
+        # What the probe would read in the image: the patch targets it was asked for.
+        targets = {
+            p["name"]: {"path": MODULE_FILE, "text": fake_engine.text(image, MODULE_FILE)}
+            for p in seen["plan"]["patches"]
+            if not p.get("skip")
+        }
+        payload = {"results": ROWS, "facts": FACTS, "patch_targets": targets}
+        noise = "WARNING some import chatter\n" + MARK + '{"stale": true}\n'
+        return RunResult(
+            exit_code=0, stdout=noise + "done\n" + MARK + json.dumps(payload) + "\n", stderr=""
+        )
+
+    fake_engine.on_run(probe)
+    state = State(tmp_path)
+    report = verify_image(fake_engine, state, lock, spec, build, twin=False)
+
+    assert seen["image"] == build.image_id
+    assert seen["argv"] == ["python3", "/k3env-probe/probe.py", "/k3env-probe/plan.json"]
+    assert seen["env"] == PROBE_ENV
+    assert list(seen["mounts"].values()) == ["/k3env-probe"]
+    assert seen["plan"] == plan_for(lock, spec, build, lock.bases["testbase"], False)
+    probe_source = resources.files("k3env.probes") / "probe.py"
+    assert seen["probe"] == probe_source.read_text()
+    assert not seen["host"].exists()  # the mounted plan directory is gone
+    assert [v for v, args in fake_engine.calls if v == "run" and "/k3env-probe/probe.py" in args[1]]
+
+    assert [(r.check, r.subject, r.status) for r in report.results] == [
+        ("versions", "vllm", "skip"),
+        ("args", "commands[1] dynamo-worker", "fail"),
+        ("patches", "int64", "pass"),  # the built image carries the patch
+        ("patches", "other", "skip"),
+    ]
+    assert report.results[1].profile == "agg" and report.results[1].version == "1.6.1"
+    assert report.failed == [report.results[1]]
+    assert report.as_json()["matrix"] == {
+        "versions": "skip", "imports": "skip", "args": "fail", "parsers": "skip",
+        "tokenizer": "skip", "patches": "pass", "env": "skip",
+    }  # fmt: skip
+    assert report.image_id == build.image_id and report.reference == build.reference
+    assert report.facts == FACTS
+    assert state.read_record("facts", build.image_id) == FACTS
+    assert (tmp_path / "facts" / (build.image_id.removeprefix("sha256:") + ".json")).is_file()
+
+
+def test_preflight_finds_the_facts_of_the_recorded_build(
+    fake_engine: FakeEngine, project: Project
+) -> None:
+    lock = project.lock()
+    spec = project.spec(lock)
+    state = project.state
+    (build,) = build_all(make_builder(lock, fake_engine, state, QUIET, False), [spec])
+    payload = {"results": [], "facts": FACTS, "patch_targets": {}}
+    fake_engine.on_run(
+        lambda image, argv, env, mounts: RunResult(
+            exit_code=0, stdout=MARK + json.dumps(payload), stderr=""
+        )
+    )
+    assert load_facts(state, lock, spec) == (None, None)
+    verify_image(fake_engine, state, lock, spec, build, twin=False)
+    assert load_facts(state, lock, spec) == (FACTS, build.reference)
+
+
+def test_a_probe_that_prints_no_verdict_is_an_engine_error(
+    fake_engine: FakeEngine, project: Project, tmp_path: Path
+) -> None:
+    lock = project.lock()
+    spec = project.spec(lock)
+    build = built(fake_engine, project)
+    fake_engine.on_run(
+        lambda image, argv, env, mounts: RunResult(
+            exit_code=1,
+            stdout="Traceback (most recent call last):\n",
+            stderr="ModuleNotFoundError: No module named 'argparse'\n",
+        )
+    )
+    state = State(tmp_path)
+    with pytest.raises(EngineError) as e:
+        verify_image(fake_engine, state, lock, spec, build, twin=False)
+    assert "the probe printed no verdict (exit 1)" in str(e.value)
+    assert "No module named 'argparse'" in str(e.value)
+    assert e.value.where == build.image_id
+    assert state.read_record("facts", build.image_id) is None
+
+
+def test_a_truncated_verdict_line_is_an_engine_error(
+    fake_engine: FakeEngine, project: Project, tmp_path: Path
+) -> None:
+    lock = project.lock()
+    spec = project.spec(lock)
+    build = built(fake_engine, project)
+    fake_engine.on_run(
+        lambda image, argv, env, mounts: RunResult(
+            exit_code=-9, stdout=MARK + '{"results": [{"check": "ver', stderr="killed after 300 s"
+        )
+    )
+    with pytest.raises(EngineError):
+        verify_image(fake_engine, State(tmp_path), lock, spec, build, twin=False)
