@@ -1,97 +1,266 @@
 """A minimal Docker Engine API client over the daemon's unix socket (stdlib only).
 
-Why next to the docker SDK: importing the SDK (requests, urllib3, ...) costs ~120 ms, more
-than a whole legacy ``docker build`` of an env edit. The verbs on the rebuild path (inspect,
-history, load, tag) go through here; everything else goes through the SDK, imported only when
-needed. Used only when DOCKER_HOST is a unix socket (the default).
+k3env's only transport to dockerd (see ``dockerd`` for why one). Each call is one HTTP/1.0
+exchange on a fresh connection: the daemon then answers without chunked encoding and closes,
+so a reply, streamed or not, is everything read until EOF. (``http.client`` alone costs ~12 ms
+to import, on a path whose whole budget is ~0.15 s.)
+
+Timeouts are the socket's: the longest the daemon may stay silent (connect, each send, each
+read), not a budget for the whole exchange. Metadata calls get the client's short default;
+the long verbs (load, import, push, pull, wait, export, logs follow) pass their own.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import socket
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
+DEFAULT_TIMEOUT = 30.0  # metadata calls: the daemon answers these in milliseconds
+# base64 of ``{}``: no credentials. The daemon requires the header on push (it falls back to
+# decoding the body otherwise); k3env pushes only to registries that need no login.
+NO_AUTH = "e30="
+_MAX_HEAD = 1 << 16
+
+
+class _Default(enum.Enum):
+    TIMEOUT = 0
+
+
+SHORT = _Default.TIMEOUT  # "the client's short default timeout"
+Timeout = float | None | _Default
+Params = Mapping[str, str | Sequence[str]]
+
 
 class EngineHTTPError(Exception):
+    """The daemon answered with an HTTP error (``status`` >= 400), or not with HTTP at all
+    (``status`` 0). ``message`` is the daemon's own JSON ``message`` when it sent one."""
+
     def __init__(self, status: int, message: str) -> None:
         super().__init__(f"{status}: {message}")
         self.status = status
         self.message = message
 
 
+def quote_ref(ref: str) -> str:
+    """An image or container reference as a URL path segment (the daemon's routes take
+    ``{name:.*}``, so the slashes, colons and ``@`` of a reference stay as they are)."""
+    return quote(ref, safe="/:@")
+
+
+def demux(chunks: Iterable[bytes]) -> Iterator[tuple[int, bytes]]:
+    """Split docker's multiplexed log stream into ``(stream, payload)`` frames.
+
+    A container without a TTY has its output framed: 8 bytes [stream (0 stdin, 1 stdout,
+    2 stderr), 0, 0, 0, big-endian uint32 size] then ``size`` bytes. Frames may be split
+    across the chunks the socket delivers, so a partial frame waits for the next chunk.
+    """
+    buf = b""
+    for chunk in chunks:
+        buf += chunk
+        while len(buf) >= 8:
+            if buf[0] > 2 or buf[1:4] != b"\0\0\0":
+                # Not framed (a TTY container): the rest is one raw stdout stream.
+                yield 1, buf
+                buf = b""
+                break
+            size = int.from_bytes(buf[4:8], "big")
+            if len(buf) < 8 + size:
+                break
+            yield buf[0], buf[8 : 8 + size]
+            buf = buf[8 + size :]
+    if buf:
+        if buf[0] > 2 or buf[1:4] != b"\0\0\0":
+            yield 1, buf
+        else:
+            raise EngineHTTPError(0, f"log stream ended inside a frame: {buf[:16]!r}")
+
+
 class EngineHTTP:
-    def __init__(self, socket_path: str, timeout: float = 600) -> None:
+    def __init__(self, socket_path: str, timeout: float = DEFAULT_TIMEOUT) -> None:
         self.socket_path = socket_path
         self.timeout = timeout
 
-    def _request(
+    # -- one exchange ----------------------------------------------------------------------
+    def _open(
         self,
         method: str,
         path: str,
         *,
-        params: dict[str, str] | None = None,
-        body: bytes | None = None,
-        content_type: str | None = None,
-    ) -> tuple[int, bytes]:
-        """One HTTP/1.0 exchange on a fresh connection: the daemon answers without chunked
-        encoding and closes, so the reply is everything read until EOF. (http.client alone
-        costs ~12 ms to import, on a path whose whole budget is ~0.15 s.)"""
-        url = path + (f"?{urlencode(params)}" if params else "")
+        params: Params | None,
+        body: bytes | Path | None,
+        content_type: str | None,
+        headers: Mapping[str, str] | None,
+        timeout: Timeout,
+    ) -> tuple[socket.socket, int, bytes]:
+        """Send the request; return the socket, the status and the body bytes read so far."""
+        url = path + (f"?{urlencode(params, doseq=True)}" if params else "")
         head = [f"{method} {url} HTTP/1.0", "Host: docker"]
-        if body is not None:
+        if isinstance(body, Path):
+            head.append(f"Content-Length: {body.stat().st_size}")
+        elif body is not None:
             head.append(f"Content-Length: {len(body)}")
         if content_type:
             head.append(f"Content-Type: {content_type}")
-        request = ("\r\n".join(head) + "\r\n\r\n").encode() + (body or b"")
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(self.timeout)
+        head.extend(f"{k}: {v}" for k, v in (headers or {}).items())
+        request = ("\r\n".join(head) + "\r\n\r\n").encode()
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(self.timeout if timeout is SHORT else timeout)
             sock.connect(self.socket_path)
             sock.sendall(request)
-            chunks = []
-            while chunk := sock.recv(1 << 16):
-                chunks.append(chunk)
-        reply = b"".join(chunks)
-        header, sep, payload = reply.partition(b"\r\n\r\n")
-        status_line = header.split(b"\r\n", 1)[0].split()
-        if not sep or len(status_line) < 2 or not status_line[1].isdigit():
-            raise EngineHTTPError(0, f"malformed reply from the daemon: {reply[:200]!r}")
-        return int(status_line[1]), payload
-
-    def _check(self, status: int, data: bytes) -> bytes:
-        if status >= 400:
             try:
-                message = json.loads(data).get("message", data.decode(errors="replace"))
-            except ValueError:
-                message = data.decode(errors="replace")
-            raise EngineHTTPError(status, str(message))
-        return data
+                if isinstance(body, Path):
+                    # The kernel copies the file: a rootfs of hundreds of MB never enters Python.
+                    with body.open("rb") as f:
+                        sock.sendfile(f)
+                elif body:
+                    sock.sendall(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the daemon answered before reading the whole body: its reply says why
+            reply = b""
+            while b"\r\n\r\n" not in reply:
+                chunk = sock.recv(1 << 16)
+                if not chunk and not reply:
+                    raise EngineHTTPError(0, "the daemon closed the connection without answering")
+                if not chunk or len(reply) > _MAX_HEAD:
+                    raise EngineHTTPError(0, f"malformed reply from the daemon: {reply[:200]!r}")
+                reply += chunk
+            header, _, rest = reply.partition(b"\r\n\r\n")
+            status_line = header.split(b"\r\n", 1)[0].split()
+            if len(status_line) < 2 or not status_line[1].isdigit():
+                raise EngineHTTPError(0, f"malformed reply from the daemon: {reply[:200]!r}")
+            return sock, int(status_line[1]), rest
+        except BaseException:
+            sock.close()
+            raise
 
-    def ping(self) -> None:
-        self._check(*self._request("GET", "/_ping"))
+    @staticmethod
+    def _read_rest(sock: socket.socket, first: bytes) -> bytes:
+        chunks = [first]
+        while chunk := sock.recv(1 << 16):
+            chunks.append(chunk)
+        return b"".join(chunks)
 
-    def inspect_image(self, ref: str) -> dict[str, Any] | None:
-        status, data = self._request("GET", f"/images/{quote(ref, safe='/:@')}/json")
+    @staticmethod
+    def _error(status: int, data: bytes) -> EngineHTTPError:
+        try:
+            message = json.loads(data).get("message", data.decode(errors="replace"))
+        except (ValueError, AttributeError):
+            message = data.decode(errors="replace").strip()
+        return EngineHTTPError(status, str(message))
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Params | None = None,
+        body: bytes | Path | None = None,
+        json_body: Any = None,
+        content_type: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: Timeout = SHORT,
+        ok_404: bool = False,
+    ) -> tuple[int, bytes]:
+        """One exchange, the whole reply read; raises ``EngineHTTPError`` for status >= 400
+        (but returns a 404 when ``ok_404``: "not there" is an answer for some verbs)."""
+        if json_body is not None:
+            body, content_type = json.dumps(json_body).encode(), "application/json"
+        sock, status, first = self._open(
+            method,
+            path,
+            params=params,
+            body=body,
+            content_type=content_type,
+            headers=headers,
+            timeout=timeout,
+        )
+        with sock:
+            data = self._read_rest(sock, first)
+        if status >= 400 and not (ok_404 and status == 404):
+            raise self._error(status, data)
+        return status, data
+
+    def json(self, method: str, path: str, **kwargs: Any) -> Any:
+        """``call`` and decode the reply as one JSON document (``None`` for a 404 with
+        ``ok_404``)."""
+        status, data = self.call(method, path, **kwargs)
         if status == 404:
             return None
-        result: dict[str, Any] = json.loads(self._check(status, data))
-        return result
+        try:
+            return json.loads(data)
+        except ValueError as e:
+            raise EngineHTTPError(0, f"not JSON from {path}: {data[:200]!r}") from e
 
-    def history(self, ref: str) -> list[dict[str, Any]]:
-        status, data = self._request("GET", f"/images/{quote(ref, safe='/:@')}/history")
-        rows: list[dict[str, Any]] = json.loads(self._check(status, data))
-        return rows
-
-    def load(self, archive: bytes) -> list[dict[str, Any]]:
-        status, data = self._request(
-            "POST", "/images/load", body=archive, content_type="application/x-tar"
+    def stream(
+        self,
+        method: str,
+        path: str,
+        *,
+        params: Params | None = None,
+        body: bytes | Path | None = None,
+        content_type: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        timeout: Timeout = SHORT,
+        chunk_size: int = 0,
+    ) -> Generator[bytes, None, None]:
+        """The reply body as it arrives: pieces of at least ``chunk_size`` bytes (the last
+        may be shorter), or each read as it comes with 0. The request is sent on the first
+        ``next``; closing the iterator closes the connection."""
+        sock, status, first = self._open(
+            method,
+            path,
+            params=params,
+            body=body,
+            content_type=content_type,
+            headers=headers,
+            timeout=timeout,
         )
-        self._check(status, data)
-        return [json.loads(line) for line in data.splitlines() if line.strip()]
+        with sock:
+            if status >= 400:
+                raise self._error(status, self._read_rest(sock, first))
+            buf = bytearray(first)
+            while True:
+                if buf and len(buf) >= chunk_size:
+                    yield bytes(buf)
+                    buf.clear()
+                chunk = sock.recv(max(chunk_size, 1 << 16))
+                if not chunk:
+                    break
+                buf += chunk
+            if buf:
+                yield bytes(buf)
 
-    def tag(self, image: str, repository: str, tag: str) -> None:
-        params = {"repo": repository, "tag": tag}
-        self._check(
-            *self._request("POST", f"/images/{quote(image, safe='/:@')}/tag", params=params)
-        )
+    def json_lines(
+        self, method: str, path: str, **kwargs: Any
+    ) -> Generator[dict[str, Any], None, None]:
+        """A streamed reply of newline-separated JSON messages (pull, push, import, load),
+        each yielded as soon as its line is complete."""
+        pending = b""
+        chunks = self.stream(method, path, **kwargs)
+        try:
+            for chunk in chunks:
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        yield _message(line)
+            if pending.strip():
+                yield _message(pending)
+        finally:
+            chunks.close()
+
+
+def _message(line: bytes) -> dict[str, Any]:
+    try:
+        event = json.loads(line)
+    except ValueError as e:
+        raise EngineHTTPError(0, f"not a JSON message from the daemon: {line[:200]!r}") from e
+    if not isinstance(event, dict):
+        raise EngineHTTPError(0, f"not a JSON object from the daemon: {line[:200]!r}")
+    return event

@@ -1,4 +1,4 @@
-"""The engine boundary: only the verbs k3env uses. ``docker_engine`` implements it.
+"""The engine boundary: only the verbs k3env uses. ``dockerd.DockerEngine`` implements it.
 
 A test fake satisfies this Protocol without inheritance; the same paths also run against a
 real dockerd in the tests marked ``engine``.
@@ -68,14 +68,6 @@ class PushResult:
         return [layer for layer, status in self.layers.items() if status == "Pushed"]
 
 
-@dataclass(frozen=True, kw_only=True)
-class LayerPaths:
-    """Where the engine keeps an image's layers (overlay2: the upper dirs, base first)."""
-
-    driver: str
-    dirs: tuple[str, ...]
-
-
 Progress = Callable[[str], None]
 
 
@@ -88,9 +80,6 @@ class Engine(Protocol):
 
     def lookup(self, ref: str) -> Tagged | None:
         """The image's ID and labels (one cheap call), or ``None`` when the engine lacks it."""
-
-    def layer_paths(self, ref: str) -> LayerPaths:
-        """Where the image's layers live on the engine's disk (for sharing checks)."""
 
     def pull(self, reference: str, progress: Progress) -> None:
         """Pull ``repository@digest``."""

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from k3env import twin
 from k3env.config.lock import load_lock
 from k3env.engine.dockerd import DockerEngine
 from k3env.errors import EngineError
+from k3env.image import twin
 from k3env.log import Log
 from k3env.state import State
 
@@ -114,7 +114,7 @@ def fixed_base(engine: DockerEngine, registry: str) -> BaseFixture:
 
 def write_project(root: Path, base: BaseFixture, *, env: dict[str, str] | None = None) -> Path:
     """A lock + spec + patch pinning ``base`` by digest; returns the lock path."""
-    from k3env.config.reader import file_sha256
+    from k3env.hashing import file_sha256
 
     (root / "pins").mkdir(parents=True, exist_ok=True)
     (root / "images").mkdir(exist_ok=True)
@@ -176,16 +176,28 @@ def clean_probe_images(engine: DockerEngine) -> Iterator[None]:
     """Remove every k3env-test/probe image before and after the test."""
 
     def clean() -> None:
-        for image in engine.client.images.list(name="k3env-test/probe"):
-            engine.client.images.remove(image.id, force=True)
+        ids = sorted({line.split()[0] for line in _probe_images()})
+        if ids:
+            subprocess.run(["docker", "rmi", "-f", *ids], check=True, capture_output=True)
 
     clean()
     yield
     clean()
 
 
+def _probe_images() -> list[str]:
+    """``ID repository:tag`` for every k3env-test/probe image (the docker CLI, not k3env)."""
+    listing = subprocess.run(
+        ["docker", "images", "--format", "{{.ID}} {{.Repository}}:{{.Tag}}", "k3env-test/probe"],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return listing.stdout.splitlines()
+
+
 def probe_tags(engine: DockerEngine) -> list[str]:
-    return [t for i in engine.client.images.list(name="k3env-test/probe") for t in i.tags]
+    return [line.split()[1] for line in _probe_images() if not line.endswith(":<none>")]
 
 
 @pytest.fixture(scope="session")

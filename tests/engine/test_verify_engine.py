@@ -198,7 +198,7 @@ def test_patch_presence_is_judged_on_the_images_own_file(
         name="present",
         path=Path("p.toml"),
         description="",
-        edits=(Edit(anchor="x", replacement=line),),
+        edits=(Edit(anchor="@@no such anchor@@", replacement=line),),
     )
     assert missing_edits(present, target["text"]) == []
 
