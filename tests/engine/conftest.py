@@ -7,6 +7,7 @@ digest exactly like a real base.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -23,6 +24,7 @@ import pytest
 from k3env.config.lock import load_lock
 from k3env.engine.dockerd import DockerEngine
 from k3env.errors import EngineError
+from k3env.hashing import record_hash
 from k3env.image import twin
 from k3env.log import Log
 from k3env.state import State
@@ -83,14 +85,25 @@ def _make_base(engine: DockerEngine, registry: str, name: str, content: str) -> 
     lock = load_lock(REPO / "pins/k3.lock.toml")
     stage1 = twin.ensure_stage1(lock, twin.plan(lock), engine, Log())
     repository = f"{registry}/k3env-test/{name}"
-    script = (
-        "mkdir -p /usr/lib/python3/dist-packages/k3test && "
-        "touch /usr/lib/python3/dist-packages/k3test/__init__.py && "
-        f"printf '%s' '{content}' > /usr/lib/python3/dist-packages/k3test/mod.py"
+    # k3test is an installed distribution: its RECORD lists each file's sha256, as pip writes.
+    site = "/usr/lib/python3/dist-packages"
+    files = {"k3test/__init__.py": "", "k3test/mod.py": content}
+    record = "".join(
+        f"{path},sha256={record_hash(text.encode())},{len(text.encode())}\n"
+        for path, text in files.items()
+    )
+    files["k3test-1.0.dist-info/METADATA"] = "Metadata-Version: 2.1\nName: k3test\nVersion: 1.0\n"
+    files["k3test-1.0.dist-info/RECORD"] = record + "k3test-1.0.dist-info/RECORD,,\n"
+    writer = (
+        "import json, os, sys\n"
+        "for path, text in json.loads(sys.argv[2]).items():\n"
+        "    full = os.path.join(sys.argv[1], path)\n"
+        "    os.makedirs(os.path.dirname(full), exist_ok=True)\n"
+        "    open(full, 'w').write(text)\n"
     )
     image_id = engine.run_and_commit(
         stage1,
-        ["sh", "-c", script],
+        ["python3", "-c", writer, site, json.dumps(files)],
         repository=repository,
         tag="1",
         mounts={},

@@ -7,6 +7,7 @@ import os
 import subprocess
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -62,7 +63,58 @@ def test_push_to_a_registry_that_is_down_leaves_no_record(
     assert not State().path("pushed").exists() or not any(State().path("pushed").iterdir())
 
 
-def test_export_is_deterministic_and_carries_env_and_patches(
+def _unsquash(sqsh: str, dest: Path) -> Path:
+    subprocess.run(["unsquashfs", "-q", "-d", str(dest), sqsh], check=True, capture_output=True)
+    return dest
+
+
+def _squash(root: Path, out: Path) -> Path:
+    """A squashfs of ``root`` as enroot makes one: all-root, enroot's default options."""
+    subprocess.run(
+        ["mksquashfs", str(root), str(out), "-noappend", "-quiet", "-no-progress", "-all-root",
+         "-comp", "lzo", "-noD"],
+        check=True,
+    )  # fmt: skip
+    return out
+
+
+def _inspect(image_id: str) -> dict[str, object]:
+    out = subprocess.run(
+        ["docker", "image", "inspect", image_id], capture_output=True, text=True, check=True
+    ).stdout
+    config: dict[str, object] = json.loads(out)[0]["Config"]
+    return config
+
+
+def _enroot_rc(config: dict[str, object]) -> str:
+    """/etc/rc as enroot 4.x writes it for this config (../shared/FACTS.md): every label as
+    `# KEY VALUE` sorted by key, a blank line, then the fixed script; the test base has no
+    entrypoint, Cmd ["python3"] and no WorkingDir, so exec gets two spaces and 'python3'."""
+    labels = config.get("Labels") or {}
+    assert isinstance(labels, dict)
+    head = "".join(f"# {k} {v}\n" for k, v in sorted(labels.items()))
+    assert config.get("Cmd") == ["python3"] and not config.get("Entrypoint")
+    return (
+        head
+        + "\n"
+        + (
+            'mkdir -p "/" 2> /dev/null\n'
+            'cd "/" && unset OLDPWD || exit 1\n'
+            "\n"
+            "if [ -s /etc/rc.local ]; then\n"
+            "    . /etc/rc.local\n"
+            "fi\n"
+            "\n"
+            "if [ $# -gt 0 ]; then\n"
+            '    exec  "$@"\n'
+            "else\n"
+            "    exec  'python3'\n"
+            "fi\n"
+        )
+    )
+
+
+def test_export_is_deterministic_and_laid_out_as_enroot_does(
     project: Path, capsys: pytest.CaptureFixture[str], clean_probe_images: None
 ) -> None:
     a = run_json(capsys, "export", "--out", "a")["images"][0]  # type: ignore[index]
@@ -76,54 +128,124 @@ def test_export_is_deterministic_and_carries_env_and_patches(
             ["unsquashfs", "-cat", sqsh, path], capture_output=True, text=True, check=True
         ).stdout
 
-    env = cat("etc/environment").splitlines()
-    assert "A=1" in env and "STACK_WIDE=1" in env
+    config = _inspect(a["image_id"])
+    assert cat("etc/environment").splitlines() == config["Env"]
+    assert "A=1" in config["Env"] and "STACK_WIDE=1" in config["Env"]  # type: ignore[operator]
+    assert cat("etc/rc") == _enroot_rc(config)
     assert "idx_mapping.long()" in cat("usr/lib/python3/dist-packages/k3test/mod.py")
-    rc = cat("etc/rc")
-    assert rc.startswith("# enroot-provenance: ") and "exec python3" in rc
-    listing = subprocess.run(["unsquashfs", "-l", sqsh], capture_output=True, text=True).stdout
-    assert "squashfs-root/dev/" not in listing and ".dockerenv" not in listing
+    listing = subprocess.run(
+        ["unsquashfs", "-lln", sqsh], capture_output=True, text=True, check=True
+    ).stdout.splitlines()
+    assert listing[0].startswith("drwxr-xr-x 0/0")  # the root, as enroot's `mkdir rootfs`
+    assert not any("squashfs-root/dev/" in line or ".dockerenv" in line for line in listing)
+    # The image's own mtimes stay (Python's timestamp .pyc stay valid): a base file keeps its
+    # layer's mtime, not the image's creation time.
+    base_file = next(line for line in listing if line.endswith("/usr/bin/python3.11"))
+    assert " 1970-01-01 " not in base_file
     assert main(["export", "--lock", LOCK, "--check", sqsh]) == 0
 
 
-def _tamper(sqsh: str, tmp: Path, path: str, old: str, new: str) -> Path:
-    root = tmp / "unpacked"
-    subprocess.run(["unsquashfs", "-q", "-d", str(root), sqsh], check=True, capture_output=True)
-    target = root / path
-    target.write_text(target.read_text().replace(old, new))
-    out = tmp / "tampered.sqsh"
-    subprocess.run(["mksquashfs", str(root), str(out), "-noappend", "-quiet"], check=True)
-    subprocess.run(["rm", "-rf", str(root)], check=True)
-    return out
+@pytest.fixture
+def enroot_import(project: Path, capsys: pytest.CaptureFixture[str]) -> Path:
+    """The rootfs of the exported image, re-laid as `enroot import` lays it out: /etc/rc and
+    /etc/environment written from the image config in enroot's documented form."""
+    exported = run_json(capsys, "export", "--out", "a")["images"][0]  # type: ignore[index]
+    root = _unsquash(exported["path"], project / "rootfs")
+    config = _inspect(exported["image_id"])
+    (root / "etc/rc").write_text(_enroot_rc(config))
+    (root / "etc/environment").write_text("".join(f"{e}\n" for e in config["Env"]))  # type: ignore[union-attr]
+    return root
+
+
+def test_check_accepts_what_enroot_import_writes(
+    enroot_import: Path, project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sqsh = _squash(enroot_import, project / "enroot.sqsh")
+    assert main(["export", "--lock", LOCK, "--check", str(sqsh)]) == 0, capsys.readouterr()
+
+
+def _append(path: Path, line: str) -> None:
+    path.write_text(path.read_text() + line)
+
+
+def _replace(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text, (path, old)
+    path.write_text(text.replace(old, new, 1))
+
+
+def _flip_byte(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[0] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+TAMPERING = {
+    "env-appended": (lambda r: _append(r / "etc/environment", "PYTHONHASHSEED=43\n"),
+                     "etc/environment: extra line 'PYTHONHASHSEED=43'"),
+    "ld-preload": (lambda r: _append(r / "etc/environment", "LD_PRELOAD=/x.so\n"),
+                   "etc/environment: extra line 'LD_PRELOAD=/x.so'"),
+    "env-changed": (lambda r: _replace(r / "etc/environment", "A=1", "A=2"),
+                    "etc/environment: changed: 'A=2' (image config: 'A=1')"),
+    "exec-rewritten": (lambda r: _replace(r / "etc/rc", "exec  'python3'", "exec  'sh'"),
+                       "etc/rc: unexpected line \"    exec  'sh'\""),
+    "rc-line-injected": (lambda r: _replace(r / "etc/rc", "\nmkdir", "\ntouch /tmp/p\nmkdir"),
+                         "etc/rc: unexpected line 'touch /tmp/p'"),
+    "dist-file-byte": (lambda r: _flip_byte(r / "usr/lib/python3/dist-packages/k3test/__init__.py")
+                       if (r / "usr/lib/python3/dist-packages/k3test/__init__.py").stat().st_size
+                       else _append(r / "usr/lib/python3/dist-packages/k3test/__init__.py", "x"),
+                       "python k3test-1.0: /usr/lib/python3/dist-packages/k3test/__init__.py differs"),
+    "patched-file": (lambda r: _replace(r / "usr/lib/python3/dist-packages/k3test/mod.py",
+                                        "idx_mapping.long()", "idx_mapping"),
+                     "patch int64"),
+    "provenance-digest-byte": (lambda r: _replace(r / "etc/k3env/provenance.json",
+                                                  '"digest": "sha256:', '"digest": "sha256:0'),
+                               "provenance: /etc/k3env/provenance.json sha256"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", sorted(TAMPERING))
+def test_check_rejects_tampering_naming_what_changed(
+    enroot_import: Path, project: Path, capsys: pytest.CaptureFixture[str], case: str
+) -> None:
+    tamper, needle = TAMPERING[case]
+    tamper(enroot_import)
+    sqsh = _squash(enroot_import, project / "tampered.sqsh")
+    assert main(["export", "--lock", LOCK, "--check", str(sqsh)]) == 4
+    out = capsys.readouterr()
+    assert needle in out.out, out.out
+    assert "check(s) failed" in out.err
 
 
 @pytest.mark.parametrize(
-    ("path", "old", "new", "needle"),
+    ("make", "needle"),
     [
-        ("etc/environment", "A=1", "A=2", "env A"),
-        (
-            "usr/lib/python3/dist-packages/k3test/mod.py",
-            "idx_mapping.long()",
-            "idx_mapping",
-            "patch int64",
-        ),
+        (lambda p: p.write_bytes(b""), "not a squashfs image (0 bytes"),
+        (lambda p: p.write_bytes(os.urandom(4096)), "not a squashfs image (4096 bytes"),
+        (lambda p: p.mkdir(), "is a directory, not a squashfs image"),
     ],
-    ids=["env-differs", "patch-differs"],
+    ids=["empty", "random-bytes", "directory"],
 )
-def test_check_catches_a_squashfs_that_differs(
-    project: Path,
-    capsys: pytest.CaptureFixture[str],
-    clean_probe_images: None,
-    path: str,
-    old: str,
-    new: str,
-    needle: str,
+def test_a_bad_file_is_exit_2_saying_what_it_is(
+    project: Path, capsys: pytest.CaptureFixture[str], make: Any, needle: str
 ) -> None:
-    sqsh = run_json(capsys, "export", "--out", "a")["images"][0]["path"]  # type: ignore[index]
-    tampered = _tamper(sqsh, project, path, old, new)
-    assert main(["export", "--lock", LOCK, "--check", str(tampered)]) == 4
-    captured = capsys.readouterr()
-    assert f"FAIL {needle}" in captured.out and "check(s) failed" in captured.err
+    target = project / "bad.sqsh"
+    make(target)
+    assert main(["export", "--lock", LOCK, "--check", str(target)]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_malformed_provenance_and_an_unrelated_image_are_exit_2(
+    enroot_import: Path, project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (enroot_import / "etc/k3env/provenance.json").write_text("{not json")
+    sqsh = _squash(enroot_import, project / "malformed.sqsh")
+    assert main(["export", "--lock", LOCK, "--check", str(sqsh)]) == 2
+    assert "is not valid provenance" in capsys.readouterr().err
+    (enroot_import / "etc/k3env/provenance.json").unlink()
+    sqsh = _squash(enroot_import, project / "unrelated.sqsh")
+    assert main(["export", "--lock", LOCK, "--check", str(sqsh)]) == 2
+    assert "it was not built by k3env" in capsys.readouterr().err
 
 
 def test_unknown_image_is_a_clear_error(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
