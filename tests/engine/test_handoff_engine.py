@@ -174,12 +174,7 @@ def _replace(path: Path, old: str, new: str) -> None:
     path.write_text(text.replace(old, new, 1))
 
 
-def _flip_byte(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[0] ^= 0x01
-    path.write_bytes(bytes(data))
-
-
+K3TEST_INIT = "usr/lib/python3/dist-packages/k3test/__init__.py"
 TAMPERING = {
     "env-appended": (lambda r: _append(r / "etc/environment", "PYTHONHASHSEED=43\n"),
                      "etc/environment: extra line 'PYTHONHASHSEED=43'"),
@@ -191,10 +186,8 @@ TAMPERING = {
                        "etc/rc: unexpected line \"    exec  'sh'\""),
     "rc-line-injected": (lambda r: _replace(r / "etc/rc", "\nmkdir", "\ntouch /tmp/p\nmkdir"),
                          "etc/rc: unexpected line 'touch /tmp/p'"),
-    "dist-file-byte": (lambda r: _flip_byte(r / "usr/lib/python3/dist-packages/k3test/__init__.py")
-                       if (r / "usr/lib/python3/dist-packages/k3test/__init__.py").stat().st_size
-                       else _append(r / "usr/lib/python3/dist-packages/k3test/__init__.py", "x"),
-                       "python k3test-1.0: /usr/lib/python3/dist-packages/k3test/__init__.py differs"),
+    "dist-file-byte": (lambda r: _append(r / K3TEST_INIT, "x"),
+                       f"python k3test-1.0: /{K3TEST_INIT} differs from its RECORD"),
     "patched-file": (lambda r: _replace(r / "usr/lib/python3/dist-packages/k3test/mod.py",
                                         "idx_mapping.long()", "idx_mapping"),
                      "patch int64"),
