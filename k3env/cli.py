@@ -727,12 +727,16 @@ DESCRIPTIONS = {
         " line and the `srtslurm.yaml` `containers:` mapping"
     ),
     "export": (
-        "Write enroot images (`.sqsh`: the rootfs plus `/etc/environment`, `/etc/rc` with an "
-        "`enroot-provenance` line naming the digest, `/etc/fstab`), streamed from the engine into"
-        " `mksquashfs -tar` with enroot's options, fixed timestamps: the same image gives the "
-        "same bytes; sha256 recorded. With `--check FILE.sqsh`: re-read any squashfs (e.g. one "
-        "`enroot import` made on the cluster) against the lock: provenance, env, patches (exit 4 "
-        "on a difference)"
+        "Write enroot images (`.sqsh`) as `enroot import` lays them out: the rootfs with the "
+        "image's own mtimes (Python's `.pyc` stay valid), root 0755, and `/etc/environment`, "
+        "`/etc/rc`, `/etc/rc.local`, `/etc/fstab` in enroot's form, streamed from the engine "
+        "into `mksquashfs -tar` with enroot's options; the bytes depend on the image only; "
+        "sha256 recorded. With `--check FILE.sqsh`: check any squashfs (one `enroot import` "
+        "made on the cluster, or an export) against what the image carries and this lock: the "
+        "provenance file (its sha256 in the config labels), each `/etc/environment` line, the "
+        "`/etc/rc` script, every file of k3env's layer, every installed distribution against "
+        "its RECORD, env and patches (exit 4 naming each difference; exit 2 for a file that is "
+        "not a k3env image)"
     ),
     "srt materialize": (
         "Clone the pinned srt-slurm (its git URL, or a local mirror), check the tag is the pinned"
