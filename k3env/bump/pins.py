@@ -19,6 +19,7 @@ from k3env.bump.evaluate import Outcome
 from k3env.config.lock import Lock, load_lock
 from k3env.config.lock_edit import Change, candidate, render_leaves, set_leaves
 from k3env.config.reader import COMMIT_RE, DIGEST_RE
+from k3env.config.shapes import REF_RE, require_git_source
 from k3env.errors import ConfigError, LockError
 from k3env.hashing import file_sha256
 from k3env.log import Log
@@ -105,8 +106,11 @@ def candidate_lock(lock: Lock, changes: dict[str, str]) -> tuple[Lock, list[Chan
 
 def commit_to_tag(source: str, tag: str) -> str:
     """``git ls-remote`` the tag's commit (annotated tags peeled)."""
+    require_git_source(source, "--source")
+    if not REF_RE.match(tag):
+        raise ConfigError(f"{tag!r} is not a tag name", where="k3env bump", fix="e.g. v1.0.49")
     code, out = attempt(
-        [require_tool("git", "git"), "ls-remote", "--tags", source, f"refs/tags/{tag}*"],
+        [require_tool("git", "git"), "ls-remote", "--tags", "--", source, f"refs/tags/{tag}*"],
         Log(quiet=True),
     )
     refs: dict[str, str] = {}

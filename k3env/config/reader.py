@@ -236,6 +236,8 @@ class Table:
             required,
         )
         value = self._get(key, str, required, None)
+        if isinstance(value, str) and (bad := control_character(value)):
+            raise self.fail(key, f"control character {bad} in {value!r}", "write it on one line")
         if value is None:
             return None
         if allow_unresolved and value == UNRESOLVED:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+from k3env.errors import ConfigError
+
 # github.com/distribution/reference grammar (reference.go): lowercase path components
 # separated by "/", an optional registry host[:port] in front; tags up to 128 characters.
 _ALNUM = r"[a-z0-9]+"
@@ -46,6 +48,13 @@ def control_character(value: str, *, multiline: bool = False) -> str | None:
     writes into an image)."""
     m = (_CONTROL_BUT_LAYOUT_RE if multiline else _CONTROL_RE).search(value)
     return f"\\x{ord(m.group(0)):02x}" if m else None
+
+
+def require_git_source(value: str, where: str) -> str:
+    """``value`` if it is a git source (see ``is_git_source``), else a ConfigError."""
+    if not is_git_source(value):
+        raise ConfigError(f"{value!r} is not a git source", where=where, fix=GIT_FIX)
+    return value
 
 
 def is_git_source(value: str) -> bool:

@@ -14,7 +14,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-from k3env.errors import EngineError, LockError
+from k3env.errors import CheckFailed, EngineError, LockError
 
 ACCEPT = ", ".join(
     (
@@ -54,12 +54,17 @@ def _token(challenge: str) -> str | None:
 
 def _head_manifest(repository: str, reference: str) -> str:
     """``HEAD`` a manifest by tag or digest; its ``Docker-Content-Digest``."""
+    return _manifest(repository, reference, "HEAD")[0]
+
+
+def _manifest(repository: str, reference: str, method: str) -> tuple[str, bytes]:
+    """A manifest by tag or digest: its ``Docker-Content-Digest`` and (for GET) its body."""
     host, repo = split_repository(repository)
     url = f"{_scheme(host)}://{host}/v2/{repo}/manifests/{reference}"
     tag = reference
     headers = {"Accept": ACCEPT}
     for _ in range(2):
-        request = urllib.request.Request(url, method="HEAD", headers=headers)
+        request = urllib.request.Request(url, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 digest = response.headers.get("Docker-Content-Digest")
@@ -67,7 +72,7 @@ def _head_manifest(repository: str, reference: str) -> str:
                     raise EngineError(
                         "the registry sent no Docker-Content-Digest", where=url, fix="use skopeo"
                     )
-                return str(digest)
+                return str(digest), response.read() if method == "GET" else b""
         except urllib.error.HTTPError as e:
             if e.code == 401 and "Authorization" not in headers:
                 token = _token(e.headers.get("WWW-Authenticate", ""))
@@ -93,9 +98,41 @@ def resolve_digest(repository: str, tag: str) -> str:
     return _head_manifest(repository, tag)
 
 
+def tagged_config(repository: str, tag: str) -> str | None:
+    """The config digest (the image ID) that ``repository:tag`` names in its registry now,
+    or ``None`` when the tag does not exist there. Lets a push refuse to move a tag."""
+    try:
+        _digest, body = _manifest(repository, tag, "GET")
+    except LockError:
+        return None  # 404: no such tag
+    try:
+        config = json.loads(body).get("config", {}).get("digest")
+    except (ValueError, AttributeError):
+        config = None
+    return str(config) if config else None
+
+
 def manifest_exists(repository: str, digest: str) -> bool:
     """Whether the registry still serves ``repository@digest`` (a registry can be wiped)."""
     try:
         return _head_manifest(repository, digest) == digest
     except (EngineError, LockError):
         return False
+
+
+def refuse_to_move(repository: str, tag: str, image_id: str) -> None:
+    """Fail when the registry's ``repository:tag`` already names another image: a tag is the
+    content hash of an image's inputs, so another image under it means the bytes moved (a
+    build that is not reproducible), and moving it would change what others pull."""
+    try:
+        current = tagged_config(repository, tag)
+    except EngineError:
+        return  # the registry is unreachable: the push itself will say so
+    if current is not None and current != image_id:
+        raise CheckFailed(
+            f"{repository}:{tag} already names image {current[:19]}, not {image_id[:19]}: "
+            "the same inputs built different bytes here",
+            where=f"{repository}:{tag}",
+            fix="do not overwrite it: find what differs (`docker image inspect` both, compare "
+            "layers); pull the registry's image by digest to build on the same bytes",
+        )

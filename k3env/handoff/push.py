@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from k3env.engine.protocol import Engine
+from k3env.engine.registry import refuse_to_move
 from k3env.image.build import BuildResult
 from k3env.log import Log
 from k3env.state import State
@@ -38,8 +39,14 @@ class Pushed:
 def push_image(engine: Engine, state: State, build: BuildResult, registry: str, log: Log) -> Pushed:
     repository = f"{registry}/{build.reference.rsplit(':', 1)[0]}"
     tag = build.reference.rsplit(":", 1)[1]
+    refuse_to_move(repository, tag, build.image_id)
     engine.tag(build.image_id, repository, tag)
-    result = engine.push(repository, tag, log.detail)
+    try:
+        result = engine.push(repository, tag, log.detail)
+    except BaseException:
+        # The registry tag was never written: the local one made for the push goes too.
+        engine.remove(f"{repository}:{tag}")
+        raise
     pushed = Pushed(
         image=build.image,
         image_id=build.image_id,

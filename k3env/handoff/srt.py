@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from k3env.config.lock import Lock, SrtPatchPin, SrtSlurmPin, verify_pinned_file
+from k3env.config.shapes import require_git_source
 from k3env.errors import ConfigError, LockError, PatchError, ToolError
 from k3env.hashing import canonical_sha256
 from k3env.log import Log
@@ -152,7 +153,7 @@ def materialize(lock: Lock, state: State, log: Log, *, source: str | None = None
     patches = _patch_files(lock, srt)
     key = cache_key(srt)
     final = state.path("srt", key[:20])
-    origin = source or srt.git
+    origin = require_git_source(source, "--source") if source else srt.git
     if final.exists():
         record = _check_cache(final, log)
         log.info(f"    srt-slurm {srt.version} + {len(patches)} patch(es): cache hit {final}")
@@ -172,7 +173,9 @@ def materialize(lock: Lock, state: State, log: Log, *, source: str | None = None
     try:
         src = tmp / "src"
         with log.step(f"clone {origin}"):
-            _git(["clone", "--quiet", "--no-checkout", origin, str(src)], log, what="git clone")
+            _git(
+                ["clone", "--quiet", "--no-checkout", "--", origin, str(src)], log, what="git clone"
+            )
         code, tagged = attempt(
             [require_tool("git", "git"), "rev-parse", "--verify", "--quiet",
              f"refs/tags/{srt.version}^{{commit}}"],
@@ -297,7 +300,8 @@ def patch_fates(lock: Lock, log: Log, *, source: str | None = None) -> list[SrtP
     fates = []
     with tempfile.TemporaryDirectory(prefix="k3env-srt-fates-") as tmp:
         src = Path(tmp) / "src"
-        _git(["clone", "--quiet", "--no-checkout", source or srt.git, str(src)], log, what="clone")
+        origin = require_git_source(source, "--source") if source else srt.git
+        _git(["clone", "--quiet", "--no-checkout", "--", origin, str(src)], log, what="clone")
         _git(["checkout", "--quiet", "--detach", srt.commit], log, cwd=src, what="git checkout")
         for pin, path in patches:
             label = pin.label

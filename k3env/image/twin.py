@@ -18,7 +18,7 @@ from pathlib import Path
 
 from k3env.config.lock import BasePin, Lock, TwinPin
 from k3env.engine.protocol import Engine
-from k3env.engine.registry import manifest_exists
+from k3env.engine.registry import manifest_exists, refuse_to_move
 from k3env.errors import EngineError, LockError
 from k3env.hashing import canonical_sha256, file_sha256
 from k3env.image.bases import ResolvedBase
@@ -203,6 +203,9 @@ def ensure_twin(lock: Lock, engine: Engine, state: State, log: Log) -> tuple[str
                 progress=log.detail,
             )
     repository, tag = p.reference.rsplit(":", 1)
+    image = engine.lookup(p.reference)
+    if image is not None:
+        refuse_to_move(repository, tag, image.id)
     with log.step(f"push {p.reference}"):
         digest = engine.push(repository, tag, log.detail).digest
     state.write_json({"reference": p.reference, "digest": digest}, "twin", f"{p.inputs}.json")
