@@ -119,6 +119,54 @@ def _binds(mounts: Mapping[str, str] | None) -> list[str]:
     return [f"{src}:{dst}:ro" for src, dst in (mounts or {}).items()]
 
 
+class Transfer:
+    """Readable progress of a push or pull from the engine's event stream: per layer bytes
+    done of total, summed, at most one line every few seconds (the engine sends an event per
+    chunk, and a status line per layer that says nothing of how far it is)."""
+
+    INTERVAL = 3.0
+
+    def __init__(self, verb: str, progress: Progress) -> None:
+        self.verb = verb
+        self.progress = progress
+        self.current: dict[str, int] = {}
+        self.total: dict[str, int] = {}
+        self.finished: set[str] = set()
+        self.last = time.monotonic()
+
+    def update(self, event: dict[str, Any]) -> None:
+        layer = event.get("id")
+        status = str(event.get("status") or "")
+        detail = event.get("progressDetail") or {}
+        if not layer or layer == "latest" or ":" in str(layer):
+            return
+        if detail.get("total"):
+            self.total[layer] = int(detail["total"])
+            self.current[layer] = int(detail.get("current") or 0)
+        if status in ("Pushed", "Layer already exists", "Pull complete", "Already exists",
+                      "Mounted from"):  # fmt: skip
+            self.finished.add(layer)
+            if layer in self.total:
+                self.current[layer] = self.total[layer]
+        if time.monotonic() - self.last >= self.INTERVAL:
+            self.last = time.monotonic()
+            self.progress(self.line())
+
+    def line(self) -> str:
+        seen = set(self.total) | self.finished
+        done, total = sum(self.current.values()), sum(self.total.values())
+        busy = sorted(set(self.total) - self.finished)
+        text = f"{len(self.finished)}/{len(seen)} layers {self.verb}"
+        if total:
+            text += f", {done / 1e6:.1f} of {total / 1e6:.1f} MB ({100 * done // total}%)"
+        if busy:
+            text += f"; in flight: {', '.join(busy[:3])}{' ...' if len(busy) > 3 else ''}"
+        return text
+
+    def done(self) -> None:
+        self.progress(self.line())
+
+
 class DockerEngine:
     def __init__(self, base_url: str | None = None, *, timeout: float = DEFAULT_TIMEOUT) -> None:
         """Connect to ``base_url`` (default: DOCKER_HOST, else the local socket) and ping it;
@@ -393,6 +441,7 @@ class DockerEngine:
                 (name, maybe_tag) if colon and "/" not in maybe_tag else (reference, "latest")
             )
         fix = "check that the registry is reachable and the digest exists"
+        transfer = Transfer("pulled", progress)
         with self._reported("docker pull", reference, fix):
             for event in self.http.json_lines(
                 "POST",
@@ -403,8 +452,8 @@ class DockerEngine:
             ):
                 if "error" in event:
                     raise EngineError(f"pull failed: {event['error']}", where=reference, fix=fix)
-                if event.get("status") and not event.get("progressDetail"):
-                    progress(f"{event.get('id', '')} {event['status']}".strip())
+                transfer.update(event)
+            transfer.done()
 
     def load(self, archive: bytes) -> str:
         loaded = []
@@ -473,7 +522,7 @@ class DockerEngine:
     def push(self, repository: str, tag: str, progress: Progress) -> PushResult:
         digest = None
         layers: dict[str, str] = {}
-        last = 0.0
+        transfer = Transfer("pushed", progress)
         where = f"{repository}:{tag}"
         for attempt in range(3):
             try:
@@ -494,9 +543,8 @@ class DockerEngine:
                     status = event.get("status") or ""
                     if event.get("id") and not event.get("progressDetail"):
                         layers[event["id"]] = status
-                    if time.monotonic() - last > 2 and status:
-                        last = time.monotonic()
-                        progress(f"{event.get('id', '')} {status}".strip())
+                    transfer.update(event)
+                transfer.done()
                 break
             except (OSError, EngineHTTPError) as e:
                 if attempt == 2:
