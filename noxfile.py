@@ -29,8 +29,9 @@ def lint(session: nox.Session) -> None:
     """ruff (lint + format check), mypy --strict, and the layout check (no import cycle)."""
     _install(session, "lint")
     session.run("python", "scripts/check_layout.py", "k3env")
-    session.run("ruff", "check", "k3env", "tests", "noxfile.py", "benchmarks", "scripts")
-    session.run("ruff", "format", "--check", "k3env", "tests", "noxfile.py", "benchmarks", "scripts")
+    paths = ("k3env", "tests", "noxfile.py", "benchmarks", "scripts")
+    session.run("ruff", "check", *paths)
+    session.run("ruff", "format", "--check", *paths)
     session.run("mypy")
 
 
