@@ -269,8 +269,10 @@ class Squashfs:
         return [line.lstrip("/") for line in out.splitlines() if line.strip()]
 
     def extract(self, dest: Path, paths: Iterable[str]) -> None:
+        """Extract ``paths`` (exact names: unsquashfs reads an extract list as globs, so
+        ``[`` in a vLLM config file name is escaped) under ``dest``."""
         listed = dest.parent / "extract-list"
-        listed.write_text("".join(f"{p}\n" for p in paths))
+        listed.write_text("".join(_glob_escape(p) + "\n" for p in paths))
         run(
             [
                 self.unsquashfs,
@@ -287,6 +289,10 @@ class Squashfs:
             capture=True,
             what="unsquashfs",
         )
+
+
+def _glob_escape(path: str) -> str:
+    return re.sub(r"([][*?\\])", r"\\\1", path)
 
 
 def _provenance(fs: Squashfs) -> tuple[dict[str, Any], bytes]:
@@ -365,52 +371,51 @@ def _rc_items(expected: str, actual: bytes | None) -> list[CheckItem]:
 def _record_items(fs: Squashfs, listing: list[str], patched: set[str], log: Log) -> list[CheckItem]:
     """Every installed distribution's files against the sha256 in its own RECORD; files
     k3env's layer replaced (patched) are checked against the provenance instead."""
-    records = [p for p in listing if re.search(r"[^/]+\.dist-info/RECORD$", p)]
+    # Installed distributions live in a site directory on sys.path; a dist-info vendored
+    # inside a package (setuptools/_vendor/wheel-*.dist-info) lists files never installed.
+    records = [
+        p for p in listing if re.search(r"(^|/)(site|dist)-packages/[^/]+\.dist-info/RECORD$", p)
+    ]
     if not records:
         return [CheckItem(what="python", ok=True, detail="no installed distributions")]
-    sites = sorted({p.rsplit("/", 2)[0] for p in records})
-    wanted = [p for p in listing if any(p == s or p.startswith(s + "/") for s in sites)]
-    items: list[CheckItem] = []
+    present = set(listing)
     with tempfile.TemporaryDirectory(prefix="k3env-check-") as tmp:
         dest = Path(tmp) / "root"
-        with log.step(f"read {len(records)} distribution(s) in {len(sites)} site dir(s)"):
-            fs.extract(dest, [p for p in wanted if not p.endswith("/")] or sites)
-        bad = 0
-        checked = 0
+        fs.extract(dest, records)
+        wanted: list[tuple[str, str, str]] = []  # (distribution, path, RECORD hash)
         for record in records:
             site = record.rsplit("/", 2)[0]
             dist = record.rsplit("/", 2)[1].removesuffix(".dist-info")
-            rows = csv.reader(io.StringIO((dest / record).read_text(errors="replace")))
-            for row in rows:
-                if len(row) < 2 or not row[1].startswith("sha256="):
-                    continue
-                rel = os.path.normpath(os.path.join(site, row[0]))
-                if rel in patched:
-                    continue
-                path = dest / rel
-                want = row[1].removeprefix("sha256=")
-                if not path.is_file() and not path.is_symlink():
-                    bad += 1
-                    items.append(
-                        CheckItem(what=f"python {dist}", ok=False, detail=f"/{rel} is missing")
-                    )
-                    continue
-                checked += 1
-                if record_hash(path.read_bytes()) != want.rstrip("="):
-                    bad += 1
-                    items.append(
-                        CheckItem(
-                            what=f"python {dist}",
-                            ok=False,
-                            detail=f"/{rel} differs from its RECORD sha256",
-                        )
-                    )
+            for row in csv.reader(io.StringIO((dest / record).read_text(errors="replace"))):
+                if len(row) >= 2 and row[1].startswith("sha256="):
+                    rel = os.path.normpath(os.path.join(site, row[0]))
+                    if rel not in patched:
+                        wanted.append((dist, rel, row[1].removeprefix("sha256=").rstrip("=")))
+        with log.step(f"read {len(wanted)} file(s) of {len(records)} distribution(s)"):
+            fs.extract(dest, sorted({rel for _, rel, _ in wanted if rel in present}))
+        bad: dict[str, list[str]] = {}
+        for dist, rel, want in wanted:
+            path = dest / rel
+            if rel not in present or not (path.is_file() or path.is_symlink()):
+                bad.setdefault(dist, []).append(f"/{rel} is missing")
+            elif record_hash(path.read_bytes()) != want:
+                bad.setdefault(dist, []).append(f"/{rel} differs from its RECORD sha256")
+    items = [
+        CheckItem(
+            what=f"python {dist}",
+            ok=False,
+            detail="; ".join(problems[:5])
+            + (f"; and {len(problems) - 5} more" if len(problems) > 5 else ""),
+        )
+        for dist, problems in sorted(bad.items())
+    ]
     if not bad:
         items.append(
             CheckItem(
                 what="python",
                 ok=True,
-                detail=f"{checked} file(s) of {len(records)} distribution(s) match their RECORD",
+                detail=f"{len(wanted)} file(s) of {len(records)} distribution(s) match their "
+                "RECORD",
             )
         )
     return items
