@@ -168,9 +168,11 @@ def export_image(
     tmp = final.with_name(f".{final.name}.{os.getpid()}.partial")
     append = entries(enroot_files(image.config), when)
     # mksquashfs -tar stamps the root directory with the current time whatever -root-time
-    # says (squashfs-tools 4.5.1); a frozen clock keeps the bytes a function of the image.
+    # says (squashfs-tools 4.5.1); a stopped clock keeps the bytes a function of the image.
+    # (`faketime -f TIME` stops the clock; `faketime TIME` starts it there and lets it run.)
     clock = [
         require_tool("faketime", "faketime"),
+        "-f",
         datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%d %H:%M:%S"),
     ]
     try:
