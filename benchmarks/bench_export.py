@@ -36,9 +36,10 @@ IMPORT = "import time; t = time.perf_counter(); import vllm; print(time.perf_cou
 
 
 def _import_seconds(image: str, repeat: int = 3) -> float:
-    """Median cold `import vllm` (a fresh container each time, read-only root)."""
+    """Median cold `import vllm` (a fresh container and Python each time, read-only root),
+    after one discarded run so both images are timed with the files in the page cache."""
     times = []
-    for _ in range(repeat):
+    for _ in range(repeat + 1):
         out = subprocess.run(
             ["docker", "run", "--rm", "--read-only", "--tmpfs", "/tmp", "--network", "none",
              "-e", "VLLM_TARGET_DEVICE=cpu", "-e", "CUDA_VISIBLE_DEVICES=",
@@ -46,6 +47,7 @@ def _import_seconds(image: str, repeat: int = 3) -> float:
             capture_output=True, text=True, check=True,
         ).stdout  # fmt: skip
         times.append(float(out.strip().splitlines()[-1]))
+    times = times[1:]
     return sorted(times)[len(times) // 2]
 
 
