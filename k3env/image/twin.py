@@ -26,7 +26,8 @@ from k3env.log import Log
 from k3env.runner import require_tool, run
 from k3env.state import State
 
-TWIN_FORMAT = 2  # 2: no leftover ENTRYPOINT, PATH set
+TWIN_FORMAT = 3  # 3: no VOLUMEs from build mounts, no build-host files from debootstrap
+STAGE1_FORMAT = 2  # 2: the build host's hostname, resolv.conf and apt/dpkg logs removed
 STAGE1_REPOSITORY = "k3env/debian-python"
 LABEL = "io.k3env.twin.inputs"
 
@@ -56,7 +57,12 @@ def plan(lock: Lock) -> TwinPlan:
             fix="if deliberate, run `k3env lock --update-hashes`; else restore the file",
         )
     stage1 = canonical_sha256(
-        {"suite": twin.debian_suite, "mirror": twin.debian_mirror, "packages": twin.debian_packages}
+        {
+            "format": STAGE1_FORMAT,
+            "suite": twin.debian_suite,
+            "mirror": twin.debian_mirror,
+            "packages": twin.debian_packages,
+        }
     )
     inputs = canonical_sha256({"format": TWIN_FORMAT, "stage1": stage1, "requirements": actual})
     return TwinPlan(
@@ -98,16 +104,24 @@ def ensure_stage1(lock: Lock, p: TwinPlan, engine: Engine, log: Log) -> str:
                 capture=True,
                 what="debootstrap",
             )
-            # Nothing of the build host's apt cache belongs in the image.
+            # Nothing of the build host belongs in the image: debootstrap copies its hostname
+            # and resolv.conf in, and leaves apt's cache and the install logs.
             run(
                 [
                     "rm",
                     "-rf",
                     str(root / "var/cache/apt/archives"),
                     str(root / "var/lib/apt/lists"),
+                    str(root / "var/log/apt"),
+                    str(root / "var/log/dpkg.log"),
+                    str(root / "var/log/alternatives.log"),
+                    str(root / "var/cache/ldconfig/aux-cache"),
                 ],
                 log,
             )
+            for name in ("etc/hostname", "etc/resolv.conf"):
+                (root / name).unlink(missing_ok=True)
+                (root / name).write_text("")
             run(["tar", "--numeric-owner", "-C", str(root), "-cf", str(tarball), "."], log)
         with log.step(f"import {p.stage1_ref}"):
             return engine.import_rootfs(tarball, *p.stage1_ref.split(":"))
