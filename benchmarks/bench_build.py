@@ -36,6 +36,9 @@ from k3env.image.twin import ensure_twin  # noqa: E402
 from k3env.log import Log  # noqa: E402
 from k3env.state import State  # noqa: E402
 
+# The engine's own client (Debian's docker.io): it drives BuildKit embedded in dockerd 20.10
+# (DOCKER_BUILDKIT=1); a newer CLI elsewhere on PATH wants the buildx plugin for that.
+DOCKER_CLI = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"
 ANCHOR = '__version__ = "dev"'
 REPLACEMENT = '__version__ = "dev+k3env-bench"'
 
@@ -156,7 +159,7 @@ def main() -> int:
             warm.append(timed(k3env, cwd=root, env=state))
             noop.append(timed(k3env, cwd=root, env=state))
             # docker build of the same change, per builder: first build, then the env edit.
-            build = ["docker", "build", "-t", "k3env-bench/docker:x"]
+            build = [DOCKER_CLI, "build", "-t", "k3env-bench/docker:x"]
             text = original.content.decode()
             for name, env in builders.items():
                 clean(engine)
