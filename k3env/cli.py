@@ -769,8 +769,8 @@ DESCRIPTIONS = {
         "read by something, versions match the lock; prints a table and a markdown compat matrix"
     ),
     "preflight": (
-        "Check serve profiles, specs, the lock and a cluster profile against 13 rules drawn from "
-        "the bring-up's failures, with no engine (~2 ms)"
+        "Check serve profiles, specs, the lock and a cluster profile against the rules drawn from "
+        "the bring-up's failures (`--list-rules`), with no engine (~10 ms)"
     ),
 }
 

@@ -309,7 +309,7 @@ def test_a_failing_command_prints_one_json_document(
     repo_with_clusters: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     replace_in(SPEC, 'PYTHONHASHSEED = "42"', "")
-    code, payload = _run(["preflight", "kimi-k3-direct-f"], capsys)
+    code, payload = _run(["preflight", "kimi-k3-direct-f", "--rule", "K3-PYTHONHASHSEED"], capsys)
     assert code == 4 and payload["errors"] == 1 and payload["error"]["exit_code"] == 4
 
 

@@ -47,7 +47,19 @@ def repo_with_clusters(repo: Path) -> Path:
     return repo
 
 
-def test_final_variant_f_passes_with_no_findings(repo_with_clusters: Path) -> None:
+@pytest.fixture
+def resolved_srt(repo_with_clusters: Path) -> Path:
+    """The lock's srt-slurm PR patches written and pinned (as on a host that reaches GitHub):
+    without them the committed lock's 2-node direct profiles fail K3-SRT-FRONTEND."""
+    srt_dir = repo_with_clusters / "patches/srt-slurm"
+    srt_dir.mkdir(parents=True, exist_ok=True)
+    (srt_dir / "pr278-direct-aggregate-serving.patch").write_text("From 6fd6000 ...\n")
+    (srt_dir / "pr278-direct-vllm-multinode.patch").write_text("From k3env ...\n")
+    assert main(["lock", "--update-hashes", "-q"]) == 0
+    return repo_with_clusters
+
+
+def test_final_variant_f_passes_with_no_findings(resolved_srt: Path) -> None:
     assert findings(F) == {}
     assert main(["preflight", "kimi-k3-direct-f"]) == 0
 
@@ -152,7 +164,7 @@ def test_rule_trips_on_the_failing_form(
     assert findings(spec).get(rule) == severity
 
 
-def test_fragmentation_is_a_warning_without_a_connector(repo_with_clusters: Path) -> None:
+def test_fragmentation_is_a_warning_without_a_connector(resolved_srt: Path) -> None:
     # Variant D served 24 minutes without expandable_segments: a warning, not an error.
     assert findings(D) == {"K3-ALLOC-FRAGMENTATION": "warning"}
 
@@ -209,16 +221,52 @@ def test_verify_facts_about_the_image_override_the_lock(repo_with_clusters: Path
 
 
 def test_srt_slurm_frontend_needs_the_pr_or_the_release(repo_with_clusters: Path) -> None:
-    assert "K3-SRT-FRONTEND" not in findings(D)  # v1.0.36 + PR #278 + multi-node patch
+    # The committed lock: PR #278 and the multi-node patch are unresolved (no file, no sha256),
+    # so they provide nothing; the 2-node direct recipe needs both.
+    report = run_rules(contexts(load_lock(LOCK), [load_spec(D, load_lock(LOCK))],
+                                load_cluster(CLUSTER), None), RULES)  # fmt: skip
+    srt = [f for f in report.findings if f.rule == "K3-SRT-FRONTEND"]
+    assert {f.key for f in srt} == {"srt_slurm.patches[0]", "srt_slurm.patches[1]"}
+    assert all(f.severity == "error" and "unresolved (no sha256)" in f.message for f in srt)
+    # With both patch files written and pinned, the pinned srt-slurm serves the profile.
+    srt_dir = Path("patches/srt-slurm")
+    srt_dir.mkdir(parents=True, exist_ok=True)
+    (srt_dir / "pr278-direct-aggregate-serving.patch").write_text("From 6fd6000 ...\n")
+    (srt_dir / "pr278-direct-vllm-multinode.patch").write_text("From k3env ...\n")
+    assert main(["lock", "--update-hashes", "-q"]) == 0
+    assert "K3-SRT-FRONTEND" not in findings(D)
     replace_in(LOCK, 'provides = ["frontend.vllm.multinode"]', "provides = []")
     assert findings(D)["K3-SRT-FRONTEND"] == "error"  # single-node only on 2 nodes
     replace_in(LOCK, 'version = "v1.0.36"', 'version = "v1.0.49"')
     assert "K3-SRT-FRONTEND" not in findings(D)  # upstream multi-node (PR #296)
 
 
-def test_linter_output_and_json(
-    repo_with_clusters: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_the_node_count_comes_from_the_profile(repo_with_clusters: Path) -> None:
+    """A one-node profile (TP8, no PP) needs no multi-node support whatever the cluster has."""
+    srt_dir = Path("patches/srt-slurm")
+    srt_dir.mkdir(parents=True, exist_ok=True)
+    (srt_dir / "pr278-direct-aggregate-serving.patch").write_text("From 6fd6000 ...\n")
+    assert main(["lock", "--update-hashes", "-q"]) == 0
+    assert findings(D).get("K3-SRT-FRONTEND") == "error"  # TP8 x PP2: 2 nodes
+    text = D.read_text()
+    one_node = text.replace('"--pipeline-parallel-size", "2",', '"--pipeline-parallel-size", "1",')
+    D.write_text(one_node)
+    assert findings(D).get("K3-SRT-FRONTEND") == "error"  # still --nnodes 2
+    D.write_text(one_node.replace('  "--nnodes", "2",\n', ""))
+    assert "K3-SRT-FRONTEND" not in findings(D)
+
+
+def test_a_dropped_container_patch_is_a_warning_naming_why(repo_with_clusters: Path) -> None:
+    assert "K3-DROPPED-PATCH" not in findings(F)
+    replace_in(F, 'patches = ["mamba-hybrid-index-int64"]', "patches = []")
+    lock = load_lock(LOCK)
+    report = run_rules(contexts(lock, [load_spec(F, lock)], load_cluster(CLUSTER), None), RULES)
+    (hit,) = [f for f in report.findings if f.rule == "K3-DROPPED-PATCH"]
+    assert hit.severity == "warning" and "mamba-hybrid-index-int64" in hit.message
+    assert lock.container_patches["mamba-hybrid-index-int64"].why in hit.message
+
+
+def test_linter_output_and_json(resolved_srt: Path, capsys: pytest.CaptureFixture[str]) -> None:
     replace_in(F, 'PYTHONHASHSEED = "42"', "")
     assert main(["preflight", "kimi-k3-direct-f"]) == 4
     out = capsys.readouterr().out

@@ -386,23 +386,74 @@ def srt_frontend(ctx: Context) -> Iterable[Hit]:
     if "vllm-serve" not in ctx.roles() or ctx.lock.srt_slurm is None:
         return
     srt = ctx.lock.srt_slurm
-    provided = {p for patch in srt.patches for p in patch.provides}
     version = srt.version.removeprefix("v")
+    nodes = profile_nodes(ctx)
     needed = ["frontend.vllm"]
-    if ctx.cluster.nodes > 1:
+    if nodes > 1:
         needed.append("frontend.vllm.multinode")
     for feature in needed:
-        if feature in provided or in_range(version, SRT_FEATURES[feature]):
+        if in_range(version, SRT_FEATURES[feature]):
             continue
-        yield Hit(
-            key="srt_slurm.version",
-            file=str(ctx.lock.path),
-            message=(
-                f"srt-slurm {srt.version} has no {feature} (upstream {SRT_FEATURES[feature]}), "
-                f"and no pinned patch provides it; {ctx.cluster.nodes} node(s) in "
-                f"{ctx.cluster.name}: the recipe is rejected or runs single-node only"
-            ),
-        )
+        claims = [p for p in srt.patches if feature in p.provides]
+        real = [
+            p for p in claims if p.sha256 is not None and ctx.lock.resolve_path(p.file).is_file()
+        ]
+        if real:
+            continue
+        for p in claims:  # a patch that is not there provides nothing
+            yield Hit(
+                key=f"srt_slurm.patches[{p.index}]",
+                file=str(ctx.lock.path),
+                message=(
+                    f"srt-slurm patch {p.label} ({p.file}) would provide {feature}, but it is "
+                    f"{'unresolved (no sha256)' if p.sha256 is None else 'missing on disk'}: "
+                    f"srt-slurm {srt.version} without it rejects this {nodes}-node profile"
+                ),
+                fix=(
+                    f"write {p.file} ({'git format-patch ' + p.range if p.range else 'from its PR'}) "
+                    "and record it with `k3env lock --update-hashes`; or pin srt-slurm "
+                    f"{SRT_FEATURES[feature]}"
+                ),
+            )
+        if not claims:
+            yield Hit(
+                key="srt_slurm.version",
+                file=str(ctx.lock.path),
+                message=(
+                    f"srt-slurm {srt.version} has no {feature} (upstream {SRT_FEATURES[feature]}), "
+                    f"and no pinned patch provides it; the profile runs on {nodes} node(s): "
+                    "the recipe is rejected or runs single-node only"
+                ),
+            )
+
+
+def dropped_patch(ctx: Context) -> Iterable[Hit]:
+    """A container patch the lock pins for this image's base that the spec does not carry:
+    the fix it made is gone from the image (the bring-up's first-decode crash came back so)."""
+    for name, pin in ctx.lock.container_patches.items():
+        if ctx.spec.base in pin.bases and name not in ctx.spec.patches:
+            yield Hit(
+                key="patches",
+                message=(
+                    f"container patch {name} is pinned for base {ctx.spec.base} but this image "
+                    f"does not carry it: {pin.why}"
+                ),
+                fix=f'add "{name}" to patches in {ctx.spec.path}, or drop the patch from the '
+                "lock if the base no longer needs it",
+            )
+
+
+def profile_nodes(ctx: Context) -> int:
+    """How many nodes the profile itself asks for: ``--nnodes`` where a command says so, else
+    its ranks (TP x PP) over the cluster's GPUs per node."""
+    nodes = 1
+    for cmd in ctx.engine_commands():
+        nnodes = cmd.opt("--nnodes")
+        if isinstance(nnodes, str) and _int(nnodes, 0) > 0:
+            nodes = max(nodes, _int(nnodes, 1))
+        else:
+            nodes = max(nodes, math.ceil(_ranks(cmd) / max(ctx.cluster.gpus_per_node, 1)))
+    return nodes
 
 
 def topology(ctx: Context) -> Iterable[Hit]:
@@ -503,6 +554,16 @@ RULES: tuple[Rule, ...] = (
         fix="add --enable-cumem-allocator (and --disable-custom-all-reduce, K3-CUMEM-CUSTOM-AR)",
         source="variant F (#2372), eighth sweep",
         check=simplecpu_needs_cumem,
+    ),
+    Rule(
+        id="K3-DROPPED-PATCH",
+        title="every container patch pinned for the base is carried by the image",
+        symptom="a fixed crash comes back: the first decode step dies in mamba_hybrid postprocess_state (IndexError: index_fill_ expects int64)",
+        components="container patches (lock), image spec",
+        severity=WARNING,
+        fix="list the patch in the spec's patches, or drop it from the lock when the base has the fix",
+        source="variant F (#2372), sixth sweep (the int64 index fix)",
+        check=dropped_patch,
     ),
     Rule(
         id="K3-CUMEM-CUSTOM-AR",
