@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -370,18 +371,27 @@ def cmd_srt_recipe(args: argparse.Namespace, log: Log) -> int:
 # verify
 # ---------------------------------------------------------------------------------------------
 def cmd_verify(args: argparse.Namespace, log: Log) -> int:
+    from concurrent.futures import ThreadPoolExecutor
+
     from k3env.checks.report import markdown, table
     from k3env.checks.verify import verify_image
 
     lock, specs, engine, state, builds = _builds(args, log)
-    reports = []
-    for spec, build in zip(specs, builds, strict=True):
+
+    def one(pair: tuple[ImageSpec, BuildResult]) -> Any:
+        spec, build = pair
         with log.step(f"verify {spec.name} in one container ({build.reference})"):
-            reports.append(
-                verify_image(engine, state, lock, spec, build, twin=args.twin, timeout=args.timeout)
+            return verify_image(
+                engine, state, lock, spec, build, twin=args.twin, timeout=args.timeout
             )
+
+    # One container per image, as many at once as there are cores (each probe is one
+    # single-threaded Python importing vLLM): the matrix in the time of the slowest image.
+    workers = max(1, min(len(specs), os.cpu_count() or 1))
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        reports = list(pool.map(one, zip(specs, builds, strict=True)))
     if args.markdown:
-        args.markdown.write_text(markdown(reports))
+        write_atomic(args.markdown, markdown(reports))
         log.info(f"compat matrix written to {args.markdown}")
     failed = [f for r in reports for f in r.failed]
     payload = {

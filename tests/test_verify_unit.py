@@ -30,7 +30,7 @@ from k3env.image.build import BuildResult, build_all, make_builder
 from k3env.log import Log
 from k3env.state import State
 
-from .conftest import TEST_BASE_REPOSITORY
+from .conftest import TEST_BASE_REPOSITORY, replace_in
 from .fake_engine import (
     BUGGY,
     FIXED,
@@ -295,6 +295,20 @@ def test_verify_image_runs_the_probe_once_and_records_facts_by_image_id(
     assert report.facts == FACTS
     assert state.read_record("facts", build.image_id) == FACTS
     assert (tmp_path / "facts" / (build.image_id.removeprefix("sha256:") + ".json")).is_file()
+    assert report.cached is False
+
+    # The same image, plan and probe again: answered from the record, no container started.
+    runs = len([v for v, _ in fake_engine.calls if v == "run"])
+    again = verify_image(fake_engine, state, lock, spec, build, twin=False)
+    assert again.cached is True and again.results == report.results
+    assert len([v for v, _ in fake_engine.calls if v == "run"]) == runs
+    # A changed plan (another env value baked) is asked afresh.
+    replace_in(project.spec_path, 'A = "1"', 'A = "2"')
+    lock = project.lock()
+    spec = project.spec(lock)
+    fresh = verify_image(fake_engine, state, lock, spec, built(fake_engine, project), twin=False)
+    assert fresh.cached is False
+    assert len([v for v, _ in fake_engine.calls if v == "run"]) > runs
 
 
 def test_preflight_finds_the_facts_of_the_recorded_build(

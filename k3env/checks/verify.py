@@ -8,6 +8,8 @@ and facts it prints. Facts are cached by image ID for preflight.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import shutil
 import tempfile
@@ -23,6 +25,7 @@ from k3env.config.patchfile import load_patch_file
 from k3env.config.spec import ImageSpec
 from k3env.engine.protocol import Engine
 from k3env.errors import EngineError
+from k3env.hashing import canonical_sha256, digest_hex, sha256_digest
 from k3env.image.bases import select_base
 from k3env.image.build import BuildResult
 from k3env.image.envpolicy import merged_env
@@ -96,6 +99,7 @@ class ImageReport:
     results: tuple[CheckResult, ...]
     facts: Mapping[str, Any]
     seconds: float
+    cached: bool = False
 
     @property
     def failed(self) -> list[CheckResult]:
@@ -115,6 +119,7 @@ class ImageReport:
             "reference": self.reference,
             "image_id": self.image_id,
             "seconds": round(self.seconds, 3),
+            "cached": self.cached,
             "matrix": {c: self.status(c) for c in CHECKS},
             "results": [r.as_json() for r in self.results],
             "facts": dict(self.facts),
@@ -182,6 +187,12 @@ class ProbeOutput:
     rows: list[dict[str, Any]]
     facts: dict[str, Any]
     patch_targets: dict[str, Any]
+
+
+@functools.cache
+def _probe_sha256() -> str:
+    """The probe's own source: a changed probe answers afresh."""
+    return digest_hex(sha256_digest((resources.files("k3env.probes") / "probe.py").read_bytes()))
 
 
 def run_probe(
@@ -284,7 +295,21 @@ def verify_image(
     base_pin = select_base(lock, spec, twin)  # the base the builder used
     start = time.monotonic()
     plan = plan_for(lock, spec, build, base_pin, twin)
-    out = run_probe(engine, build.image_id, base_pin.python, plan, timeout=timeout)
+    # An image never changes: the same image, plan and probe give the same verdicts.
+    key = canonical_sha256(
+        {"image": build.image_id, "plan": plan, "probe": _probe_sha256(), "env": PROBE_ENV}
+    )
+    recorded = state.read_record("verify", key)
+    cached = isinstance(recorded, dict)
+    if isinstance(recorded, dict):
+        out = ProbeOutput(
+            rows=list(recorded["rows"]),
+            facts=dict(recorded["facts"]),
+            patch_targets=dict(recorded["patch_targets"]),
+        )
+    else:
+        out = run_probe(engine, build.image_id, base_pin.python, plan, timeout=timeout)
+        state.write_record(dataclasses.asdict(out), "verify", key)
     facts = out.facts
     results = tuple(
         CheckResult(
@@ -307,4 +332,5 @@ def verify_image(
         results=results,
         facts=facts,
         seconds=time.monotonic() - start,
+        cached=cached,
     )
