@@ -12,7 +12,8 @@ import pytest
 from k3env.checks.preflight import load_facts
 from k3env.checks.verify import (
     COMPONENTS,
-    KNOWN_PREFIXES,
+    ENV_DEFAULT_SOURCES,
+    ENV_FAMILIES,
     MARK,
     PROBE_ENV,
     TOKENIZER_CANDIDATES,
@@ -142,7 +143,8 @@ def test_plan_carries_profiles_env_components_versions_and_patch_skips(
         ],
         # Every baked variable, with what reads it when the spec says so.
         "env": {"STACK_WIDE": None, "A": None, "MY_SETTING": "the launcher script"},
-        "known_prefixes": list(KNOWN_PREFIXES),
+        "env_families": {k: list(v) for k, v in ENV_FAMILIES.items()},
+        "env_default_sources": list(ENV_DEFAULT_SOURCES),
         # A registry base: the lock pins no installed versions.
         "versions": {"vllm": None, "dynamo": None, "torch": None},
         "components": COMPONENTS,

@@ -34,27 +34,33 @@ from k3env.state import State
 
 MARK = "@@k3env-probe@@"
 CHECKS = ("versions", "imports", "args", "parsers", "tokenizer", "patches", "env")
-# Env var families whose readers are the CUDA/NCCL/PyTorch/Python runtimes themselves.
-KNOWN_PREFIXES = (
-    "NCCL_",
-    "PYTORCH_",
-    "TORCH_",
-    "CUDA_",
-    "CUBLAS_",
-    "CUDNN_",
-    "NVIDIA_",
-    "PYTHON",
-    "OMP_",
-    "MKL_",
-    "HF_",
-    "TRANSFORMERS_",
-    "TOKENIZERS_",
-    "UCX_",
-    "NVSHMEM_",
-    "GLOO_",
-    "TRITON_",
-    "LD_",
-)
+# Where to look for the reader of an env var, by its family prefix: a hint for the search in
+# the image, never a pass by itself (a misspelt PYTORCH_ name is read by nothing). ":python"
+# is the interpreter, ":ld.so" the dynamic loader. The serving stack is always searched too.
+ENV_FAMILIES: dict[str, tuple[str, ...]] = {
+    "VLLM_": ("vllm",),
+    "DYN_": ("ai-dynamo", "ai-dynamo-runtime"),
+    "AIPERF_": ("aiperf",),
+    "NCCL_": ("torch", "nvidia-nccl-cu12", "nvidia-nccl-cu13"),
+    "PYTORCH_": ("torch",),
+    "TORCH_": ("torch",),
+    "CUDA_": ("torch", "nvidia-cuda-runtime-cu12"),
+    "CUBLAS_": ("torch", "nvidia-cublas-cu12"),
+    "CUDNN_": ("torch", "nvidia-cudnn-cu12"),
+    "NVIDIA_": ("torch",),
+    "OMP_": ("torch",),
+    "MKL_": ("torch",),
+    "GLOO_": ("torch",),
+    "HF_": ("huggingface-hub", "transformers"),
+    "TRANSFORMERS_": ("transformers",),
+    "TOKENIZERS_": ("tokenizers",),
+    "UCX_": ("ai-dynamo-runtime", "nixl"),
+    "NVSHMEM_": ("nvidia-nvshmem-cu12",),
+    "TRITON_": ("triton",),
+    "PYTHON": (":python",),
+    "LD_": (":ld.so",),
+}
+ENV_DEFAULT_SOURCES = ("vllm", "ai-dynamo", "ai-dynamo-runtime")
 # Component name in reports and facts -> the distribution that carries it (the one table).
 COMPONENTS = {
     "vllm": "vllm",
@@ -153,7 +159,8 @@ def plan_for(
         ],
         "patches": patches,
         "env": {name: spec.env_readers.get(name) for name in env},
-        "known_prefixes": list(KNOWN_PREFIXES),
+        "env_families": {k: list(v) for k, v in ENV_FAMILIES.items()},
+        "env_default_sources": list(ENV_DEFAULT_SOURCES),
         "versions": expected_versions(lock, twin),
         "components": COMPONENTS,
         "tokenizer_candidates": list(TOKENIZER_CANDIDATES)

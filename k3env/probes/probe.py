@@ -16,11 +16,14 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import difflib
 import importlib
 import importlib.metadata as md
 import io
 import json
+import mmap
 import os
+import re
 import socket
 import sys
 import tempfile
@@ -416,23 +419,123 @@ def read_patch_targets(plan):
 
 
 # --- env -------------------------------------------------------------------------------------
-def _mentions(name, package):
-    """Whether ``name`` appears in the installed package's code (Python sources or binaries)."""
+def _dist_files(dist):
+    """The installed files of distribution ``dist`` worth searching (Python sources, shared
+    libraries), or None when it is not installed."""
     try:
-        files = md.files(package) or []
+        files = md.files(dist) or []
     except md.PackageNotFoundError:
         return None
-    needle = name.encode()
-    for f in files:
-        if f.suffix not in (".py", ".so"):
-            continue
-        try:
-            with open(f.locate(), "rb") as fh:
-                if needle in fh.read():
-                    return str(f)
-        except OSError:
-            continue
-    return None
+    return [f for f in files if f.suffix == ".py" or ".so" in f.name]
+
+
+def _special_files(source):
+    """Files of the runtimes that have no distribution: the interpreter, the dynamic loader."""
+    if source == ":python":
+        exe = os.path.realpath(sys.executable)
+        libdir = os.path.dirname(os.path.dirname(exe)) + "/lib"
+        libs = (
+            [
+                os.path.join(libdir, n)
+                for n in sorted(os.listdir(libdir))
+                if n.startswith("libpython")
+            ]
+            if os.path.isdir(libdir)
+            else []
+        )
+        return [exe, *libs]
+    if source == ":ld.so":
+        return sorted(
+            {
+                os.path.realpath(p)
+                for p in ("/lib64/ld-linux-x86-64.so.2", "/lib/ld-linux-aarch64.so.1")
+                if os.path.exists(p)
+            }
+        )
+    return []
+
+
+def _search(names, tiers):
+    """For each name, the first file that reads it: a Python source that has the name as a
+    string literal, a shared library or binary that has it as a C string (the dynamic
+    loader's LD_ names appear without their prefix). ``tiers`` gives, per name, lists of
+    sources in order of preference (the family hint before the serving stack); a tier is
+    searched only for names the tiers before it did not find. Each file is read once a tier."""
+    found = {}
+    searched = {n: [] for n in names}
+    tokens = {}
+    for level in range(max((len(t) for t in tiers.values()), default=0)):
+        by_file = {}
+        for name in names:
+            if name in found or level >= len(tiers[name]):
+                continue
+            for source in tiers[name][level]:
+                if source.startswith(":"):
+                    paths = _special_files(source)
+                    searched[name].append(source[1:])
+                else:
+                    files = _dist_files(source)
+                    if files is None:
+                        continue
+                    searched[name].append(f"{source} {version_of(source)}")
+                    paths = [str(f.locate()) for f in files]
+                for path in paths:
+                    by_file.setdefault(path, set()).add(name)
+        for path, wanted in by_file.items():
+            wanted = {n for n in wanted if n not in found}
+            if not wanted:
+                continue
+            data = _read(path)
+            if data is None:
+                continue
+            is_py = path.endswith(".py")
+            for name in wanted:
+                raw = name.encode()
+                # find(), not `in`: on a memory-mapped library `in` walks byte by byte.
+                if is_py:
+                    hit = data.find(b'"' + raw + b'"') >= 0 or data.find(b"'" + raw + b"'") >= 0
+                else:
+                    hit = data.find(raw + b"\0") >= 0 or (
+                        name.startswith("LD_") and ".so" in path and data.find(raw[3:] + b"\0") >= 0
+                    )
+                if hit:
+                    found[name] = path
+            if is_py:  # names a Python source reads, for did-you-mean
+                for token in re.findall(rb"[A-Z][A-Z0-9]+_[A-Z0-9_]{2,}", data):
+                    tokens.setdefault(token.decode(errors="replace"), path)
+            else:  # in a large library only the names of the families asked about
+                for name in wanted:
+                    family = re.escape(name.split("_", 1)[0].encode() + b"_")
+                    for token in re.findall(family + rb"[A-Z0-9_]{2,}(?=\0)", data):
+                        tokens.setdefault(token.decode(errors="replace"), path)
+    return found, searched, tokens
+
+
+def _read(path):
+    """A file's bytes (a large library memory-mapped, not copied), or None."""
+    try:
+        with open(path, "rb") as fh:
+            if os.fstat(fh.fileno()).st_size > (8 << 20):
+                return mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            return fh.read()
+    except (OSError, ValueError):
+        return None
+
+
+def _serve_flags():
+    try:
+        with captured():
+            serve = importlib.import_module("vllm.entrypoints.cli.serve")
+            FlexibleArgumentParser = first_import(
+                "vllm.utils.argparse_utils", "vllm.utils"
+            ).FlexibleArgumentParser
+            top = FlexibleArgumentParser(prog="vllm")
+            sub = top.add_subparsers(dest="subparser")
+            for cmd in serve.cmd_init():
+                cmd.subparser_init(sub)
+        return set(sub.choices["serve"]._option_string_actions)
+    except BaseException:
+        return set()
 
 
 def check_env(plan):
@@ -444,29 +547,49 @@ def check_env(plan):
         FACTS.setdefault("vllm", {})["env_vars"] = sorted(registry)
     except BaseException:
         pass
-    prefixes = tuple(plan.get("known_prefixes", []))
-    for name, declared in sorted(plan.get("env", {}).items()):
-        if name in registry:
-            record("env", name, "pass", "vllm", "in vllm.envs.environment_variables")
-        elif declared:
-            record("env", name, "pass", "spec", f"declared reader: {declared}")
-        elif name.startswith(prefixes):
-            record("env", name, "pass", "known-prefix", f"read by the {name.split('_')[0]}_ family")
+    env = plan.get("env", {})
+    families = plan.get("env_families", {})
+    default = plan.get("env_default_sources", [])
+    tiers = {}
+    for name, declared in env.items():
+        if declared:  # a declared reader is a place to look, never a pass by itself
+            tiers[name] = [[declared.split()[0]]]
         else:
-            where = _mentions(name, "ai-dynamo") or _mentions(name, "ai-dynamo-runtime")
-            if where:
-                record("env", name, "pass", "dynamo", f"read by Dynamo ({where})")
-            else:
-                record(
-                    "env",
-                    name,
-                    "fail",
-                    "vllm",
-                    f"{name} is baked but nothing in the image reads it: not in vLLM "
-                    f"{FACTS['versions'].get('vllm')}'s env registry, not in Dynamo's code, no "
-                    "known prefix: it is silently ignored (declare its reader under "
-                    "[env_readers] in the spec if something else reads it)",
-                )
+            hint = [s for prefix, srcs in families.items() if name.startswith(prefix) for s in srcs]
+            rest = [s for s in default if s not in hint]
+            tiers[name] = [hint, rest] if hint else [rest]
+    pending = sorted(n for n in env if n not in registry or env[n])
+    found, searched, tokens = _search(pending, tiers)
+    flags = None
+    for name in sorted(env):
+        declared = env[name]
+        if name in registry and not declared:
+            record("env", name, "pass", "vllm", "in vllm.envs.environment_variables")
+            continue
+        if name in found:
+            owner = "spec-declared " + declared.split()[0] if declared else "image"
+            record("env", name, "pass", owner, f"read by {found[name]}")
+            continue
+        where = ", ".join(searched[name]) or "nothing installed to search"
+        if declared and not searched[name]:
+            message = (
+                f"{name}: the declared reader {declared.split()[0]!r} is not installed in "
+                "the image, so nothing reads it"
+            )
+        elif declared:
+            message = f"{name}: the declared reader ({where}) never mentions it"
+        else:
+            message = f"{name} is baked but nothing in the image reads it (searched {where})"
+        close = difflib.get_close_matches(name, sorted(set(registry) | set(tokens)), n=1)
+        if close:
+            message += f"; did you mean {close[0]} ({tokens.get(close[0], 'vllm.envs')})?"
+        if name.startswith("VLLM_"):
+            if flags is None:
+                flags = _serve_flags()
+            flag = "--" + name.removeprefix("VLLM_").lower().replace("_", "-")
+            if flag in flags:
+                message += f"; vLLM {FACTS['versions'].get('vllm')} takes {flag} instead"
+        record("env", name, "fail", declared.split()[0] if declared else "image", message)
 
 
 def main():

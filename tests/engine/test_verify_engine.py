@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from k3env.checks.verify import COMPONENTS, run_probe
+from k3env.checks.verify import COMPONENTS, ENV_DEFAULT_SOURCES, ENV_FAMILIES, run_probe
 from k3env.cli import main
 from k3env.config.patchfile import Edit, PatchFile
 from k3env.engine.dockerd import DockerEngine
@@ -49,7 +49,8 @@ def plan(**overrides: Any) -> dict[str, Any]:
         "profiles": [],
         "patches": [],
         "env": {},
-        "known_prefixes": ["NCCL_", "PYTORCH_", "CUDA_", "PYTHON"],
+        "env_families": {k: list(v) for k, v in ENV_FAMILIES.items()},
+        "env_default_sources": list(ENV_DEFAULT_SOURCES),
         "versions": {},
         "components": COMPONENTS,
         "tokenizer_candidates": [],
@@ -105,9 +106,17 @@ def twin_probe(engine: DockerEngine, twin_image: str) -> tuple[Verdicts, dict[st
         patches=[{"name": "never-applied", "module": "vllm.version", "path": None}],
         env={
             "VLLM_TARGET_DEVICE": None,
-            "NCCL_CUMEM_ENABLE": None,
             "K3ENV_NOTHING_READS_THIS": None,
-            "AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING": "aiperf",
+            # A declared reader that is not in the image (aiperf is not installed in the twin).
+            "AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING": "aiperf (settings)",
+            # torch reads PYTORCH_CUDA_ALLOC_CONF; the misspelling is read by nothing.
+            "PYTORCH_CUDA_ALLOC_CONF": None,
+            "PYTORCH_CUDA_ALLOC_CONFIG": None,
+            # Read with os.environ.get outside vllm/envs.py.
+            "VLLM_SNAPSHOT_TIMEOUT_S": None,
+            # vLLM 0.33.0 has --prefix-cache-retention-interval instead.
+            "VLLM_PREFIX_CACHE_RETENTION_INTERVAL": None,
+            "PYTHONHASHSEED": None,
         },
         versions={"vllm": "0.33.0", "dynamo": "1.6.1", "torch": "2.99.0"},
         tokenizer_candidates=["kimi_k2", "kimi_k3"],
@@ -204,10 +213,29 @@ def test_patch_presence_is_judged_on_the_images_own_file(
 
 
 def test_unread_env_is_reported(twin_verdicts: dict[Any, Any]) -> None:
-    assert twin_verdicts[(None, "env", "K3ENV_NOTHING_READS_THIS")]["status"] == "fail"
+    nothing = twin_verdicts[(None, "env", "K3ENV_NOTHING_READS_THIS")]
+    assert nothing["status"] == "fail" and "searched vllm 0.33.0" in nothing["output"]
     assert twin_verdicts[(None, "env", "VLLM_TARGET_DEVICE")]["component"] == "vllm"
-    assert twin_verdicts[(None, "env", "NCCL_CUMEM_ENABLE")]["status"] == "pass"
-    assert twin_verdicts[(None, "env", "AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING")]["status"] == "pass"
+
+
+def test_every_env_verdict_cites_its_evidence(twin_verdicts: dict[Any, Any]) -> None:
+    def env(name: str) -> dict[str, Any]:
+        result: dict[str, Any] = twin_verdicts[(None, "env", name)]
+        return result
+
+    lie = env("AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING")
+    assert lie["status"] == "fail" and "declared reader 'aiperf' is not installed" in lie["output"]
+    conf = env("PYTORCH_CUDA_ALLOC_CONF")
+    assert conf["status"] == "pass" and "torch/lib/libc10.so" in conf["output"]
+    typo = env("PYTORCH_CUDA_ALLOC_CONFIG")
+    assert typo["status"] == "fail" and "did you mean PYTORCH_CUDA_ALLOC_CONF" in typo["output"]
+    snapshot = env("VLLM_SNAPSHOT_TIMEOUT_S")
+    assert snapshot["status"] == "pass" and "vllm/snapshot/runtime.py" in snapshot["output"]
+    retention = env("VLLM_PREFIX_CACHE_RETENTION_INTERVAL")
+    assert retention["status"] == "fail"
+    assert "takes --prefix-cache-retention-interval instead" in retention["output"]
+    seed = env("PYTHONHASHSEED")
+    assert seed["status"] == "pass" and "python3" in seed["output"]
 
 
 def test_versions_come_from_the_image(
