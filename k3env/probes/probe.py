@@ -19,6 +19,7 @@ import contextlib
 import difflib
 import importlib
 import importlib.metadata as md
+import importlib.util
 import io
 import json
 import mmap
@@ -214,12 +215,37 @@ def dynamo_registries():
     return sorted(core.get_tool_parser_names()), sorted(core.get_reasoning_parser_names())
 
 
+# Which flag names a parser for which process, and whose registry answers for it.
+PARSER_FLAGS = {
+    "vllm-serve": {"--tool-call-parser": ("vllm", 0), "--reasoning-parser": ("vllm", 1)},
+    "dynamo-worker": {
+        "--dyn-tool-call-parser": ("dynamo", 0),
+        "--dyn-reasoning-parser": ("dynamo", 1),
+    },
+}
+# vLLM frontend flags a Dynamo worker does not take (the Dynamo frontend parses chat output).
+WORKER_FRONTEND_FLAGS = {
+    "--tool-call-parser": "--dyn-tool-call-parser",
+    "--reasoning-parser": "--dyn-reasoning-parser",
+}
+
+
+def _flag_values(argv):
+    out = []
+    for i, token in enumerate(argv):
+        if token.startswith("--"):
+            flag, eq, value = token.partition("=")
+            if eq:
+                out.append((flag, value))
+            elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+                out.append((flag, argv[i + 1]))
+    return out
+
+
 def check_parsers(plan):
     cache = {}
-    for profile in plan["profiles"]:
-        roles = {c["role"] for c in profile["commands"]}
-        # Who parses chat output: vLLM's OpenAI server, or the Dynamo frontend.
-        component = "dynamo" if "dynamo-frontend" in roles else "vllm"
+
+    def registry(component):
         if component not in cache:
             try:
                 with captured():
@@ -231,25 +257,51 @@ def check_parsers(plan):
                 )
             except BaseException:
                 cache[component] = traceback.format_exc(limit=-6)
+        return cache[component]
+
+    def judge(subject, component, idx, name, where, profile):
+        found = registry(component)
+        if isinstance(found, str):
+            record("parsers", subject, "fail", component, found, profile)
+        elif name in found[idx]:
+            record("parsers", subject, "pass", component, f"registered ({where})", profile)
+        else:
+            record(
+                "parsers",
+                subject,
+                "fail",
+                component,
+                f"{name!r} ({where}) is not registered; registered: {', '.join(found[idx])}",
+                profile,
+            )
+
+    for profile in plan["profiles"]:
+        roles = {c["role"] for c in profile["commands"]}
+        # Who parses chat output: vLLM's OpenAI server, or the Dynamo frontend.
+        component = "dynamo" if "dynamo-frontend" in roles else "vllm"
         for kind, idx in (("tool_call_parser", 0), ("reasoning_parser", 1)):
             name = profile.get(kind)
-            if not name:
-                continue
-            subject = f"{kind} {name}"
-            found = cache[component]
-            if isinstance(found, str):
-                record("parsers", subject, "fail", component, found, profile["name"])
-            elif name in found[idx]:
-                record("parsers", subject, "pass", component, "registered", profile["name"])
-            else:
-                record(
-                    "parsers",
-                    subject,
-                    "fail",
-                    component,
-                    f"{name!r} is not registered; registered: {', '.join(found[idx])}",
-                    profile["name"],
-                )
+            if name:
+                judge(f"{kind} {name}", component, idx, name, "profile", profile["name"])
+        # The names on the command lines themselves, checked by the process that reads them.
+        for i, command in enumerate(profile["commands"]):
+            flags = PARSER_FLAGS.get(command["role"], {})
+            for flag, value in _flag_values(command["argv"]):
+                subject = f"commands[{i}] {flag} {value}"
+                if flag in flags:
+                    owner, idx = flags[flag]
+                    judge(subject, owner, idx, value, f"commands[{i}]", profile["name"])
+                elif command["role"] == "dynamo-worker" and flag in WORKER_FRONTEND_FLAGS:
+                    record(
+                        "parsers",
+                        subject,
+                        "fail",
+                        "dynamo.vllm",
+                        f"the Dynamo worker does not take {flag} (a vLLM frontend flag): the "
+                        f"Dynamo frontend parses chat output; use "
+                        f"{WORKER_FRONTEND_FLAGS[flag]} {value}",
+                        profile["name"],
+                    )
 
 
 # --- tokenizer (Dynamo Rust frontend, functional) -------------------------------------------
@@ -377,6 +429,15 @@ def check_tokenizer(plan):
         if "dynamo-frontend" not in roles or not model_type:
             continue
         ok, detail = tested.get(model_type) or tokenizer_loads(model_type)
+        if not ok:
+            supported = tiktoken_supported()
+            if supported is not None:
+                FACTS.setdefault("dynamo", {})["tiktoken_supported"] = supported
+                detail = (
+                    f"dynamo-runtime {version_of('ai-dynamo-runtime')} does not load model_type "
+                    f"{model_type!r}: its frontend supports {', '.join(supported)} (the list "
+                    f"compiled into dynamo._core)\n{detail}"
+                )
         record(
             "tokenizer",
             f"model_type {model_type}",
@@ -385,6 +446,22 @@ def check_tokenizer(plan):
             detail,
             profile["name"],
         )
+
+
+def tiktoken_supported():
+    """The tiktoken model types the runtime's Rust frontend knows, from its own error text
+    ("... Currently supported: a, b, c."), or None where the library does not say."""
+    try:
+        spec = importlib.util.find_spec("dynamo._core")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.origin:
+        return None
+    data = _read(spec.origin)
+    if data is None:
+        return None
+    m = re.search(rb"Currently supported: ([a-z0-9_]+(?:, [a-z0-9_]+)*)", data)
+    return m.group(1).decode().split(", ") if m else None
 
 
 # --- patches ---------------------------------------------------------------------------------

@@ -170,6 +170,15 @@ def test_dynamo_worker_rejects_frontend_flags_and_takes_dyn_spelling(
         twin_verdicts[("worker-dyn-flags", "args", "commands[1] dynamo-frontend")]["status"]
         == "pass"
     )
+    # The parsers check reads the command lines too: the worker's vLLM-style flag fails there.
+    flag = twin_verdicts[
+        ("worker-frontend-flags", "parsers", "commands[0] --tool-call-parser kimi_k3")
+    ]
+    assert flag["status"] == "fail" and "use --dyn-tool-call-parser kimi_k3" in flag["output"]
+    dyn = twin_verdicts[
+        ("worker-dyn-flags", "parsers", "commands[0] --dyn-tool-call-parser kimi_k3")
+    ]
+    assert dyn["status"] == "pass" and dyn["component"] == "dynamo"
     # Chat parsing happens in the Dynamo frontend: its registry answers.
     assert (
         twin_verdicts[("worker-dyn-flags", "parsers", "tool_call_parser kimi_k3")]["component"]
@@ -264,6 +273,9 @@ def test_a_second_dynamo_release_answers_from_its_own_code(
     assert facts["versions"]["dynamo-runtime"] == "1.2.1"
     tok = r[("k3", "tokenizer", "model_type kimi_k3")]
     assert tok["status"] == "fail" and tok["version"] == "1.2.1"
+    # The cause, from the runtime itself: the model types its frontend supports.
+    assert "its frontend supports kimi, kimi_k2, kimi_k25, deepseek_v3" in tok["output"]
+    assert facts["dynamo"]["tiktoken_supported"] == ["kimi", "kimi_k2", "kimi_k25", "deepseek_v3"]
     assert facts["dynamo"]["tiktoken_model_types"] == ["kimi_k2"]
 
 
