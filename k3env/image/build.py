@@ -242,22 +242,25 @@ class Builder:
         tag = inputs[:20]
         reference = f"{spec.repository}:{tag}"
 
-        existing = self.engine.lookup(reference)
-        if existing is not None and existing.labels.get(f"{LABEL_PREFIX}.inputs") == inputs:
-            self.log.info(f"    {spec.name}: cache hit {reference}")
+        def result(image_id: str, cached: bool, patches: list[PatchResult]) -> BuildResult:
             return BuildResult(
                 image=spec.name,
                 reference=reference,
-                image_id=existing.id,
+                image_id=image_id,
                 inputs=inputs,
-                cached=True,
+                cached=cached,
                 base=base.name,
                 base_id=base.image.id,
                 twin=self.twin,
-                patches=tuple(_cached_patches(existing.labels, spec, skipped)),
+                patches=tuple(patches),
                 env=tuple(sorted(env)),
                 seconds=time.monotonic() - start,
             )
+
+        existing = self.engine.lookup(reference)
+        if existing is not None and existing.labels.get(f"{LABEL_PREFIX}.inputs") == inputs:
+            self.log.info(f"    {spec.name}: cache hit {reference}")
+            return result(existing.id, True, _cached_patches(existing.labels, spec, skipped))
 
         results, files = self._apply_patches(spec, base, todo)
         results = [*results, *skipped]
@@ -288,19 +291,7 @@ class Builder:
                 fix="the engine rewrote the config (a containerd image store?); report it",
             )
         self.engine.tag(assembled.image_id, spec.repository, tag)
-        return BuildResult(
-            image=spec.name,
-            reference=reference,
-            image_id=assembled.image_id,
-            inputs=inputs,
-            cached=False,
-            base=base.name,
-            base_id=base.image.id,
-            twin=self.twin,
-            patches=tuple(results),
-            env=tuple(sorted(env)),
-            seconds=time.monotonic() - start,
-        )
+        return result(assembled.image_id, False, results)
 
     def _apply_patches(
         self,
