@@ -164,12 +164,25 @@ def parse_dynamo_worker(argv):
         else list(argv[1:])
     )
     # _parse_cli_args is the worker's own argparse step (Dynamo flags, then vLLM's engine
-    # args); parse_args goes on to build engine config, which needs the model on disk.
+    # args); parse_args (all that Dynamo <= 1.4 has) goes on to build the engine args, whose
+    # __post_init__ resolves the model path and, for a path not on disk, asks the Hub. The
+    # model is never here: an empty local directory stands in for it, so parsing neither
+    # touches the model nor the network.
     if hasattr(args_mod, "_parse_cli_args"):
         args_mod._parse_cli_args(rest)
     else:
-        args_mod.parse_args(rest)
+        args_mod.parse_args(_stand_in_model(rest))
     print("accepted")
+
+
+def _stand_in_model(argv):
+    out = list(argv)
+    for i, token in enumerate(out):
+        if token == "--model" and i + 1 < len(out) and not os.path.exists(out[i + 1]):
+            out[i + 1] = tempfile.mkdtemp(prefix="k3env-model-")
+        elif token.startswith("--model=") and not os.path.exists(token.split("=", 1)[1]):
+            out[i] = "--model=" + tempfile.mkdtemp(prefix="k3env-model-")
+    return out
 
 
 def parse_dynamo_frontend(argv):

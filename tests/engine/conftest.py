@@ -220,17 +220,16 @@ def twin_image(engine: DockerEngine, registry: str) -> str:
     return reference
 
 
-@pytest.fixture(scope="session")
-def old_dynamo_image(engine: DockerEngine, twin_image: str) -> str:
-    """The twin with ai-dynamo / ai-dynamo-runtime 1.2.1 (the bring-up's third sweep)."""
-    repository, tag = "k3env-test/twin-dynamo-1.2.1", twin_image.rsplit(":", 1)[1]
+def _dynamo_release(engine: DockerEngine, twin_image: str, version: str) -> str:
+    """The twin with ai-dynamo / ai-dynamo-runtime ``version`` from PyPI (cached by tag)."""
+    repository, tag = f"k3env-test/twin-dynamo-{version}", twin_image.rsplit(":", 1)[1]
     if engine.lookup(f"{repository}:{tag}") is not None:
         return f"{repository}:{tag}"
     with tempfile.TemporaryDirectory() as wheels:
         subprocess.run(
             [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
              "--python-version", "3.11", "-d", wheels,
-             "ai-dynamo==1.2.1", "ai-dynamo-runtime==1.2.1"],
+             f"ai-dynamo=={version}", f"ai-dynamo-runtime=={version}"],
             check=True,
         )  # fmt: skip
         engine.run_and_commit(
@@ -244,3 +243,15 @@ def old_dynamo_image(engine: DockerEngine, twin_image: str) -> str:
             progress=lambda _: None,
         )  # fmt: skip
     return f"{repository}:{tag}"
+
+
+@pytest.fixture(scope="session")
+def old_dynamo_image(engine: DockerEngine, twin_image: str) -> str:
+    """The twin with ai-dynamo / ai-dynamo-runtime 1.2.1 (the bring-up's third sweep)."""
+    return _dynamo_release(engine, twin_image, "1.2.1")
+
+
+@pytest.fixture(scope="session")
+def dynamo_142_image(engine: DockerEngine, twin_image: str) -> str:
+    """The twin with Dynamo 1.4.2, whose worker parser resolves the model path."""
+    return _dynamo_release(engine, twin_image, "1.4.2")

@@ -279,6 +279,18 @@ def test_a_second_dynamo_release_answers_from_its_own_code(
     assert facts["dynamo"]["tiktoken_model_types"] == ["kimi_k2"]
 
 
+def test_worker_args_never_touch_the_model_path_on_dynamo_1_4_2(
+    engine: DockerEngine, dynamo_142_image: str
+) -> None:
+    """Dynamo 1.4.2's worker parser builds the engine args, which resolve --model and ask the
+    Hub for a path that is not on disk (HFValidationError '/model'): a false failure."""
+    p = plan(profiles=[profile("w", ("dynamo-worker", WORKER))])
+    out = run_probe(engine, dynamo_142_image, "python3", p, timeout=300)
+    r = results_by(out.rows)[("w", "args", "commands[0] dynamo-worker")]
+    assert out.facts["versions"]["dynamo"] == "1.4.2"
+    assert r["status"] == "pass", r["output"]
+
+
 def test_verify_cli_on_a_twin_image_writes_matrix_and_facts(
     repo: Path, engine: DockerEngine, twin_image: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
