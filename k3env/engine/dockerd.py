@@ -139,6 +139,8 @@ class Transfer:
         status = str(event.get("status") or "")
         detail = event.get("progressDetail") or {}
         if not layer or layer == "latest" or ":" in str(layer):
+            if status:  # the few lines about the image as a whole (its digest, the outcome)
+                self.progress(status)
             return
         if detail.get("total"):
             self.total[layer] = int(detail["total"])
