@@ -202,3 +202,11 @@ def test_srt_patch_fates_after_a_version_bump(
         ("direct vllm frontend: vLLM-native multi-node serve", "applies"),
     ]
     assert "drop it" in fates[0].detail
+    # v1.0.38 changed PR #278's lines again (it neither applies nor reverses): still upstream,
+    # by history; the multi-node commit is in it too, found by its patch-id.
+    assert main(["bump", "srt-slurm", "v1.0.38", "--edit-only", "-q"]) == 0
+    fates = patch_fates(load_lock(LOCK), Log(quiet=True))
+    assert [(f.label, f.status) for f in fates] == [
+        ("PR #278", "upstream"),
+        ("direct vllm frontend: vLLM-native multi-node serve", "upstream"),
+    ]

@@ -29,7 +29,7 @@ from k3env.config.shapes import require_git_source
 from k3env.errors import ConfigError, LockError, PatchError, ToolError
 from k3env.hashing import canonical_sha256
 from k3env.log import Log
-from k3env.runner import attempt, require_tool, run
+from k3env.runner import attempt, require_tool, run, run_streaming
 from k3env.state import State
 
 SRT_FORMAT = 1
@@ -177,10 +177,16 @@ def materialize(lock: Lock, state: State, log: Log, *, source: str | None = None
                 ["clone", "--quiet", "--no-checkout", "--", origin, str(src)], log, what="git clone"
             )
         code, tagged = attempt(
-            [require_tool("git", "git"), "rev-parse", "--verify", "--quiet",
-             f"refs/tags/{srt.version}^{{commit}}"],
-            log, cwd=src,
-        )  # fmt: skip
+            [
+                require_tool("git", "git"),
+                "rev-parse",
+                "--verify",
+                "--quiet",
+                f"refs/tags/{srt.version}^{{commit}}",
+            ],
+            log,
+            cwd=src,
+        )
         tagged = tagged.strip()
         if code != 0 or not tagged:
             raise LockError(
@@ -200,8 +206,9 @@ def materialize(lock: Lock, state: State, log: Log, *, source: str | None = None
             label = pin.label
             code, check = attempt(
                 [require_tool("git", "git"), "apply", "--check", "--verbose", str(path)],
-                log, cwd=src,
-            )  # fmt: skip
+                log,
+                cwd=src,
+            )
             if code != 0:
                 raise PatchError(
                     f"srt-slurm patch {label} ({pin.file}) does not apply to {srt.version} + "
@@ -226,10 +233,19 @@ def materialize(lock: Lock, state: State, log: Log, *, source: str | None = None
             shutil.copytree(src, pkg, ignore=shutil.ignore_patterns(".git"))
             run([sys.executable, "-m", "venv", str(tmp / "venv")], log, what="venv")
             run(
-                [str(tmp / "venv/bin/python"), "-m", "pip", "install", "--quiet",
-                 "--disable-pip-version-check", str(pkg)],
-                log, capture=True, what="pip install srtctl",
-            )  # fmt: skip
+                [
+                    str(tmp / "venv/bin/python"),
+                    "-m",
+                    "pip",
+                    "install",
+                    "--quiet",
+                    "--disable-pip-version-check",
+                    str(pkg),
+                ],
+                log,
+                capture=True,
+                what="pip install srtctl",
+            )
             shutil.rmtree(pkg)
         record = {
             "source": origin,
@@ -289,6 +305,29 @@ class SrtPatchFate:
     detail: str
 
 
+def _patch_ids_of_file(git: str, path: Path, log: Log) -> set[str]:
+    """The stable patch-ids of the commits in a format-patch file."""
+    out = run_streaming([git, "patch-id", "--stable"], [path.read_bytes()], log, what="patch-id")
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+def _patch_ids(git: str, src: Path, commit: str, log: Log, depth: int = 2000) -> set[str]:
+    """The stable patch-ids of the last ``depth`` commits up to ``commit``."""
+    diff = run(
+        [git, "log", "-p", "--no-color", f"-{depth}", commit],
+        log,
+        cwd=src,
+        capture=True,
+        what="git log -p",
+    )
+    return _patch_ids_of_text(git, diff, log)
+
+
+def _patch_ids_of_text(git: str, text: str, log: Log) -> set[str]:
+    out = run_streaming([git, "patch-id", "--stable"], [text.encode()], log, what="patch-id")
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
 def patch_fates(lock: Lock, log: Log, *, source: str | None = None) -> list[SrtPatchFate]:
     """Each pinned PR patch against the pinned version, in order: applies, is already
     upstream (it reverses cleanly: propose dropping it), or conflicts (file and hunk)."""
@@ -303,8 +342,43 @@ def patch_fates(lock: Lock, log: Log, *, source: str | None = None) -> list[SrtP
         origin = require_git_source(source, "--source") if source else srt.git
         _git(["clone", "--quiet", "--no-checkout", "--", origin, str(src)], log, what="clone")
         _git(["checkout", "--quiet", "--detach", srt.commit], log, cwd=src, what="git checkout")
+        upstream_ids: set[str] | None = None
         for pin, path in patches:
             label = pin.label
+            # History first: a merged PR whose lines changed again later neither applies nor
+            # reverses, and is still upstream.
+            if pin.range is not None:
+                head = pin.range.split("..")[1]
+                merged, _ = attempt(
+                    [git, "merge-base", "--is-ancestor", head, srt.commit], log, cwd=src
+                )
+                if merged == 0:
+                    fates.append(
+                        SrtPatchFate(
+                            label=label,
+                            status="upstream",
+                            detail=(
+                                f"its commits ({pin.range[:12]}..{head[:12]}) are in "
+                                f"{srt.version}'s history: drop it from the lock"
+                            ),
+                        )
+                    )
+                    continue
+            if upstream_ids is None:
+                upstream_ids = _patch_ids(git, src, srt.commit, log)
+            ids = _patch_ids_of_file(git, path, log)
+            if ids and ids <= upstream_ids:
+                fates.append(
+                    SrtPatchFate(
+                        label=label,
+                        status="upstream",
+                        detail=(
+                            f"{srt.version} has the same change (git patch-id): "
+                            "drop it from the lock"
+                        ),
+                    )
+                )
+                continue
             code, out = attempt([git, "apply", "--check", str(path)], log, cwd=src)
             if code == 0:
                 _git(["apply", str(path)], log, cwd=src, what="git apply")

@@ -214,6 +214,17 @@ def build(root: Path) -> Upstream:
         )
     )
     multinode = commit(repo, "direct vllm frontend: vLLM-native multi-node serve")
+    # A later release that touched the same lines again: PR #278 no longer reverses cleanly,
+    # yet it is upstream (its commit is an ancestor of the tag).
+    text = schema.read_text()
+    schema.write_text(
+        text.replace(
+            'FRONTEND_TYPES = ("dynamo", "sglang", "trtllm_serve", "vllm")',
+            'FRONTEND_TYPES = ("dynamo", "sglang", "trtllm_serve", "vllm", "mocker")',
+        )
+    )
+    commit(repo, "frontend: mocker type")
+    git(repo, "tag", "v1.0.38")
     patches = root / "patches"
     patches.mkdir()
     (patches / "pr278.patch").write_text(
