@@ -216,3 +216,20 @@ def test_preflight_in_a_bump_uses_the_facts_verify_just_learned(
     # With the facts: K3-TOKENIZER-MODEL-TYPE is an error (kimi_k3 not loaded by this Dynamo).
     # Without them (what happens): only the warning "the Dynamo version is unknown".
     assert outcome.preflight_errors == {"probe": 1}
+
+
+def test_the_body_never_says_all_checks_pass_over_checks_that_did_not_run() -> None:
+    from k3env.bump.body import body
+    from k3env.config.lock import load_lock
+    from k3env.config.lock_edit import Change
+
+    skipped = Outcome(reports=(), preflight_errors={"x": 0}, patches=())
+    text = body(
+        load_lock(REPO / "pins/k3.lock.toml"),
+        "dynamo",
+        [Change(key="dynamo.commit", old="a" * 40, new="b" * 40)],
+        skipped,
+        skipped,
+    )
+    assert "All checks pass" not in text
+    assert "verify did not run (--skip-verify)" in text
