@@ -70,6 +70,11 @@ def test_materialize_applies_patches_in_order_and_reuses_the_cache(
     assert '"vllm")' in src.read_text() and "agg_workers" in src.read_text()
     python = str(first["python"])
     assert subprocess.run([python, "-c", "import srtctl.core.config"], check=False).returncode == 0
+    # The srtctl the command prints runs from where the cache entry lives (its first line
+    # used to name the temporary directory that was renamed).
+    srtctl = Path(python).parent / "srtctl"
+    assert ".partial" not in srtctl.read_text().splitlines()[0]
+    assert subprocess.run([str(srtctl), "--help"], capture_output=True).returncode == 0
     second, err = materialize(capsys)
     assert second["reused"] is True and second["head"] == first["head"]
     assert "git clone" not in err  # the second materialize does not clone

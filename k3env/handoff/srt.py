@@ -32,7 +32,7 @@ from k3env.log import Log
 from k3env.runner import attempt, require_tool, run, run_streaming
 from k3env.state import State
 
-SRT_FORMAT = 1
+SRT_FORMAT = 2  # 2: venv scripts point at the cache entry, not the build directory
 MARKER = "k3env-materialized.json"
 # Fixed identity and dates for the commits k3env makes: the same inputs give the same HEAD.
 _GIT_ENV = {
@@ -148,6 +148,17 @@ def _conflict(patch: Path, output: str) -> str:
     return f"{file}, hunk at line {line}"
 
 
+def _relocate_venv(built: Path, final: Path) -> None:
+    """Rewrite ``built`` (a venv's path) to ``final`` in its bin/ scripts."""
+    old, new = str(built).encode(), str(final).encode()
+    for script in (built / "bin").iterdir():
+        if script.is_symlink() or not script.is_file():
+            continue
+        data = script.read_bytes()
+        if old in data and b"\0" not in data[:1024]:
+            script.write_bytes(data.replace(old, new))
+
+
 def materialize(lock: Lock, state: State, log: Log, *, source: str | None = None) -> Materialized:
     srt = _pin(lock)
     patches = _patch_files(lock, srt)
@@ -247,6 +258,9 @@ def materialize(lock: Lock, state: State, log: Log, *, source: str | None = None
                 what="pip install srtctl",
             )
             shutil.rmtree(pkg)
+            # pip writes the venv's absolute path into each script's first line (and venv
+            # into activate): point them at where the cache entry will live.
+            _relocate_venv(tmp / "venv", final / "venv")
         record = {
             "source": origin,
             "version": srt.version,
