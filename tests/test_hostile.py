@@ -218,6 +218,9 @@ NAMED = [
      ["preflight"], 2, "is not an image repository"),
     (CLUSTER, "gpus_per_node = 8", "gpus_per_node = 8.5", ["preflight"], 2,
      "expected an integer"),
+    # Found by the property test: a zero divided a rule by zero (a traceback).
+    (CLUSTER, "gpu_memory_gib = 178", "gpu_memory_gib = 0", ["preflight"], 2,
+     "must be greater than 0"),
     (LOCK, 'digest = "unresolved"', 'digst = "unresolved"', ["lock", "--check"], 2,
      "found `digst`"),
     (SPEC, "[env]\n", '[env]\nHF_TOKEN = "hf_abcdefghijklmnopqrstuvwxyz0123"\n', ["preflight"],

@@ -186,7 +186,19 @@ def run_rules(ctxs: Iterable[Context], rules: Sequence[Rule]) -> Report:
         for rule in rules:
             if not rule.applies(ctx):
                 continue
-            for hit in rule.check(ctx):
+            try:
+                hits = list(rule.check(ctx))
+            except Exception as e:  # a rule that cannot read this input says so, visibly
+                hits = [
+                    Hit(
+                        key=f"profiles.{ctx.profile.name}",
+                        severity=ERROR,
+                        message=f"rule {rule.id} could not judge this profile: "
+                        f"{type(e).__name__}: {e}",
+                        fix="check the values this rule reads; report it if they are right",
+                    )
+                ]
+            for hit in hits:
                 findings.append(
                     Finding(
                         rule=rule.id,

@@ -105,6 +105,15 @@ def _model(ctx: Context) -> Mapping[str, Any]:
     return MODELS.get(ctx.profile.tokenizer_model_type or "", {})
 
 
+def _float(value: str | bool | None, default: float) -> float:
+    """A flag's number; the default where it is absent or not a number (vLLM's own parser,
+    run by `k3env verify`, rejects the latter)."""
+    try:
+        return float(value) if isinstance(value, str) else default
+    except ValueError:
+        return default
+
+
 def _int(value: str | bool | None, default: int) -> int:
     try:
         return int(value) if isinstance(value, str) else default
@@ -223,7 +232,7 @@ def gpu_memory_headroom(ctx: Context) -> Iterable[Hit]:
     need, what = workspace
     for cmd in ctx.engine_commands():
         raw = cmd.opt("--gpu-memory-utilization")
-        util = float(raw) if isinstance(raw, str) else VLLM_DEFAULT_GPU_MEMORY_UTILIZATION
+        util = _float(raw, VLLM_DEFAULT_GPU_MEMORY_UTILIZATION)
         free = (1 - util) * ctx.cluster.gpu_memory_gib - ctx.cluster.outside_pool_overhead_gib
         if free < need:
             overhead = need + ctx.cluster.outside_pool_overhead_gib

@@ -43,4 +43,7 @@ def load_cluster(path: Path) -> Cluster:
         model_path=t.string("model_path", required=False),
     )
     t.done()
+    for key in ("gpu_memory_gib", "gpus_per_node", "dram_per_node_gb", "nodes"):
+        if getattr(cluster, key) <= 0:
+            raise t.fail(key, f"{key} must be greater than 0", "write the machine's real figure")
     return cluster
