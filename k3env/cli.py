@@ -772,11 +772,16 @@ DESCRIPTIONS = {
         "schedule and opens the PR"
     ),
     "verify": (
-        "Check each image from inside, in one container start: the serve lines parse with the "
-        "image's own vLLM / Dynamo parsers (including vLLM's server-setup validation), parser "
-        "names are registered where they are used, the tokenizer `model_type` loads in Dynamo's "
-        "Rust frontend, entrypoint modules import, patches are present, every baked env var is "
-        "read by something, versions match the lock; prints a table and a markdown compat matrix"
+        "Check each image from inside, in one container start per image (images in parallel, "
+        "one per core; an unchanged image, plan and probe answered from its record): the serve "
+        "lines parse with the image's own vLLM / Dynamo parsers (including vLLM's server-setup "
+        "validation; a model path stands in as an empty directory), parser names on the profile "
+        "and on the command lines are registered with the process that reads them, the "
+        "tokenizer `model_type` loads in Dynamo's Rust frontend (a rejection names the runtime's "
+        "supported list), entrypoint modules import, patches are present, every baked env var "
+        "is read by a file in the image (the verdict names it, or the search that found none, "
+        "with a did-you-mean and the flag that replaced it), versions match the lock; prints a "
+        "table and a markdown compat matrix"
     ),
     "preflight": (
         "Check serve profiles, specs, the lock and a cluster profile against the rules drawn from "
