@@ -304,8 +304,8 @@ def cmd_srt_recipe(args: argparse.Namespace, log: Log) -> int:
     from k3env.config.cluster import load_cluster
     from k3env.handoff.push import pushed_record
     from k3env.handoff.recipe import recipe, to_yaml
-    from k3env.image.build import last_build
     from k3env.image.envpolicy import merged_env
+    from k3env.image.records import last_build
 
     lock = load_lock(args.lock)
     (spec,) = load_specs(args.images, lock, (args.image,))

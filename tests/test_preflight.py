@@ -14,7 +14,7 @@ from k3env.cli import main
 from k3env.config.cluster import load_cluster
 from k3env.config.lock import load_lock
 from k3env.config.spec import load_spec
-from k3env.image.build import build_key
+from k3env.image.records import build_key
 from k3env.state import State
 
 from .conftest import replace_in

@@ -16,8 +16,8 @@ from k3env.checks.argv import ParsedCommand, parse_options
 from k3env.config.cluster import Cluster
 from k3env.config.lock import Lock
 from k3env.config.spec import ImageSpec, ServeProfile
-from k3env.image.build import last_build
 from k3env.image.envpolicy import merged_env
+from k3env.image.records import last_build
 from k3env.state import State
 
 ERROR = "error"

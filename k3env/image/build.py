@@ -27,6 +27,7 @@ from k3env.image.bases import ResolvedBase, registry_base, select_base
 from k3env.image.envpolicy import baked_env, merge_env
 from k3env.image.layer import LayerFile, assemble, docker_archive, runtime_config
 from k3env.image.patches import APPLIED, SKIPPED, PatchResult, apply_patch
+from k3env.image.records import build_key
 from k3env.image.twin import twin_base
 from k3env.log import Log
 from k3env.state import State
@@ -443,12 +444,6 @@ def make_builder(lock: Lock, engine: Engine, state: State, log: Log, twin: bool)
     return Builder(lock=lock, engine=engine, state=state, log=log, resolve_base=resolve, twin=twin)
 
 
-def build_key(lock: Lock, spec: ImageSpec, twin: bool) -> str:
-    """What a build record is keyed by: the lock's and the spec's content, and the base kind.
-    Another checkout with another lock never finds this image's record."""
-    return canonical_sha256({"lock": lock.sha256, "spec": spec.sha256, "twin": twin})
-
-
 def build_all(builder: Builder, specs: Sequence[ImageSpec]) -> list[BuildResult]:
     """Build each spec in order, recording each image under its ``build_key`` (where
     preflight and ``srt recipe`` find the image, and so the facts verify learned)."""
@@ -465,13 +460,3 @@ def build_all(builder: Builder, specs: Sequence[ImageSpec]) -> list[BuildResult]
         )
         results.append(result)
     return results
-
-
-def last_build(state: State, lock: Lock, spec: ImageSpec) -> dict[str, Any] | None:
-    """The recorded build of ``spec`` under ``lock``: over the real base if there is one,
-    else over the CPU twin; ``None`` when neither was built from this lock and spec."""
-    for twin in (False, True):
-        record = state.read_record("builds", build_key(lock, spec, twin))
-        if isinstance(record, dict) and record.get("image_id"):
-            return record
-    return None
