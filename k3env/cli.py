@@ -541,6 +541,31 @@ def cmd_bump(args: argparse.Namespace, log: Log) -> int:
     return 0
 
 
+def cmd_outdated(args: argparse.Namespace, log: Log) -> int:
+    from k3env.bump.outdated import outdated
+
+    lock = load_lock(args.lock)
+    index_args = ["--no-index", "--find-links", str(args.find_links)] if args.find_links else []
+    found = outdated(lock, log, index_args=index_args)
+    payload = {"lock": str(args.lock), "pins": [o.as_json() for o in found],
+               "outdated": [o.pin for o in found if o.outdated]}  # fmt: skip
+
+    def human() -> None:
+        for o in found:
+            if o.error:
+                print(f"?  {o.pin:24} {o.current}: could not ask its source: {o.error}")
+            elif not o.outdated:
+                print(f"ok {o.pin:24} {o.current}")
+            else:
+                what = ", ".join(o.newer) + (f" (tag now names {o.moved})" if o.moved else "")
+                print(f"-> {o.pin:24} {o.current}: {what}")
+                for line in o.bump[:3]:
+                    print(f"     {line}")
+
+    _emit(args, payload, human)
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------
 # main
 # ---------------------------------------------------------------------------------------------
@@ -696,6 +721,16 @@ def parser() -> argparse.ArgumentParser:
     )
     bump.set_defaults(func=cmd_bump)
 
+    out = sub.add_parser(
+        "outdated",
+        parents=[common],
+        help="list, for every pin, the newer versions its source offers",
+    )
+    out.add_argument(
+        "--find-links", type=Path, help="a wheel directory instead of the package index"
+    )
+    out.set_defaults(func=cmd_outdated)
+
     pre = sub.add_parser(
         "preflight",
         parents=[common],
@@ -768,8 +803,8 @@ DESCRIPTIONS = {
         "rebuild, verify and preflight before and after, report each container patch as applies /"
         " upstream (drop it) / conflicts, and write a PR title and markdown body; the lock is "
         "replaced atomically only when everything passes (or `--keep-failing`); `--commit` makes "
-        "a local branch and commit, never a push. `.github/workflows/pin-bump.yml` runs it on a "
-        "schedule and opens the PR"
+        "a local branch and commit, never a push. `.github/workflows/pin-bump.yml` runs it for "
+        "each pin `k3env outdated` finds, one PR each"
     ),
     "verify": (
         "Check each image from inside, in one container start per image (images in parallel, "
@@ -782,6 +817,12 @@ DESCRIPTIONS = {
         "is read by a file in the image (the verdict names it, or the search that found none, "
         "with a did-you-mean and the flag that replaced it), versions match the lock; prints a "
         "table and a markdown compat matrix"
+    ),
+    "outdated": (
+        "For every pin, the newer versions its source offers: a base image's registry tags "
+        "(and whether the pinned tag now names another digest), git tags for srt-slurm and "
+        "Dynamo, package-index releases for aiperf; each with the `k3env bump` that takes it; "
+        "a source that cannot be asked is said so, never reported up to date"
     ),
     "preflight": (
         "Check serve profiles, specs, the lock and a cluster profile against the rules drawn from "

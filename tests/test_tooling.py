@@ -84,7 +84,12 @@ def test_pin_bump_workflow_structure() -> None:
     assert "schedule" in triggers and triggers["schedule"][0]["cron"]
     assert set(triggers["workflow_dispatch"]["inputs"]) == {"pin", "value"}
     assert wf["permissions"] == {"contents": "write", "pull-requests": "write"}
-    (job,) = wf["jobs"].values()
+    assert set(wf["jobs"]) == {"outdated", "bump"}
+    find = "\n".join(step.get("run", "") for step in wf["jobs"]["outdated"]["steps"])
+    assert "k3env outdated --json" in find and "matrix=" in find
+    job = wf["jobs"]["bump"]
+    assert job["needs"] == "outdated"
+    assert job["strategy"]["matrix"]["include"] == "${{ fromJSON(needs.outdated.outputs.matrix) }}"
     assert "docker" in job["runs-on"] and job["timeout-minutes"] <= 90
     runs = "\n".join(step.get("run", "") for step in job["steps"])
     assert "scripts/host-setup.sh" in runs

@@ -136,3 +136,30 @@ def refuse_to_move(repository: str, tag: str, image_id: str) -> None:
             fix="do not overwrite it: find what differs (`docker image inspect` both, compare "
             "layers); pull the registry's image by digest to build on the same bytes",
         )
+
+
+def list_tags(repository: str) -> list[str]:
+    """The tags a registry has for ``repository`` (``GET /v2/<repo>/tags/list``)."""
+    host, repo = split_repository(repository)
+    url = f"{_scheme(host)}://{host}/v2/{repo}/tags/list?n=10000"
+    headers: dict[str, str] = {}
+    for _ in range(2):
+        try:
+            with urllib.request.urlopen(
+                urllib.request.Request(url, headers=headers), timeout=30
+            ) as response:
+                return [str(t) for t in json.loads(response.read()).get("tags") or []]
+        except urllib.error.HTTPError as e:
+            if e.code == 401 and "Authorization" not in headers:
+                token = _token(e.headers.get("WWW-Authenticate", ""))
+                if token:
+                    headers["Authorization"] = f"Bearer {token}"
+                    continue
+            raise EngineError(
+                f"cannot list tags (HTTP {e.code})", where=url, fix="check the repository"
+            ) from e
+        except (OSError, ValueError) as e:
+            raise EngineError(
+                f"cannot list tags: {e}", where=url, fix="check the network / registry"
+            ) from e
+    raise EngineError(f"cannot authenticate to {host}", where=url, fix="log in (skopeo login)")
