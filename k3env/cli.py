@@ -499,6 +499,7 @@ def cmd_bump(args: argparse.Namespace, log: Log) -> int:
         args.value,
         resolve_digest=resolve_digest,
         resolve_tag_commit=lambda url, tag: commit_to_tag(args.source or url, tag),
+        dynamo_source=args.source,
     )
     new_lock, changes = candidate_lock(lock, changes_wanted)
     if args.edit_only:
@@ -709,7 +710,9 @@ def parser() -> argparse.ArgumentParser:
     bump.add_argument("value", nargs="?", help="tag, tag@digest, commit or version")
     bump.add_argument("--images", type=Path, default=DEFAULT_IMAGES, help="image spec directory")
     bump.add_argument("--cluster", type=Path, default=DEFAULT_CLUSTER, help="cluster profile")
-    bump.add_argument("--source", help="git URL or mirror to resolve an srt-slurm tag")
+    bump.add_argument(
+        "--source", help="git URL or mirror to resolve an srt-slurm or Dynamo tag (or commit)"
+    )
     bump.add_argument("--body", type=Path, help="write the PR body (markdown) here")
     bump.add_argument(
         "--keep-failing", action="store_true", help="write the lock even when checks fail"

@@ -48,3 +48,26 @@ def fake_project(
     monkeypatch.setenv("K3ENV_STATE_DIR", str(tmp_path / "state"))
     base = fake_engine.publish(TEST_BASE_REPOSITORY, python_base(BUGGY))
     return write_project(tmp_path, {"testbase": base})
+
+
+@pytest.fixture(scope="session")
+def dynamo_source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, str]]:
+    """A local stand-in of the Dynamo repository: one commit per release tag; (path, tag ->
+    commit)."""
+    import subprocess
+
+    repo = tmp_path_factory.mktemp("dynamo-source")
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(repo)}  # fmt: skip
+    git = ["git", "-C", str(repo)]
+    subprocess.run([*git, "init", "-q"], check=True, env=env)
+    tags = {}
+    for tag in ("v1.4.0-kimi-k3-dev.1", "v1.4.2", *(f"v1.5.{i}" for i in range(8)), "v1.6.1"):
+        (repo / "VERSION").write_text(tag)
+        subprocess.run([*git, "add", "-A"], check=True, env=env)
+        subprocess.run([*git, "commit", "-qm", tag], check=True, env=env)
+        subprocess.run([*git, "tag", "-a", "-m", tag, tag], check=True, env=env)
+        tags[tag] = subprocess.run(
+            [*git, "rev-parse", "HEAD"], check=True, env=env, capture_output=True, text=True
+        ).stdout.strip()
+    return repo, tags

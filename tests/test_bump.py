@@ -18,23 +18,44 @@ LOCK = Path("pins/k3.lock.toml")
 NEW = "1234567890abcdef1234567890abcdef12345678"
 
 
-def test_dynamo_bump_changes_exactly_one_line_and_keeps_comments(repo: Path) -> None:
+def test_dynamo_bump_resolves_the_tag_and_moves_name_version_commit_together(
+    repo: Path, dynamo_source: tuple[Path, dict[str, str]]
+) -> None:
+    source, tags = dynamo_source
     before = LOCK.read_text().splitlines()
-    assert main(["bump", "dynamo", NEW, "--edit-only", "-q"]) == 0
+    assert main(["bump", "dynamo", "v1.6.1", "--source", str(source), "--edit-only", "-q"]) == 0
     after = LOCK.read_text().splitlines()
     diff = [(a, b) for a, b in zip(before, after, strict=True) if a != b]
-    assert diff == [('commit = "ba83080ecd31c1ce918559e576d3c5bc9e092ff1"', f'commit = "{NEW}"')]
-    assert load_lock(LOCK).dynamo.commit == NEW  # type: ignore[union-attr]
+    assert diff == [
+        ('name = "v1.4.0-kimi-k3-dev.1"', 'name = "v1.6.1"'),
+        ('version = "1.4.0.dev1"', 'version = "1.6.1"'),
+        ('commit = "ba83080ecd31c1ce918559e576d3c5bc9e092ff1"', f'commit = "{tags["v1.6.1"]}"'),
+    ]  # comments and every other line kept
+    # A commit works too when a tag names it; the tag becomes the name.
+    assert main(["bump", "dynamo", tags["v1.4.2"], "--source", str(source), "--edit-only",
+                 "-q"]) == 0  # fmt: skip
+    dynamo = load_lock(LOCK).dynamo
+    assert dynamo is not None and (dynamo.name, dynamo.version) == ("v1.4.2", "1.4.2")
+
+
+def test_a_made_up_dynamo_commit_is_refused(
+    repo: Path, dynamo_source: tuple[Path, dict[str, str]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    source, _ = dynamo_source
+    before = LOCK.read_bytes()
+    assert main(["bump", "dynamo", NEW, "--source", str(source), "--edit-only"]) == 2
+    assert "is not named by any tag" in capsys.readouterr().err
+    assert LOCK.read_bytes() == before
 
 
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
         (["bump", "nope", "x"], "unknown pin 'nope'"),
-        (["bump", "dynamo", "ba83080"], "is not a 40-hex commit"),
+        (["bump", "dynamo"], "which tag or commit?"),
         (["bump", "bases.nope", "t"], "no registry base 'nope'"),
         (["bump", "bases.vllm-kimi-k3", "kimi-k3@sha256:12"], "is not sha256:<64 hex>"),
-        (["bump", "dynamo", "ba83080ecd31c1ce918559e576d3c5bc9e092ff1"], "nothing to bump"),
+        (["bump", "container_patches.mamba-hybrid-index-int64"], "nothing to bump"),
     ],
 )
 def test_bad_bumps_are_refused_and_leave_the_lock(

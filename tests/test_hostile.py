@@ -284,7 +284,10 @@ def test_unwritable_state_directory_is_exit_3(
 
 
 def test_a_full_disk_leaves_the_lock_and_no_candidate(
-    repo: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    repo: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    dynamo_source: tuple[Path, dict[str, str]],
 ) -> None:
     import errno
 
@@ -295,7 +298,8 @@ def test_a_full_disk_leaves_the_lock_and_no_candidate(
 
     monkeypatch.setattr(lock_edit, "write_atomic", full)
     before = LOCK.read_bytes()
-    code, payload = _run(["bump", "dynamo", "1" * 40, "--edit-only"], capsys)
+    source = str(dynamo_source[0])
+    code, payload = _run(["bump", "dynamo", "v1.6.1", "--source", source, "--edit-only"], capsys)
     assert code == 2 and "No space left on device" in payload["error"]["message"]
     assert LOCK.read_bytes() == before
     assert sorted(p.name for p in LOCK.parent.iterdir() if "candidate" in p.name) == []
@@ -330,14 +334,18 @@ def test_a_tar_stream_cut_inside_a_dropped_entry_ends(tmp_path: Path) -> None:
         list(filter_tar([cut], lambda n: n == ".dockerenv", b""))
 
 
-def test_concurrent_lock_writers_lose_nothing(repo: Path) -> None:
+def test_concurrent_lock_writers_lose_nothing(
+    repo: Path, dynamo_source: tuple[Path, dict[str, str]]
+) -> None:
     """`bump --edit-only` and `lock --update-hashes` at once: both edits survive, every time."""
     patch = Path("patches/container/mamba-hybrid-index-int64.toml")
     k3env = [sys.executable, "-m", "k3env"]
     for i in range(6):
         patch.write_text(patch.read_text() + f"# edit {i}\n")
-        commit = f"{i:x}" * 40
-        a = subprocess.Popen([*k3env, "bump", "dynamo", commit[:40], "--edit-only", "-q"])
+        source, tags = dynamo_source
+        commit = tags[f"v1.5.{i}"]
+        a = subprocess.Popen([*k3env, "bump", "dynamo", f"v1.5.{i}", "--source", str(source),
+                              "--edit-only", "-q"])  # fmt: skip
         b = subprocess.Popen([*k3env, "lock", "--update-hashes", "-q"])
         assert a.wait() == 0 and b.wait() == 0
         code = main(["lock", "--check", "-q"])

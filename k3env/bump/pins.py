@@ -40,6 +40,7 @@ def leaf_changes(
     *,
     resolve_digest: Callable[[str, str], str],
     resolve_tag_commit: Callable[[str, str], str],
+    dynamo_source: str | None = None,
 ) -> dict[str, str]:
     """The lock leaves a bump of ``pin`` to ``value`` changes (key path -> new value)."""
     where = f"k3env bump {pin}"
@@ -60,13 +61,21 @@ def leaf_changes(
     if pin == "dynamo":
         if lock.dynamo is None:
             raise ConfigError("the lock pins no dynamo", where=where, fix="add [dynamo]")
-        if value is None or not COMMIT_RE.match(value):
+        if not value:
+            raise ConfigError("which tag or commit?", where=where, fix="k3env bump dynamo v1.6.1")
+        # Resolved on the source: a tag, or a commit that a tag names. Name, version and
+        # commit move together (the rules read the version).
+        tag, commit = resolve_ref(dynamo_source or lock.dynamo.git, value)
+        changes = {"dynamo.name": tag, "dynamo.commit": commit}
+        version = pep440_of_tag(tag)
+        if version is None:
             raise ConfigError(
-                f"{value!r} is not a 40-hex commit",
+                f"tag {tag} has no PEP 440 form k3env can derive (the rules read the version)",
                 where=where,
-                fix="pass the full commit id (git rev-parse REF)",
+                fix="bump to a release tag (vX.Y.Z), or edit [dynamo] name/version/commit by hand",
             )
-        return {"dynamo.commit": value}
+        changes["dynamo.version"] = version
+        return changes
     if pin in ("srt-slurm", "srt_slurm"):
         if lock.srt_slurm is None:
             raise ConfigError("the lock pins no srt-slurm", where=where, fix="add [srt_slurm]")
@@ -102,6 +111,50 @@ def candidate_lock(lock: Lock, changes: dict[str, str]) -> tuple[Lock, list[Chan
         new = load_lock(path)
     # The same file, as far as provenance and relative paths go.
     return dataclasses.replace(new, path=lock.path), done
+
+
+def pep440_of_tag(tag: str) -> str | None:
+    """``v1.6.1`` -> ``1.6.1``; a day-zero dev tag ``v1.4.0-kimi-k3-dev.1`` -> ``1.4.0.dev1``."""
+    m = re.match(r"^v?(\d+\.\d+\.\d+)(?:-[A-Za-z0-9.-]*?dev\.?(\d+))?$", tag)
+    if m is None:
+        return None
+    return m.group(1) + (f".dev{m.group(2)}" if m.group(2) else "")
+
+
+def _tags(source: str) -> dict[str, str]:
+    """Tag name -> commit on ``source`` (annotated tags peeled)."""
+    code, out = attempt(
+        [require_tool("git", "git"), "ls-remote", "--tags", "--", source], Log(quiet=True)
+    )
+    if code != 0:
+        raise LockError(f"cannot list the tags of {source}: {out.strip()[-300:]}",
+                        where=source, fix="check the URL or pass --source MIRROR")  # fmt: skip
+    tags: dict[str, str] = {}
+    for line in out.splitlines():
+        sha, _, ref = line.partition("\t")
+        name = ref.removeprefix("refs/tags/")
+        if name.endswith("^{}"):
+            tags[name.removesuffix("^{}")] = sha  # the peeled commit wins
+        else:
+            tags.setdefault(name, sha)
+    return tags
+
+
+def resolve_ref(source: str, ref: str) -> tuple[str, str]:
+    """(tag, commit) for a tag name or a commit on ``source``; a commit no tag names is
+    refused (a made-up commit would be "verified" as nothing at all)."""
+    require_git_source(source, "--source")
+    tags = _tags(source)
+    if ref in tags:
+        return ref, tags[ref]
+    if COMMIT_RE.match(ref):
+        named = sorted(t for t, c in tags.items() if c == ref)
+        if named:
+            return named[0], ref
+        raise LockError(f"commit {ref} is not named by any tag of {source}",
+                        where="dynamo.commit", fix="bump to a release tag")  # fmt: skip
+    raise LockError(f"{ref!r} is neither a tag nor a tagged commit of {source}",
+                    where="dynamo", fix="list the tags: git ls-remote --tags SOURCE")  # fmt: skip
 
 
 def commit_to_tag(source: str, tag: str) -> str:
