@@ -801,7 +801,8 @@ DESCRIPTIONS = {
         "schema); each error with file, key path and srt-slurm's message"
     ),
     "bump": (
-        "Change one pin (`bases.NAME TAG` resolves and records the digest; `dynamo COMMIT`; "
+        "Change one pin (`bases.NAME TAG` resolves and records the digest; `dynamo TAG|COMMIT` "
+        "resolved on the source, name, version and commit together; "
         "`srt-slurm TAG`; `container_patches.NAME`) in place (only the changed leaves differ), "
         "rebuild, verify and preflight before and after, report each container patch as applies /"
         " upstream (drop it) / conflicts, and write a PR title and markdown body; the lock is "

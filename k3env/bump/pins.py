@@ -27,7 +27,7 @@ from k3env.runner import attempt, require_tool, run
 
 PINS_HELP = (
     "bases.NAME [TAG | TAG@sha256:...]",
-    "dynamo COMMIT",
+    "dynamo TAG|COMMIT (resolved on the lock's git URL, or --source)",
     "srt-slurm TAG (its commit resolved with git ls-remote; --source for a mirror)",
     "container_patches.NAME (re-hash the patch file)",
 )
