@@ -122,8 +122,11 @@ def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, dict
 FILES = {"lock": LOCK, "spec": SPEC, "cluster": CLUSTER}
 
 
+# Derandomized: CI sees the same corpus every run (a gate must not flip on a new draw); run
+# with `--hypothesis-seed=random` here, or raise max_examples, to look for new cases.
 @settings(
     max_examples=45,
+    derandomize=True,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
@@ -160,6 +163,7 @@ def repo_with_clusters(repo: Path) -> Path:
 
 @settings(
     max_examples=20,
+    derandomize=True,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )

@@ -489,11 +489,23 @@ def pinned_files(lock: Lock) -> list[tuple[str, str, str | None]]:
     return out
 
 
+def _sha256_or_none(path: Path, key: str, lock: Lock) -> str | None:
+    """The file's sha256; None when it is not there; a LockError naming the key when the
+    path itself cannot be used (too long, a directory, no permission)."""
+    try:
+        return file_sha256(path) if path.is_file() else None
+    except OSError as e:
+        raise LockError(
+            f"cannot read the pinned file {path.name[:80]}: {e.strerror}",
+            where=f"{lock.path}: {key}",
+            fix="fix the file path in the lock",
+        ) from e
+
+
 def check_files(lock: Lock) -> list[FileCheck]:
     results = []
     for key, rel, expected in pinned_files(lock):
-        path = lock.resolve_path(rel)
-        actual = file_sha256(path) if path.is_file() else None
+        actual = _sha256_or_none(lock.resolve_path(rel), key, lock)
         results.append(FileCheck(key=key, file=rel, expected=expected, actual=actual))
     return results
 
@@ -502,13 +514,13 @@ def verify_pinned_file(lock: Lock, rel: str, sha256: str, *, key: str, label: st
     """``rel``'s path, after checking the file exists and has the sha256 the lock pins."""
     path = lock.resolve_path(rel)
     where = f"{lock.path}: {key}"
-    if not path.is_file():
+    actual = _sha256_or_none(path, key, lock)
+    if actual is None:
         raise LockError(
             f"patch file {rel}{label} is missing",
             where=where,
             fix="restore the file, or fix `file` in the lock",
         )
-    actual = file_sha256(path)
     if actual != sha256:
         raise LockError(
             f"patch file {rel}{label} has sha256 {actual}, the lock pins {sha256}",

@@ -43,13 +43,16 @@ class TwinPlan:
 def plan(lock: Lock) -> TwinPlan:
     twin = _pin(lock)
     req = lock.resolve_path(twin.requirements)
-    if not req.is_file():
+    try:
+        actual = file_sha256(req) if req.is_file() else None
+    except OSError:
+        actual = None
+    if actual is None:
         raise LockError(
-            f"twin requirements {twin.requirements} is missing",
+            f"twin requirements {twin.requirements[:80]} is missing or unreadable",
             where=f"{lock.path}: twin.requirements",
             fix="restore the file, or fix the path",
         )
-    actual = file_sha256(req)
     if twin.requirements_sha256 is not None and actual != twin.requirements_sha256:
         raise LockError(
             f"{twin.requirements} has sha256 {actual}, the lock pins {twin.requirements_sha256}",
