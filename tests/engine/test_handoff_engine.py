@@ -60,6 +60,12 @@ def test_push_to_a_registry_that_is_down_leaves_no_record(
 ) -> None:
     assert main(["push", "--lock", LOCK, "--registry", "127.0.0.1:5999"]) == 3
     assert "push failed" in capsys.readouterr().err
+    # The tag made for the push went with it: no stray 127.0.0.1:5999/... left behind.
+    stray = subprocess.run(
+        ["docker", "images", "-q", "127.0.0.1:5999/k3env-test/probe"],
+        capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    assert stray == []
     assert not State().path("pushed").exists() or not any(State().path("pushed").iterdir())
 
 
