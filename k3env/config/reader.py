@@ -114,7 +114,17 @@ class Table:
     def has(self, key: str) -> bool:
         return key in self.data
 
-    def _get(self, key: str, kind: type[T] | tuple[type, ...], required: bool, default: Any) -> Any:
+    def _get(
+        self,
+        key: str,
+        kind: type[T] | tuple[type, ...],
+        required: bool,
+        default: Any,
+        *,
+        multiline: bool = False,
+    ) -> Any:
+        """The value of ``key`` checked for its type; a string also for control characters
+        (only newlines and tabs where ``multiline``): one check for every string accessor."""
         self._seen.add(key)
         if key not in self.data:
             if required:
@@ -135,24 +145,21 @@ class Table:
                 f"expected {_kind_name(kind)}, got {type(value).__name__} {value!r}",
                 "fix the value's type",
             )
+        if isinstance(value, str) and (bad := control_character(value, multiline=multiline)):
+            fix = "remove it" if multiline else "write it on one line"
+            raise self.fail(key, f"control character {bad} in {value!r}", fix)
         return value
 
     def string(self, key: str, *, required: bool = True, default: str | None = None) -> Any:
         """A one-line string: no control characters (it may reach a line of a file in an
         image, a command line or a tag)."""
         self._note(key, {"type": "string", "pattern": r"^[^\x00-\x1f\x7f]*$"}, required)
-        value = self._get(key, str, required, default)
-        if isinstance(value, str) and (bad := control_character(value)):
-            raise self.fail(key, f"control character {bad} in {value!r}", "write it on one line")
-        return value
+        return self._get(key, str, required, default)
 
     def text(self, key: str, *, required: bool = True, default: str | None = None) -> Any:
         """A string that may span lines (a patch anchor): no other control characters."""
         self._note(key, {"type": "string"}, required)
-        value = self._get(key, str, required, default)
-        if isinstance(value, str) and (bad := control_character(value, multiline=True)):
-            raise self.fail(key, f"control character {bad} in {value!r}", "remove it")
-        return value
+        return self._get(key, str, required, default, multiline=True)
 
     def integer(self, key: str, *, required: bool = True, default: int | None = None) -> Any:
         self._note(key, {"type": "integer"}, required)
@@ -236,8 +243,6 @@ class Table:
             required,
         )
         value = self._get(key, str, required, None)
-        if isinstance(value, str) and (bad := control_character(value)):
-            raise self.fail(key, f"control character {bad} in {value!r}", "write it on one line")
         if value is None:
             return None
         if allow_unresolved and value == UNRESOLVED:
