@@ -13,12 +13,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from k3env.bump.pins import git_tags
 from k3env.config.lock import Lock
 from k3env.config.shapes import REF_RE
 from k3env.engine.registry import list_tags, resolve_digest
 from k3env.errors import K3envError
 from k3env.log import Log
-from k3env.runner import attempt, require_tool
+from k3env.runner import attempt
 from k3env.versions import newer_than
 
 
@@ -38,19 +39,6 @@ class Outdated:
     def as_json(self) -> dict[str, Any]:
         return {**self.__dict__, "newer": list(self.newer), "bump": list(self.bump),
                 "outdated": self.outdated}  # fmt: skip
-
-
-def git_tags(source: str, log: Log) -> list[str]:
-    """The tag names a git source offers (``git ls-remote --tags``, peeled tags folded)."""
-    code, out = attempt([require_tool("git", "git"), "ls-remote", "--tags", "--", source], log)
-    if code != 0:
-        raise K3envError(f"git ls-remote failed: {out.strip()[-300:]}", where=source)
-    tags = []
-    for line in out.splitlines():
-        ref = line.partition("\t")[2].removeprefix("refs/tags/").removesuffix("^{}")
-        if ref and REF_RE.match(ref) and ref not in tags:
-            tags.append(ref)
-    return tags
 
 
 def index_versions(name: str, log: Log, index_args: Sequence[str] = ()) -> list[str]:
@@ -100,7 +88,7 @@ def outdated(
         if git is None or version is None:
             continue
         try:
-            newer = newer_than(version, git_tags(git, log))
+            newer = newer_than(version, [t for t in git_tags(git) if REF_RE.match(t)])
         except K3envError as e:
             out.append(Outdated(pin=pin, current=version, error=e.message))
             continue

@@ -121,8 +121,10 @@ def pep440_of_tag(tag: str) -> str | None:
     return m.group(1) + (f".dev{m.group(2)}" if m.group(2) else "")
 
 
-def _tags(source: str) -> dict[str, str]:
-    """Tag name -> commit on ``source`` (annotated tags peeled)."""
+def git_tags(source: str) -> dict[str, str]:
+    """Tag name -> commit on ``source`` (annotated tags peeled): the one reader of a git
+    source's tags, for bumps and for `k3env outdated`."""
+    require_git_source(source, "--source")
     code, out = attempt(
         [require_tool("git", "git"), "ls-remote", "--tags", "--", source], Log(quiet=True)
     )
@@ -143,8 +145,7 @@ def _tags(source: str) -> dict[str, str]:
 def resolve_ref(source: str, ref: str) -> tuple[str, str]:
     """(tag, commit) for a tag name or a commit on ``source``; a commit no tag names is
     refused (a made-up commit would be "verified" as nothing at all)."""
-    require_git_source(source, "--source")
-    tags = _tags(source)
+    tags = git_tags(source)
     if ref in tags:
         return ref, tags[ref]
     if COMMIT_RE.match(ref):
@@ -158,21 +159,11 @@ def resolve_ref(source: str, ref: str) -> tuple[str, str]:
 
 
 def commit_to_tag(source: str, tag: str) -> str:
-    """``git ls-remote`` the tag's commit (annotated tags peeled)."""
-    require_git_source(source, "--source")
+    """The commit a tag names on ``source`` (annotated tags peeled)."""
     if not REF_RE.match(tag):
         raise ConfigError(f"{tag!r} is not a tag name", where="k3env bump", fix="e.g. v1.0.49")
-    code, out = attempt(
-        [require_tool("git", "git"), "ls-remote", "--tags", "--", source, f"refs/tags/{tag}*"],
-        Log(quiet=True),
-    )
-    refs: dict[str, str] = {}
-    for line in out.splitlines():
-        sha, _, ref = line.partition("\t")
-        if ref:
-            refs[ref] = sha
-    commit = refs.get(f"refs/tags/{tag}^{{}}") or refs.get(f"refs/tags/{tag}")
-    if code != 0 or commit is None:
+    commit = git_tags(source).get(tag)
+    if commit is None:
         raise LockError(
             f"tag {tag} not found in {source}", where="srt_slurm.version", fix="check the tag"
         )
