@@ -319,13 +319,14 @@ class SrtPatchFate:
     detail: str
 
 
-def _patch_ids_of_file(git: str, path: Path, log: Log) -> set[str]:
-    """The stable patch-ids of the commits in a format-patch file."""
-    out = run_streaming([git, "patch-id", "--stable"], [path.read_bytes()], log, what="patch-id")
+def _patch_ids(git: str, patches: bytes, log: Log) -> set[str]:
+    """The stable patch-ids of the commits in ``patches`` (a format-patch file or `git log
+    -p` output)."""
+    out = run_streaming([git, "patch-id", "--stable"], [patches], log, what="git patch-id")
     return {line.split()[0] for line in out.splitlines() if line.strip()}
 
 
-def _patch_ids(git: str, src: Path, commit: str, log: Log, depth: int = 2000) -> set[str]:
+def _history_patch_ids(git: str, src: Path, commit: str, log: Log, depth: int = 2000) -> set[str]:
     """The stable patch-ids of the last ``depth`` commits up to ``commit``."""
     diff = run(
         [git, "log", "-p", "--no-color", f"-{depth}", commit],
@@ -334,12 +335,7 @@ def _patch_ids(git: str, src: Path, commit: str, log: Log, depth: int = 2000) ->
         capture=True,
         what="git log -p",
     )
-    return _patch_ids_of_text(git, diff, log)
-
-
-def _patch_ids_of_text(git: str, text: str, log: Log) -> set[str]:
-    out = run_streaming([git, "patch-id", "--stable"], [text.encode()], log, what="patch-id")
-    return {line.split()[0] for line in out.splitlines() if line.strip()}
+    return _patch_ids(git, diff.encode(), log)
 
 
 def patch_fates(lock: Lock, log: Log, *, source: str | None = None) -> list[SrtPatchFate]:
@@ -379,8 +375,8 @@ def patch_fates(lock: Lock, log: Log, *, source: str | None = None) -> list[SrtP
                     )
                     continue
             if upstream_ids is None:
-                upstream_ids = _patch_ids(git, src, srt.commit, log)
-            ids = _patch_ids_of_file(git, path, log)
+                upstream_ids = _history_patch_ids(git, src, srt.commit, log)
+            ids = _patch_ids(git, path.read_bytes(), log)
             if ids and ids <= upstream_ids:
                 fates.append(
                     SrtPatchFate(
