@@ -177,7 +177,8 @@ def _builds(
     lock = load_lock(args.lock)
     specs = load_specs(args.images, lock, tuple(args.image))
     engine = _engine()
-    log.info(f"engine: {engine.describe()}")
+    if not log.quiet:  # one more engine call (GET /info): only when someone reads it
+        log.info(f"engine: {engine.describe()}")
     state = State()
     builder = make_builder(lock, engine, state, log, args.twin)
     return lock, specs, engine, state, build_all(builder, specs)
@@ -868,30 +869,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code = int(args.func(args, log))
     except K3envError as e:
-        if getattr(args, "json", False):
-            result = args.result if isinstance(args.result, dict) else {}
-            _print_json({**result, "error": e.as_json()})
-        print(f"k3env: error: {e.render()}", file=sys.stderr)
-        return e.return_code
+        return _fail(args, e)
     except KeyboardInterrupt:
         print("k3env: interrupted", file=sys.stderr)
         return 130
     except OSError as e:
         # A file k3env was told to use (an --out path, a recipe, a directory) that the
         # system refused: the user's to fix, not a bug to show as a traceback.
-        err = StateError(
-            f"{e.strerror or e}",
-            where=str(e.filename) if e.filename else args.command,
-            fix="check the path, its permissions and the free disk space",
+        return _fail(
+            args,
+            StateError(
+                f"{e.strerror or e}",
+                where=str(e.filename) if e.filename else args.command,
+                fix="check the path, its permissions and the free disk space",
+            ),
         )
-        if getattr(args, "json", False):
-            _print_json({**(args.result if isinstance(args.result, dict) else {}),
-                         "error": err.as_json()})  # fmt: skip
-        print(f"k3env: error: {err.render()}", file=sys.stderr)
-        return err.return_code
     if getattr(args, "json", False):
         _print_json(args.result)
     return code
+
+
+def _fail(args: argparse.Namespace, error: K3envError) -> int:
+    """Report ``error``: on stderr, and with ``--json`` in the one document on stdout (the
+    command's result so far, plus ``error``)."""
+    if getattr(args, "json", False):
+        result = args.result if isinstance(args.result, dict) else {}
+        _print_json({**result, "error": error.as_json()})
+    print(f"k3env: error: {error.render()}", file=sys.stderr)
+    return error.return_code
 
 
 def _print_json(payload: Any) -> None:
