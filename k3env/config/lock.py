@@ -31,6 +31,7 @@ from k3env.config.shapes import (
     TAG_FIX,
     TAG_RE,
     is_git_source,
+    is_normal_absolute_path,
 )
 from k3env.errors import LockError
 from k3env.hashing import canonical_sha256, file_sha256
@@ -227,7 +228,7 @@ def load_lock(path: Path) -> Lock:
     srt = _srt(top.table("srt_slurm"), unresolved) if top.has("srt_slurm") else None
     roots = top.str_list("patch_roots") or DEFAULT_PATCH_ROOTS
     for i, r in enumerate(roots):
-        if not r.startswith("/") or posixpath.normpath(r) != r or r == "/":
+        if not is_normal_absolute_path(r):
             raise top.fail(f"patch_roots[{i}]", f"{r!r} is not a directory below /", "fix it")
     patches = each_entry(
         top.table("container_patches", required=False),
@@ -405,7 +406,7 @@ def _relative_file(t: Table, key: str) -> str:
 
 def _check_target_path(t: Table, path: str, roots: tuple[str, ...]) -> None:
     """An absolute, normalised path inside one of the roots a patch may touch."""
-    if not path.startswith("/") or posixpath.normpath(path) != path or "/../" in f"{path}/":
+    if not is_normal_absolute_path(path):
         raise t.fail("path", f"{path!r} is not an absolute, normalised path",
                      "write the absolute path in the image, without '..' or '//'")  # fmt: skip
     if not any(path.startswith(root.rstrip("/") + "/") for root in roots):

@@ -50,6 +50,17 @@ def control_character(value: str, *, multiline: bool = False) -> str | None:
     return f"\\x{ord(m.group(0)):02x}" if m else None
 
 
+def is_normal_absolute_path(path: str) -> bool:
+    """An absolute path below ``/`` with no empty, ``.`` or ``..`` part: it names one place
+    and cannot climb out of the directory it is applied under (a patch target, a layer
+    entry). One leading ``/`` only: POSIX keeps ``//`` through normpath."""
+    return (
+        path.startswith("/")
+        and path != "/"
+        and not any(part in ("", ".", "..") for part in path[1:].split("/"))
+    )
+
+
 def require_git_source(value: str, where: str) -> str:
     """``value`` if it is a git source (see ``is_git_source``), else a ConfigError."""
     if not is_git_source(value):

@@ -15,14 +15,13 @@ from __future__ import annotations
 
 import io
 import json
-import posixpath
 import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from k3env.config.shapes import control_character
+from k3env.config.shapes import control_character, is_normal_absolute_path
 from k3env.engine.protocol import BaseImage, HistoryEntry
 from k3env.errors import PatchError
 from k3env.hashing import sha256_digest
@@ -58,13 +57,7 @@ def epoch_of(created: str) -> int:
 def check_entry_path(path: str) -> None:
     """Refuse a layer entry that is not an absolute, normalised path below ``/``: a ``..``
     entry would write outside the directory it names when the layer is applied."""
-    if (
-        not path.startswith("/")
-        or path == "/"
-        or posixpath.normpath(path) != path
-        or any(part in ("", ".", "..") for part in path[1:].split("/"))
-        or control_character(path)
-    ):
+    if not is_normal_absolute_path(path) or control_character(path):
         raise PatchError(
             f"refusing to write {path!r} into a layer: not an absolute, normalised path",
             where="image layer",
