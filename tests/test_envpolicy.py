@@ -74,3 +74,20 @@ def test_base_env_is_baked_over_its_base_only() -> None:
     twin = baked_env(lock, spec, lock.bases["cpu-twin"])
     assert "VLLM_ENABLE_K3_LATENT_MOE_TAIL_FUSION" not in twin
     assert twin["PYTHONHASHSEED"] == "42"
+
+
+def test_a_credential_the_lock_allows_is_baked_with_that_one_override(repo: Path) -> None:
+    """The lock's own allow_credentials lets its [env] value through load and bake alike."""
+    lock_path = Path("pins/k3.lock.toml")
+    text = lock_path.read_text().replace(
+        "[env]\n", '[env]\nNGC_API_KEY = "nvapi-abcdefghijklmnopqrstuvwxyz0123"\n', 1
+    )
+    lock_path.write_text(text)
+    with pytest.raises(SecretError, match="refusing NGC_API_KEY"):
+        load_lock(lock_path)
+    lock_path.write_text(
+        text.replace("version = 1\n", 'version = 1\nallow_credentials = ["NGC_API_KEY"]\n', 1)
+    )
+    lock = load_lock(lock_path)
+    env = baked_env(lock, load_spec(Path("images/kimi-k3-direct-d.toml"), lock))
+    assert env["NGC_API_KEY"].startswith("nvapi-")

@@ -161,6 +161,8 @@ class Lock:
     container_patches: Mapping[str, ContainerPatchPin]
     aiperf: AiperfPin | None
     unresolved: tuple[Unresolved, ...] = field(default=())
+    # Credential-looking names the lock's [env] / [bases.NAME.env] set deliberately.
+    allow_credentials: tuple[str, ...] = field(default=())
 
     def base(self, name: str, where: str) -> BasePin:
         try:
@@ -249,6 +251,7 @@ def load_lock(path: Path) -> Lock:
         container_patches=patches,
         aiperf=aiperf,
         unresolved=tuple(unresolved),
+        allow_credentials=allow,
     )
 
 

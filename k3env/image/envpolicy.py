@@ -22,12 +22,17 @@ def merged_env(lock: Lock, spec: ImageSpec, base: BasePin | None = None) -> dict
 
 
 def baked_env(lock: Lock, spec: ImageSpec, base: BasePin | None = None) -> dict[str, str]:
-    """The env to bake (``merged_env``) over ``base``; refuses credentials."""
+    """The env to bake (``merged_env``) over ``base``; refuses credentials. The override is
+    the one of the file the value comes from (as at load time): the spec's
+    ``allow_credentials`` for its own env, the lock's (or the spec's) for the lock's."""
     base = base or lock.bases[spec.base]
     env = merged_env(lock, spec, base)
     for name, value in env.items():
         reason = credential_reason(name, value)
-        if reason and name not in spec.allow_credentials:
+        allowed = spec.allow_credentials
+        if name not in spec.env:
+            allowed = (*allowed, *lock.allow_credentials)
+        if reason and name not in allowed:
             if name in spec.env:
                 source = f"{spec.path}: env.{name}"
             elif name in base.env:
