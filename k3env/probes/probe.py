@@ -133,6 +133,8 @@ def parse_vllm_serve(argv):
     for cmd in serve.cmd_init():
         cmd.subparser_init(sub).set_defaults(dispatch_function=cmd.cmd)
         commands[cmd.name] = cmd
+    if "serve" in sub.choices:  # the env check's flag lookup reuses what this parser knows
+        SERVE_FLAGS.update(sub.choices["serve"]._option_string_actions)
     args = top.parse_args(list(argv[1:]))
     if getattr(args, "model_tag", None):
         args.model = args.model_tag
@@ -612,7 +614,13 @@ def _read(path):
         return None
 
 
+SERVE_FLAGS = set()  # `vllm serve`'s option strings, once a parser was built
+
+
 def _serve_flags():
+    """The option strings of `vllm serve` (from the parser check_args built, else built)."""
+    if SERVE_FLAGS:
+        return SERVE_FLAGS
     try:
         with captured():
             serve = importlib.import_module("vllm.entrypoints.cli.serve")
