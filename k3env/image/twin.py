@@ -191,7 +191,7 @@ rm -rf /root/.cache
 def ensure_twin(lock: Lock, engine: Engine, state: State, log: Log) -> tuple[str, str]:
     """The twin's (image reference, registry digest), building and pushing what is missing."""
     p = plan(lock)
-    record = state.read_json("twin", f"{p.inputs}.json")
+    record = state.read_record("twin", p.inputs)
     found = engine.lookup(p.reference)
     built = found is not None and found.labels.get(LABEL) == p.inputs
     if (
@@ -225,7 +225,7 @@ def ensure_twin(lock: Lock, engine: Engine, state: State, log: Log) -> tuple[str
         refuse_to_move(repository, tag, image.id)
     with log.step(f"push {p.reference}"):
         digest = engine.push(repository, tag, log.detail).digest
-    state.write_json({"reference": p.reference, "digest": digest}, "twin", f"{p.inputs}.json")
+    state.write_record({"reference": p.reference, "digest": digest}, "twin", p.inputs)
     return p.reference, digest
 
 
