@@ -52,8 +52,11 @@ def cmd_lock(args: argparse.Namespace, log: Log) -> int:
             ),
         )
         return 0
+    from k3env.config.twinreq import twin_disagreements
+
     files = check_files(lock)
     stale = [f for f in files if f.expected is not None and f.actual != f.expected]
+    disagree = twin_disagreements(lock)
     payload = {
         "lock": str(args.lock),
         "version": lock.version,
@@ -65,7 +68,8 @@ def cmd_lock(args: argparse.Namespace, log: Log) -> int:
             for f in files
         ],
         "stale": [f.key for f in stale],
-        "ok": not stale and (not args.require_resolved or not lock.unresolved),
+        "twin_disagreements": disagree,
+        "ok": not stale and not disagree and (not args.require_resolved or not lock.unresolved),
     }
 
     def human() -> None:
@@ -79,6 +83,8 @@ def cmd_lock(args: argparse.Namespace, log: Log) -> int:
                 continue
             state = "ok" if f.ok else ("MISSING" if f.actual is None else "SHA256 DIFFERS")
             print(f"  {state:14} {f.file}  ({f.key})")
+        for d in disagree:
+            print(f"  TWIN DISAGREES {d}")
         print(f"{len(lock.unresolved)} unresolved pin(s), {len(stale)} stale file hash(es)")
 
     _emit(args, payload, human)
@@ -87,6 +93,12 @@ def cmd_lock(args: argparse.Namespace, log: Log) -> int:
             f"{len(stale)} pinned file(s) differ from the lock: {[f.key for f in stale]}",
             where=str(args.lock),
             fix="restore the files, or record deliberate edits with `k3env lock --update-hashes`",
+        )
+    if disagree:
+        raise CheckFailed(
+            f"the twin's requirements and the lock disagree ({len(disagree)}): {disagree[0]}",
+            where=str(args.lock),
+            fix="regenerate them from the lock with `k3env twin --resolve`",
         )
     if args.require_resolved and lock.unresolved:
         raise CheckFailed(
@@ -157,11 +169,45 @@ def cmd_twin(args: argparse.Namespace, log: Log) -> int:
     from k3env.image.twin import ensure_twin
 
     lock = load_lock(args.lock)
+    if args.resolve:
+        return _resolve_twin(args, lock, log)
     engine = _engine()
     reference, digest = ensure_twin(lock, engine, State(), log)
     image = engine.inspect(reference)
     payload = {"reference": reference, "digest": digest, "image_id": image.id if image else None}
     _emit(args, payload, lambda: print(f"{reference}@{digest}"))
+    return 0
+
+
+def _resolve_twin(args: argparse.Namespace, lock: Lock, log: Log) -> int:
+    from k3env.config.lock_edit import set_leaves
+    from k3env.files import write_atomic
+    from k3env.hashing import digest_hex, sha256_digest
+    from k3env.image.twinresolve import resolve_twin
+
+    resolved = resolve_twin(lock, log, find_links=args.find_links, index_url=args.index_url)
+    assert lock.twin is not None
+    path = lock.resolve_path(lock.twin.requirements)
+    sha = digest_hex(sha256_digest(resolved.text.encode()))
+    # The file first, then its hash: an interruption between leaves a mismatch that
+    # `k3env lock --check` reports, never a lock that vouches for a file it has not seen.
+    write_atomic(path, resolved.text.encode())
+    changes = set_leaves(args.lock, {"twin.requirements_sha256": sha})
+    payload = {
+        "requirements": str(path),
+        "sha256": sha,
+        "packages": resolved.packages,
+        "components": resolved.components,
+        "changes": [c.__dict__ for c in changes],
+    }
+    _emit(
+        args,
+        payload,
+        lambda: print(
+            f"{path}: {resolved.packages} pinned wheels (+{resolved.components} baked as "
+            f"components), sha256 {sha[:16]} recorded in {args.lock}"
+        ),
+    )
     return 0
 
 
@@ -492,6 +538,7 @@ def cmd_bump(args: argparse.Namespace, log: Log) -> int:
     from k3env.bump.pins import candidate_lock, commit_branch, commit_to_tag, finish, leaf_changes
     from k3env.config.cluster import load_cluster
     from k3env.engine.registry import resolve_digest
+    from k3env.image.wheels import wheel_sha256s
 
     lock = load_lock(args.lock)
     changes_wanted = leaf_changes(
@@ -501,6 +548,9 @@ def cmd_bump(args: argparse.Namespace, log: Log) -> int:
         resolve_digest=resolve_digest,
         resolve_tag_commit=lambda url, tag: commit_to_tag(args.source or url, tag),
         dynamo_source=args.source,
+        wheel_sha256s=lambda reqs: wheel_sha256s(
+            reqs, log, find_links=tuple(args.wheels_from or ())
+        ),
     )
     new_lock, changes = candidate_lock(lock, changes_wanted)
     if args.edit_only:
@@ -639,6 +689,20 @@ def parser() -> argparse.ArgumentParser:
     build.set_defaults(func=cmd_build)
 
     twin = sub.add_parser("twin", parents=[common], help="build and push the CPU twin base")
+    twin.add_argument(
+        "--resolve",
+        action="store_true",
+        help="regenerate the twin's requirements from the lock (uv; needs the package index) "
+        "and record their sha256 in the lock; builds nothing",
+    )
+    twin.add_argument(
+        "--find-links",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="with --resolve: also look for wheels here (e.g. the CPU torch build)",
+    )
+    twin.add_argument("--index-url", help="with --resolve: the package index (default: uv's)")
     twin.set_defaults(func=cmd_twin)
 
     push = sub.add_parser(
@@ -707,12 +771,20 @@ def parser() -> argparse.ArgumentParser:
         parents=[common],
         help="change one pin, rebuild, verify, preflight, and write a PR title and body",
     )
-    bump.add_argument("pin", help="bases.NAME | dynamo | srt-slurm | container_patches.NAME")
+    bump.add_argument(
+        "pin", help="bases.NAME | dynamo | srt-slurm | aiperf | container_patches.NAME"
+    )
     bump.add_argument("value", nargs="?", help="tag, tag@digest, commit or version")
     bump.add_argument("--images", type=Path, default=DEFAULT_IMAGES, help="image spec directory")
     bump.add_argument("--cluster", type=Path, default=DEFAULT_CLUSTER, help="cluster profile")
     bump.add_argument(
         "--source", help="git URL or mirror to resolve an srt-slurm or Dynamo tag (or commit)"
+    )
+    bump.add_argument(
+        "--wheels-from",
+        action="append",
+        metavar="DIR",
+        help="find a component's wheels here only (no package index); default: the index",
     )
     bump.add_argument("--body", type=Path, help="write the PR body (markdown) here")
     bump.add_argument(

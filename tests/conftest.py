@@ -71,3 +71,30 @@ def dynamo_source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[
             [*git, "rev-parse", "HEAD"], check=True, env=env, capture_output=True, text=True
         ).stdout.strip()
     return repo, tags
+
+
+def make_wheel(directory: Path, dist: str, version: str) -> Path:
+    """A minimal valid pure-Python wheel (metadata only): what pip needs to download it."""
+    import zipfile
+
+    stem = f"{dist.replace('-', '_')}-{version}"
+    path = directory / f"{stem}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(f"{stem}.dist-info/METADATA",
+                   f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")  # fmt: skip
+        z.writestr(f"{stem}.dist-info/WHEEL",
+                   "Wheel-Version: 1.0\nGenerator: k3env-tests\nRoot-Is-Purelib: true\n"
+                   "Tag: py3-none-any\n")  # fmt: skip
+        z.writestr(f"{stem}.dist-info/RECORD", "")
+    return path
+
+
+@pytest.fixture(scope="session")
+def dynamo_wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A local wheel index (find-links) with ai-dynamo and ai-dynamo-runtime wheels for each
+    release tag of ``dynamo_source``: a bump moves the baked wheels with the tag."""
+    d = tmp_path_factory.mktemp("dynamo-wheels")
+    for version in ("1.4.2", *(f"1.5.{i}" for i in range(8)), "1.6.1"):
+        for dist in ("ai-dynamo", "ai-dynamo-runtime"):
+            make_wheel(d, dist, version)
+    return d

@@ -509,6 +509,8 @@ class FakeEngine:
         timeout: float,
         env: Mapping[str, str] | None = None,
         mounts: Mapping[str, str] | None = None,
+        writable: Mapping[str, str] | None = None,
+        user: str | None = None,
     ) -> RunResult:
         self._call("run", image, tuple(argv))
         self._require(image, "cannot create a container")

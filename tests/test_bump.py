@@ -18,24 +18,48 @@ LOCK = Path("pins/k3.lock.toml")
 NEW = "1234567890abcdef1234567890abcdef12345678"
 
 
-def test_dynamo_bump_resolves_the_tag_and_moves_name_version_commit_together(
-    repo: Path, dynamo_source: tuple[Path, dict[str, str]]
+def test_dynamo_bump_resolves_the_tag_and_moves_name_version_commit_and_wheels_together(
+    repo: Path, dynamo_source: tuple[Path, dict[str, str]], dynamo_wheels: Path
 ) -> None:
+    from k3env.hashing import file_sha256
+
     source, tags = dynamo_source
     before = LOCK.read_text().splitlines()
-    assert main(["bump", "dynamo", "v1.6.1", "--source", str(source), "--edit-only", "-q"]) == 0
+    assert main(["bump", "dynamo", "v1.4.2", "--source", str(source),
+                 "--wheels-from", str(dynamo_wheels), "--edit-only", "-q"]) == 0  # fmt: skip
     after = LOCK.read_text().splitlines()
     diff = [(a, b) for a, b in zip(before, after, strict=True) if a != b]
-    assert diff == [
-        ('name = "v1.4.0-kimi-k3-dev.1"', 'name = "v1.6.1"'),
-        ('version = "1.4.0.dev1"', 'version = "1.6.1"'),
-        ('commit = "ba83080ecd31c1ce918559e576d3c5bc9e092ff1"', f'commit = "{tags["v1.6.1"]}"'),
+    sha = {d: file_sha256(dynamo_wheels / f"{d}-1.4.2-py3-none-any.whl")
+           for d in ("ai_dynamo", "ai_dynamo_runtime")}  # fmt: skip
+    assert [b for _, b in diff] == [
+        'name = "v1.4.2"',
+        'version = "1.4.2"',
+        f'commit = "{tags["v1.4.2"]}"',
+        f'  {{ name = "ai-dynamo", version = "1.4.2", sha256 = "{sha["ai_dynamo"]}" }},',
+        f'  {{ name = "ai-dynamo-runtime", version = "1.4.2", '
+        f'sha256 = "{sha["ai_dynamo_runtime"]}" }},',
     ]  # comments and every other line kept
     # A commit works too when a tag names it; the tag becomes the name.
-    assert main(["bump", "dynamo", tags["v1.4.2"], "--source", str(source), "--edit-only",
-                 "-q"]) == 0  # fmt: skip
+    assert main(["bump", "dynamo", tags["v1.6.1"], "--source", str(source),
+                 "--wheels-from", str(dynamo_wheels), "--edit-only", "-q"]) == 0  # fmt: skip
     dynamo = load_lock(LOCK).dynamo
-    assert dynamo is not None and (dynamo.name, dynamo.version) == ("v1.4.2", "1.4.2")
+    assert dynamo is not None and (dynamo.name, dynamo.version) == ("v1.6.1", "1.6.1")
+    assert dynamo.component is not None
+    assert {w.version for w in dynamo.component.wheels} == {"1.6.1"}
+
+
+def test_a_bump_to_a_release_without_wheels_is_refused_and_the_lock_kept(
+    repo: Path, dynamo_source: tuple[Path, dict[str, str]], tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    source, _ = dynamo_source
+    before = LOCK.read_bytes()
+    empty = tmp_path / "no-wheels"
+    empty.mkdir()
+    assert main(["bump", "dynamo", "v1.4.2", "--source", str(source),
+                 "--wheels-from", str(empty), "--edit-only"]) == 2  # fmt: skip
+    assert "ai-dynamo==1.4.2" in capsys.readouterr().err
+    assert LOCK.read_bytes() == before
 
 
 def test_a_made_up_dynamo_commit_is_refused(

@@ -339,7 +339,7 @@ def test_a_tar_stream_cut_inside_a_dropped_entry_ends(tmp_path: Path) -> None:
 
 
 def test_concurrent_lock_writers_lose_nothing(
-    repo: Path, dynamo_source: tuple[Path, dict[str, str]]
+    repo: Path, dynamo_source: tuple[Path, dict[str, str]], dynamo_wheels: Path
 ) -> None:
     """`bump --edit-only` and `lock --update-hashes` at once: both edits survive, every time."""
     patch = Path("patches/container/mamba-hybrid-index-int64.toml")
@@ -349,6 +349,7 @@ def test_concurrent_lock_writers_lose_nothing(
         source, tags = dynamo_source
         commit = tags[f"v1.5.{i}"]
         a = subprocess.Popen([*k3env, "bump", "dynamo", f"v1.5.{i}", "--source", str(source),
+                              "--wheels-from", str(dynamo_wheels),
                               "--edit-only", "-q"])  # fmt: skip
         b = subprocess.Popen([*k3env, "lock", "--update-hashes", "-q"])
         assert a.wait() == 0 and b.wait() == 0

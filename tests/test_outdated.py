@@ -45,7 +45,7 @@ def _dynamo_source(root: Path) -> Path:
     repo.mkdir()
     git = ["git", "-C", str(repo)]
     subprocess.run([*git, "init", "-q"], check=True, env=GIT_ENV)
-    for tag in ("v1.4.0-kimi-k3-dev.1", "v1.4.2", "v1.6.1"):
+    for tag in ("v1.4.0-kimi-k3-dev.1", "v1.4.2", "v1.6.1", "v1.7.0rc1", "v1.7.0", "v1.8.0"):
         (repo / "VERSION").write_text(tag)
         subprocess.run([*git, "add", "-A"], check=True, env=GIT_ENV)
         subprocess.run([*git, "commit", "-qm", tag], check=True, env=GIT_ENV)
@@ -84,7 +84,7 @@ def test_outdated_lists_newer_tags_and_releases_with_the_bump_that_takes_them(
     }
     assert found["srt-slurm"].newer == ("v1.0.38", "v1.0.37")
     assert found["srt-slurm"].bump[0] == "k3env bump srt-slurm v1.0.38"
-    assert found["dynamo"].newer == ("v1.6.1", "v1.4.2")
+    assert found["dynamo"].newer == ("v1.8.0", "v1.7.0")  # the lock pins v1.6.1; no rc
     assert found["aiperf"].newer == ("0.14.1",)
     base = found["bases.vllm-kimi-k3"]
     assert base.newer == () and base.moved is None  # the pin is unresolved: nothing moved

@@ -180,8 +180,8 @@ def test_retention_multiple_of_block_passes(repo_with_clusters: Path) -> None:
 
 def test_tokenizer_model_type_follows_the_pinned_dynamo(repo_with_clusters: Path) -> None:
     # Commit 3: dynamo 1.2.1's frontend did not know kimi_k3 (every request 404).
-    assert "K3-TOKENIZER-MODEL-TYPE" not in findings(DYN)  # ba83080 / 1.4.0.dev1
-    replace_in(LOCK, 'version = "1.4.0.dev1"', 'version = "1.2.1"')
+    assert "K3-TOKENIZER-MODEL-TYPE" not in findings(DYN)  # 1.6.1
+    replace_in(LOCK, 'version = "1.6.1"\ngit = ', 'version = "1.2.1"\ngit = ')
     assert findings(DYN)["K3-TOKENIZER-MODEL-TYPE"] == "error"
     # ... and the session_control rule does not apply to that older Dynamo.
     replace_in(

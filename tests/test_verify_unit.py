@@ -119,6 +119,7 @@ def test_plan_carries_profiles_env_components_versions_and_patch_skips(
     plan = plan_for(lock, spec, build, lock.bases["testbase"], False)
     assert plan == {
         "image": "probe",
+        "absent_by_design": [],  # only the twin leaves modules out by design
         "profiles": [
             {
                 "name": "agg",
@@ -145,8 +146,8 @@ def test_plan_carries_profiles_env_components_versions_and_patch_skips(
         "env": {"STACK_WIDE": None, "A": None, "MY_SETTING": "the launcher script"},
         "env_families": {k: list(v) for k, v in ENV_FAMILIES.items()},
         "env_default_sources": list(ENV_DEFAULT_SOURCES),
-        # A registry base: the lock pins no installed versions.
-        "versions": {"vllm": None, "dynamo": None, "torch": None},
+        # A registry base, no components baked: the lock pins no installed versions.
+        "versions": {c: None for c in COMPONENTS},
         "components": COMPONENTS,
         "tokenizer_candidates": list(TOKENIZER_CANDIDATES),
     }
@@ -170,15 +171,23 @@ def test_plan_without_a_dynamo_frontend_asks_for_no_tokenizers(
     ]
 
 
-def test_over_the_twin_the_plan_expects_the_twins_pinned_wheels(repo: Path) -> None:
+def test_the_plan_expects_the_baked_components_and_over_the_twin_its_pinned_wheels(
+    repo: Path,
+) -> None:
     lock = load_lock(repo / "pins/k3.lock.toml")
-    assert expected_versions(lock, twin=True) == {
-        "vllm": "0.33.0",
+    dynamo = load_spec(repo / "images/kimi-k3-dynamo.toml", lock)
+    direct = load_spec(repo / "images/kimi-k3-direct-f.toml", lock)
+    assert expected_versions(lock, dynamo, twin=True) == {
+        "vllm": "0.31.0",
         "dynamo": "1.6.1",
         "dynamo-runtime": "1.6.1",
         "torch": "2.13.0+cpu",
+        "aiperf": "0.13.0",
     }
-    assert expected_versions(lock, twin=False) == {"vllm": None, "dynamo": None, "torch": None}
+    # Over the GPU base only the baked wheels are pinned; F bakes aiperf alone.
+    assert expected_versions(lock, direct, twin=False) == {
+        "vllm": None, "dynamo": None, "dynamo-runtime": None, "torch": None, "aiperf": "0.13.0",
+    }  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -237,6 +246,11 @@ ROWS = [
 FACTS = {
     "versions": {"vllm": "0.33.0", "dynamo": "1.6.1"},
     "dynamo": {"tiktoken_model_types": ["kimi_k2", "kimi_k3"]},
+    "distributions": [
+        {"name": "vllm", "version": "0.33.0", "requires": ["torch==2.14.0"], "path": "/v"},
+        {"name": "torch", "version": "2.14.0", "requires": [], "path": "/t"},
+    ],
+    "marker_environment": {"python_version": "3.12", "sys_platform": "linux"},
 }
 
 
@@ -286,11 +300,12 @@ def test_verify_image_runs_the_probe_once_and_records_facts_by_image_id(
         ("args", "commands[1] dynamo-worker", "fail"),
         ("patches", "int64", "pass"),  # the built image carries the patch
         ("patches", "other", "skip"),
+        ("versions", "requirements", "pass"),  # every Requires-Dist holds
     ]
     assert report.results[1].profile == "agg" and report.results[1].version == "1.6.1"
     assert report.failed == [report.results[1]]
     assert report.as_json()["matrix"] == {
-        "versions": "skip", "imports": "skip", "args": "fail", "parsers": "skip",
+        "versions": "pass", "imports": "skip", "args": "fail", "parsers": "skip",
         "tokenizer": "skip", "patches": "pass", "env": "skip",
     }  # fmt: skip
     assert report.image_id == build.image_id and report.reference == build.reference
@@ -347,7 +362,7 @@ def test_a_probe_that_prints_no_verdict_is_an_engine_error(
     state = State(tmp_path)
     with pytest.raises(EngineError) as e:
         verify_image(fake_engine, state, lock, spec, build, twin=False)
-    assert "the probe printed no verdict (exit 1)" in str(e.value)
+    assert "the probe printed no verdict: it exited 1" in str(e.value)
     assert "No module named 'argparse'" in str(e.value)
     assert e.value.where == build.image_id
     assert state.read_record("facts", build.image_id) is None

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from k3env.bump.evaluate import Outcome
-from k3env.config.lock import Lock, load_lock
+from k3env.config.lock import Lock, WheelPin, load_lock
 from k3env.config.lock_edit import Change, candidate, render_leaves, set_leaves
 from k3env.config.reader import COMMIT_RE, DIGEST_RE
 from k3env.config.shapes import REF_RE, require_git_source
@@ -30,6 +30,7 @@ PINS_HELP = (
     "dynamo TAG|COMMIT (resolved on the lock's git URL, or --source)",
     "srt-slurm TAG (its commit resolved with git ls-remote; --source for a mirror)",
     "container_patches.NAME (re-hash the patch file)",
+    "aiperf VERSION (its wheels from the package index, by sha256)",
 )
 
 
@@ -41,6 +42,7 @@ def leaf_changes(
     resolve_digest: Callable[[str, str], str],
     resolve_tag_commit: Callable[[str, str], str],
     dynamo_source: str | None = None,
+    wheel_sha256s: Callable[[list[str]], dict[str, tuple[str, str]]] | None = None,
 ) -> dict[str, str]:
     """The lock leaves a bump of ``pin`` to ``value`` changes (key path -> new value)."""
     where = f"k3env bump {pin}"
@@ -75,6 +77,20 @@ def leaf_changes(
                 fix="bump to a release tag (vX.Y.Z), or edit [dynamo] name/version/commit by hand",
             )
         changes["dynamo.version"] = version
+        if lock.dynamo.component is not None:
+            # The baked wheels move with the tag: the release's own wheels, by sha256.
+            changes.update(_wheel_changes("dynamo", lock.dynamo.component.wheels, version,
+                                          wheel_sha256s, where))  # fmt: skip
+        return changes
+    if pin == "aiperf":
+        if lock.aiperf is None or lock.aiperf.component is None:
+            raise ConfigError("the lock pins no aiperf wheels", where=where, fix="add [aiperf]")
+        if not value:
+            raise ConfigError("which version?", where=where, fix="k3env bump aiperf 0.14.0")
+        changes = {"aiperf.version": value, "aiperf.name": f"aiperf {value}"}
+        changes.update(
+            _wheel_changes("aiperf", lock.aiperf.component.wheels, value, wheel_sha256s, where)
+        )
         return changes
     if pin in ("srt-slurm", "srt_slurm"):
         if lock.srt_slurm is None:
@@ -119,6 +135,31 @@ def pep440_of_tag(tag: str) -> str | None:
     if m is None:
         return None
     return m.group(1) + (f".dev{m.group(2)}" if m.group(2) else "")
+
+
+def _wheel_changes(
+    section: str,
+    wheels: tuple[WheelPin, ...],
+    version: str,
+    wheel_sha256s: Callable[[list[str]], dict[str, tuple[str, str]]] | None,
+    where: str,
+) -> dict[str, str]:
+    """Every wheel of a component at ``version``, each with the sha256 of its file."""
+    wanted = [f"{w.name}=={version}" for w in wheels]
+    if wheel_sha256s is None:
+        raise ConfigError(f"no way to find the wheels {wanted}", where=where, fix="report it")
+    found = wheel_sha256s(wanted)
+    out = {}
+    for i, r in enumerate(wanted):
+        if r not in found:
+            raise ConfigError(
+                f"no wheel of {r} for the twin's platform",
+                where=where,
+                fix="bump to a release that publishes wheels, or pin them by hand",
+            )
+        out[f"{section}.wheels[{i}].version"] = version
+        out[f"{section}.wheels[{i}].sha256"] = found[r][1]
+    return out
 
 
 def git_tags(source: str) -> dict[str, str]:

@@ -23,6 +23,7 @@ from typing import Any
 from k3env.config.lock import BasePin, Lock, verify_patch_file
 from k3env.config.patchfile import load_patch_file
 from k3env.config.spec import ImageSpec
+from k3env.config.twinreq import pinned_versions
 from k3env.engine.protocol import Engine
 from k3env.errors import EngineError
 from k3env.hashing import canonical_sha256, digest_hex, sha256_digest
@@ -31,6 +32,7 @@ from k3env.image.build import BuildResult
 from k3env.image.envpolicy import merged_env
 from k3env.image.patches import SKIPPED, missing_edits
 from k3env.state import State
+from k3env.versions import Installed, canonical_name, unmet_requirements
 
 MARK = "@@k3env-probe@@"
 CHECKS = ("versions", "imports", "args", "parsers", "tokenizer", "patches", "env")
@@ -67,6 +69,7 @@ COMPONENTS = {
     "dynamo": "ai-dynamo",
     "dynamo-runtime": "ai-dynamo-runtime",
     "torch": "torch",
+    "aiperf": "aiperf",
 }
 # Tokenizer model_types probed in the Dynamo frontend for preflight's facts.
 TOKENIZER_CANDIDATES = ("kimi", "kimi_k2", "kimi_k25", "kimi_k3", "deepseek_v3")
@@ -147,6 +150,9 @@ def plan_for(
     env = merged_env(lock, spec, base_pin)
     return {
         "image": spec.name,
+        # Modules the CPU twin leaves out on purpose: an import that needs only those to
+        # complete is not held against the twin (the output says so).
+        "absent_by_design": list(lock.twin.omit) if twin and lock.twin is not None else [],
         "profiles": [
             {
                 "name": p.name,
@@ -161,7 +167,7 @@ def plan_for(
         "env": {name: spec.env_readers.get(name) for name in env},
         "env_families": {k: list(v) for k, v in ENV_FAMILIES.items()},
         "env_default_sources": list(ENV_DEFAULT_SOURCES),
-        "versions": expected_versions(lock, twin),
+        "versions": expected_versions(lock, spec, twin),
         "components": COMPONENTS,
         "tokenizer_candidates": list(TOKENIZER_CANDIDATES)
         if any(c.role == "dynamo-frontend" for p in spec.profiles.values() for c in p.commands)
@@ -169,22 +175,92 @@ def plan_for(
     }
 
 
-def expected_versions(lock: Lock, twin: bool) -> dict[str, str | None]:
-    """What the lock says the image holds. Over the twin: its pinned wheels."""
-    out: dict[str, str | None] = {"vllm": None, "dynamo": None, "torch": None}
+def expected_versions(lock: Lock, spec: ImageSpec, twin: bool) -> dict[str, str | None]:
+    """What the lock says the image holds: the wheels of the components the spec bakes, and
+    over the twin its pinned requirements. A registry base's own packages are not pinned."""
+    pinned: dict[str, str] = {}
     if twin and lock.twin is not None:
-        req = lock.resolve_path(lock.twin.requirements)
-        names = {dist: component for component, dist in COMPONENTS.items()}
-        for line in req.read_text().splitlines():
-            line = line.split("#", 1)[0].strip()
-            if "==" not in line:
-                continue
-            name, _, rest = line.partition("==")
-            key = names.get(name.strip().lower())
-            if key:
-                out[key] = rest.split()[0]
-    # Over a registry base the lock pins no installed versions (its Dynamo is a source commit).
-    return out
+        pinned.update(pinned_versions(lock.resolve_path(lock.twin.requirements)))
+    for name in spec.components:
+        pinned.update({w.name: w.version for w in lock.components[name].wheels})
+    return {component: pinned.get(dist) for component, dist in COMPONENTS.items()}
+
+
+def requirement_rows(
+    lock: Lock, spec: ImageSpec, facts: Mapping[str, Any], twin: bool
+) -> list[CheckResult]:
+    """Every installed distribution's ``Requires-Dist`` (and those of the extras the lock's
+    components use), evaluated with the image's own marker environment against what the
+    image has installed. Over the twin, requirements on what it leaves out or stands in for
+    by design are reported as waived, never as met."""
+
+    def row(status: str, subject: str, output: str) -> CheckResult:
+        return CheckResult(
+            image=spec.name,
+            profile=None,
+            check="versions",
+            subject=subject,
+            status=status,
+            component="image",
+            version=None,
+            output=output,
+        )
+
+    raw = facts.get("distributions")
+    if not isinstance(raw, list):
+        return [row("fail", "requirements", "the probe listed no installed distributions")]
+    rows = []
+    seen: dict[str, dict[str, Any]] = {}
+    for d in raw:
+        key = canonical_name(str(d["name"]))
+        if key in seen and seen[key].get("path") != d.get("path"):
+            rows.append(
+                row(
+                    "fail",
+                    f"installed {key}",
+                    f"{key} is installed twice: {seen[key]['version']} ({seen[key].get('path')}) "
+                    f"and {d['version']} ({d.get('path')}); Python imports one of them",
+                )
+            )
+        seen.setdefault(key, d)
+    installed = [
+        Installed(name=str(d["name"]), version=str(d["version"]), requires=tuple(d["requires"]))
+        for d in seen.values()
+    ]
+    extras = {
+        w.name: lock.components[c].extras
+        for c in spec.components
+        for w in lock.components[c].wheels
+    }
+    waivers = lock.twin.waivers() if twin and lock.twin is not None else {}
+    unmet = unmet_requirements(
+        installed, dict(facts.get("marker_environment") or {}), extras=extras, waived=waivers
+    )
+    for u in unmet:
+        if u.waived is None:
+            rows.append(row("fail", f"requires {u.dist}", u.message))
+    waived = [u for u in unmet if u.waived is not None]
+    if waived:
+        targets = sorted({u.target for u in waived})
+        rows.append(
+            row(
+                "skip",
+                "requirements waived in the twin",
+                f"{len(waived)} requirement(s) on {len(targets)} distribution(s) the CPU twin "
+                f"leaves out or stands in for, not checked here: {', '.join(targets)}",
+            )
+        )
+    if not any(r.status == "fail" for r in rows):
+        used = [f"{w}[{','.join(e)}]" for w, e in sorted(extras.items()) if e]
+        rows.append(
+            row(
+                "pass",
+                "requirements",
+                f"every Requires-Dist of {len(installed)} installed distributions holds"
+                + (f" (extras in use: {', '.join(used)})" if used else ""),
+            )
+        )
+    return rows
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -241,8 +317,13 @@ def run_probe(
                     where=image,
                     fix="raise --timeout if the probe was killed; else report it as a k3env bug",
                 ) from e
+    how = (
+        f"was killed by signal {result.exit_code - 128} (exit {result.exit_code})"
+        if result.exit_code > 128
+        else f"exited {result.exit_code}"
+    )
     raise EngineError(
-        f"the probe printed no verdict (exit {result.exit_code}):\n"
+        f"the probe printed no verdict: it {how}:\n"
         f"{(result.stdout + result.stderr).strip()[-3000:]}",
         where=image,
         fix="the image's Python could not run the probe: check `python` in the base pin",
@@ -331,6 +412,7 @@ def verify_image(
         )
         for r in out.rows
     ) + tuple(patch_rows(lock, spec, build, out.patch_targets))
+    results += tuple(requirement_rows(lock, spec, facts, twin))
     state.write_record(facts, "facts", build.image_id)
     return ImageReport(
         image=spec.name,

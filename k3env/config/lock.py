@@ -83,6 +83,51 @@ class TwinPin:
     requirements_sha256: str | None
     registry: str
     repository: str
+    # What `k3env twin --resolve` resolves the requirements from (with every component's
+    # pinned wheels and extras): top-level requirements, the CPU stand-ins among them (their
+    # GPU pins are overridden, and requirements on them waived in the twin), and what is
+    # left out (never installed; requirements on them waived in the twin).
+    requires: tuple[str, ...] = ()
+    stand_ins: tuple[str, ...] = ()
+    omit: tuple[str, ...] = ()
+
+    def waivers(self) -> dict[str, str]:
+        """Distribution -> why the twin does not hold a requirement on it against an image."""
+        from k3env.versions import canonical_name
+
+        out = {canonical_name(n): "left out of the CPU twin ([twin].omit)" for n in self.omit}
+        for n in self.stand_ins:
+            out[canonical_name(n)] = "a CPU stand-in in the twin ([twin].stand_ins)"
+        return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class WheelPin:
+    """One wheel file, by distribution name, version and the sha256 of the file."""
+
+    name: str
+    version: str
+    sha256: str
+
+    @property
+    def requirement(self) -> str:
+        """A hash-checking pip requirement line."""
+        return f"{self.name}=={self.version} --hash=sha256:{self.sha256}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ComponentPin:
+    """A pinned Python component that images can carry (``components = [...]`` in a spec):
+    its wheels, installed ``--no-deps --require-hashes`` into one deterministic layer, and
+    the extras in use (their ``Requires-Dist`` must hold in the image too)."""
+
+    name: str  # the lock section: "dynamo", "aiperf"
+    wheels: tuple[WheelPin, ...]
+    extras: tuple[str, ...]
+
+    @property
+    def identity(self) -> list[dict[str, str]]:
+        return [{"name": w.name, "version": w.version, "sha256": w.sha256} for w in self.wheels]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,7 +135,8 @@ class DynamoPin:
     name: str
     version: str | None  # PEP 440 form of the tag, for version-dependent rules
     git: str
-    commit: str
+    commit: str | None  # None: unresolved (the release's wheels are pinned, its commit not yet)
+    component: ComponentPin | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -138,7 +184,7 @@ class ContainerPatchPin:
 class AiperfPin:
     name: str
     version: str
-    sha256: str | None
+    component: ComponentPin | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -177,6 +223,15 @@ class Lock:
     def resolve_path(self, relative: str) -> Path:
         return (self.root / relative).resolve()
 
+    @property
+    def components(self) -> dict[str, ComponentPin]:
+        """The pins an image spec can bake (``components = [...]``), by lock section."""
+        out = {}
+        for pin in (self.dynamo, self.aiperf):
+            if pin is not None and pin.component is not None:
+                out[pin.component.name] = pin.component
+        return out
+
     def pins_summary(self) -> dict[str, str]:
         """Flat ``pin -> identity`` map, for image labels and reports."""
         out: dict[str, str] = {}
@@ -184,7 +239,7 @@ class Lock:
             if b.kind == "registry":
                 out[f"base.{b.name}"] = f"{b.repository}:{b.tag}@{b.digest or 'unresolved'}"
         if self.dynamo:
-            out["dynamo"] = f"{self.dynamo.name}@{self.dynamo.commit}"
+            out["dynamo"] = f"{self.dynamo.name}@{self.dynamo.commit or 'unresolved'}"
         if self.srt_slurm:
             s = self.srt_slurm
             out["srt-slurm"] = f"{s.version}@{s.commit}"
@@ -194,7 +249,10 @@ class Lock:
         for cp in self.container_patches.values():
             out[f"patch.{cp.name}"] = cp.sha256
         if self.aiperf:
-            out["aiperf"] = f"{self.aiperf.version}@sha256:{self.aiperf.sha256 or 'unresolved'}"
+            out["aiperf"] = self.aiperf.version
+        for c in self.components.values():
+            for w in c.wheels:
+                out[f"wheel.{w.name}"] = f"{w.version}@sha256:{w.sha256}"
         return out
 
 
@@ -226,7 +284,7 @@ def load_lock(path: Path) -> Lock:
     twin = _twin(top.table("twin"), unresolved) if top.has("twin") else None
     if any(b.kind == "twin" for b in bases.values()) and twin is None:
         raise top.fail("twin", "a twin base is pinned but [twin] is missing", "add [twin]")
-    dynamo = _dynamo(top.table("dynamo")) if top.has("dynamo") else None
+    dynamo = _dynamo(top.table("dynamo"), unresolved) if top.has("dynamo") else None
     srt = _srt(top.table("srt_slurm"), unresolved) if top.has("srt_slurm") else None
     roots = top.str_list("patch_roots") or DEFAULT_PATCH_ROOTS
     for i, r in enumerate(roots):
@@ -236,7 +294,7 @@ def load_lock(path: Path) -> Lock:
         top.table("container_patches", required=False),
         lambda n, t: _container_patch(n, t, bases, roots),
     )
-    aiperf = _aiperf(top.table("aiperf"), unresolved) if top.has("aiperf") else None
+    aiperf = _aiperf(top.table("aiperf")) if top.has("aiperf") else None
     top.done()
     return Lock(
         path=path,
@@ -316,12 +374,56 @@ def _twin(t: Table, unresolved: list[Unresolved]) -> TwinPin:
         requirements_sha256=sha,
         registry=str(t.matching("registry", REGISTRY_RE, "write HOST:PORT, e.g. 127.0.0.1:5000")),
         repository=str(t.matching("repository", REPOSITORY_RE, REPOSITORY_FIX)),
+        requires=t.str_list("requires"),
+        stand_ins=t.str_list("stand_ins"),
+        omit=t.str_list("omit"),
     )
+    from k3env.versions import requirement_name
+
+    for key in ("requires", "omit", "stand_ins"):
+        for i, line in enumerate(getattr(pin, key)):
+            if requirement_name(line) is None:
+                raise t.fail(
+                    f"{key}[{i}]", f"{line!r} is not a PEP 508 requirement", "e.g. vllm==0.31.0"
+                )
+    required = {requirement_name(r) for r in pin.requires}
+    for i, name in enumerate(pin.stand_ins):
+        if requirement_name(name) not in required:
+            raise t.fail(f"stand_ins[{i}]", f"{name!r} is not in requires",
+                         "a stand-in is pinned in requires, e.g. torch==2.13.0+cpu")  # fmt: skip
     t.done()
     return pin
 
 
-def _dynamo(t: Table) -> DynamoPin:
+def _component(name: str, t: Table) -> ComponentPin | None:
+    """``[[NAME.wheels]]`` (name, version, sha256 each) and ``NAME.extras``."""
+    from k3env.versions import InvalidVersion, Version, canonical_name
+
+    wheels = []
+    for w in t.tables("wheels"):
+        version = w.string("version")
+        try:
+            Version(version)
+        except InvalidVersion as e:
+            raise w.fail("version", f"{version!r} is not a PEP 440 version", "e.g. 1.6.1") from e
+        dist = w.string("name")
+        if not re.match(r"^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$", dist):
+            raise w.fail("name", f"{dist!r} is not a distribution name", "e.g. ai-dynamo")
+        sha = w.matching("sha256", SHA256_RE, "write the wheel file's sha256 (64 hex)")
+        wheels.append(WheelPin(name=canonical_name(dist), version=version, sha256=str(sha)))
+        w.done()
+    names = [w.name for w in wheels]
+    if len(set(names)) != len(names):
+        raise t.fail("wheels", "a distribution is pinned twice", "pin each wheel once")
+    extras = t.str_list("extras")
+    if not wheels:
+        if extras:
+            raise t.fail("extras", "extras without [[wheels]]", "pin the wheels, or drop extras")
+        return None
+    return ComponentPin(name=name, wheels=tuple(wheels), extras=extras)
+
+
+def _dynamo(t: Table, unresolved: list[Unresolved]) -> DynamoPin:
     version = t.string("version", required=False)
     if version is not None:
         from k3env.versions import InvalidVersion, Version
@@ -332,12 +434,14 @@ def _dynamo(t: Table) -> DynamoPin:
             raise t.fail(
                 "version", f"{version!r} is not a PEP 440 version", 'e.g. "1.4.0.dev1"'
             ) from e
-    pin = DynamoPin(
-        name=t.string("name"),
-        version=version,
-        git=_git(t),
-        commit=str(t.matching("commit", COMMIT_RE, _COMMIT_FIX)),
-    )
+    name = t.string("name")
+    component = _component("dynamo", t)
+    commit = t.matching("commit", COMMIT_RE, _COMMIT_FIX, allow_unresolved=component is not None)
+    if commit is None:
+        unresolved.append(
+            Unresolved(key="dynamo.commit", hint=f"git ls-remote {_git(t)} refs/tags/{name}")
+        )
+    pin = DynamoPin(name=name, version=version, git=_git(t), commit=commit, component=component)
     t.done()
     return pin
 
@@ -454,11 +558,10 @@ def _container_patch(
     return pin
 
 
-def _aiperf(t: Table, unresolved: list[Unresolved]) -> AiperfPin:
-    sha = t.matching("sha256", SHA256_RE, _SHA_FIX, allow_unresolved=True)
-    if sha is None:
-        unresolved.append(Unresolved(key="aiperf.sha256", hint="pip download --no-deps aiperf"))
-    pin = AiperfPin(name=t.string("name"), version=t.string("version"), sha256=sha)
+def _aiperf(t: Table) -> AiperfPin:
+    pin = AiperfPin(
+        name=t.string("name"), version=t.string("version"), component=_component("aiperf", t)
+    )
     t.done()
     return pin
 

@@ -47,6 +47,7 @@ class ImageSpec:
     base: str
     repository: str
     patches: tuple[str, ...]
+    components: tuple[str, ...]  # pinned Python components baked in (lock sections)
     env: Mapping[str, str]
     env_readers: Mapping[str, str]  # env var -> what reads it, for vars no engine registry lists
     allow_credentials: tuple[str, ...]
@@ -80,6 +81,16 @@ def load_spec(path: Path, lock: Lock) -> ImageSpec:
             )
     if len(set(patches)) != len(patches):
         raise t.fail("patches", "a patch is listed twice", "list each patch once")
+    components = t.str_list("components")
+    for i, c in enumerate(components):
+        if c not in lock.components:
+            raise t.fail(
+                f"components[{i}]",
+                f"component {c!r} has no pinned wheels in the lock {lock.path}",
+                f"use one of {sorted(lock.components)} or pin [[{c}.wheels]] in the lock",
+            )
+    if len(set(components)) != len(components):
+        raise t.fail("components", "a component is listed twice", "list each component once")
     env_t = t.table("env", required=False)
     env = env_table(env_t)
     readers = env_table(t.table("env_readers", required=False))
@@ -97,6 +108,7 @@ def load_spec(path: Path, lock: Lock) -> ImageSpec:
         base=base,
         repository=_repository(t, name),
         patches=patches,
+        components=components,
         env=env,
         env_readers=readers,
         allow_credentials=allow,

@@ -115,8 +115,12 @@ class _Reported:
         )
 
 
-def _binds(mounts: Mapping[str, str] | None) -> list[str]:
-    return [f"{src}:{dst}:ro" for src, dst in (mounts or {}).items()]
+def _binds(
+    mounts: Mapping[str, str] | None, writable: Mapping[str, str] | None = None
+) -> list[str]:
+    return [f"{src}:{dst}:ro" for src, dst in (mounts or {}).items()] + [
+        f"{src}:{dst}:rw" for src, dst in (writable or {}).items()
+    ]
 
 
 class Transfer:
@@ -339,6 +343,8 @@ class DockerEngine:
         timeout: float,
         env: Mapping[str, str] | None = None,
         mounts: Mapping[str, str] | None = None,
+        writable: Mapping[str, str] | None = None,
+        user: str | None = None,
     ) -> RunResult:
         container = self._create(
             image,
@@ -347,7 +353,8 @@ class DockerEngine:
                 "Cmd": list(argv[1:]),
                 "Env": [f"{k}={v}" for k, v in (env or {}).items()],
                 "NetworkDisabled": True,
-                "HostConfig": {"NetworkMode": "none", "Binds": _binds(mounts)},
+                "HostConfig": {"NetworkMode": "none", "Binds": _binds(mounts, writable)},
+                **({"User": user} if user else {}),
             },
         )
         try:

@@ -95,8 +95,12 @@ class Engine(Protocol):
         timeout: float,
         env: Mapping[str, str] | None = None,
         mounts: Mapping[str, str] | None = None,
+        writable: Mapping[str, str] | None = None,
+        user: str | None = None,
     ) -> RunResult:
-        """Run ``argv`` (entrypoint replaced) with no network; the container is always removed."""
+        """Run ``argv`` (entrypoint replaced) with no network; the container is always removed.
+        ``mounts`` are read-only host directories, ``writable`` read-write ones; ``user`` is
+        ``UID:GID`` to run as (the image's user otherwise)."""
 
     def load(self, archive: bytes) -> str:
         """``docker load`` an archive; returns the loaded image ID."""

@@ -24,6 +24,7 @@ from k3env.engine.protocol import Engine, ImageFile
 from k3env.errors import EngineError, PatchError
 from k3env.hashing import canonical_sha256, digest_hex, file_sha256, sha256_digest
 from k3env.image.bases import ResolvedBase, registry_base, select_base
+from k3env.image.components import Baked, bake
 from k3env.image.envpolicy import baked_env, merge_env
 from k3env.image.layer import LayerFile, assemble, docker_archive, runtime_config
 from k3env.image.patches import APPLIED, SKIPPED, PatchResult, apply_patch
@@ -33,7 +34,7 @@ from k3env.log import Log
 from k3env.state import State
 
 # Bump when the layout of what we write changes: it is part of every inputs hash.
-BUILD_FORMAT = 2  # 2: provenance records the runtime config and the layer's files
+BUILD_FORMAT = 3  # 3: pinned components baked below, recorded in provenance
 PROVENANCE_PATH = "/etc/k3env/provenance.json"
 PROVENANCE_LABEL = "io.k3env.provenance.sha256"
 # The parts of an image config a job runs with (enroot turns them into /etc files).
@@ -53,6 +54,7 @@ class BuildResult:
     twin: bool
     patches: tuple[PatchResult, ...]
     env: tuple[str, ...]
+    components: tuple[str, ...] = ()  # "name version" of each baked wheel
     seconds: float = 0.0
 
     def as_json(self) -> dict[str, object]:
@@ -70,6 +72,7 @@ class BuildResult:
                 for p in self.patches
             ],
             "env": list(self.env),
+            "components": list(self.components),
             "seconds": round(self.seconds, 3),
         }
 
@@ -229,6 +232,9 @@ class Builder:
                 "spec": spec.sha256,
                 "spec_name": spec.name,
                 "patches": {p.name: file_sha256(p.path) for p in patches},
+                "components": [
+                    {"name": c, "wheels": self.lock.components[c].identity} for c in spec.components
+                ],
                 "twin": self.twin,
             }
         )
@@ -255,6 +261,11 @@ class Builder:
                 twin=self.twin,
                 patches=tuple(patches),
                 env=tuple(sorted(env)),
+                components=tuple(
+                    f"{w.name} {w.version}"
+                    for c in spec.components
+                    for w in self.lock.components[c].wheels
+                ),
                 seconds=time.monotonic() - start,
             )
 
@@ -263,19 +274,24 @@ class Builder:
             self.log.info(f"    {spec.name}: cache hit {reference}")
             return result(existing.id, True, _cached_patches(existing.labels, spec, skipped))
 
-        results, files = self._apply_patches(spec, base, todo)
+        # The pinned components first, as their own layer: patches may target their files.
+        under, baked = base, None
+        if spec.components:
+            pins = [self.lock.components[c] for c in spec.components]
+            under, baked = bake(self.engine, self.state, self.log, base, pins)
+        results, files = self._apply_patches(spec, under, todo)
         results = [*results, *skipped]
         labels = self._labels(spec, base, inputs, results)
-        config_env = merge_env(list(base.image.config.get("Env") or []), env)
-        runtime = runtime_config(base.image, env=config_env, labels=labels)
-        provenance = self._provenance(spec, base, inputs, results, env, runtime, files)
+        config_env = merge_env(list(under.image.config.get("Env") or []), env)
+        runtime = runtime_config(under.image, env=config_env, labels=labels)
+        provenance = self._provenance(spec, base, inputs, results, env, runtime, files, baked)
         # The provenance file is itself checked: its hash rides in the config (a label,
         # which enroot writes into /etc/rc), and it lists every other file of this layer.
         labels[PROVENANCE_LABEL] = digest_hex(sha256_digest(provenance))
         files.append(LayerFile(path="/etc/k3env", is_dir=True, mode=0o755))
         files.append(LayerFile(path=PROVENANCE_PATH, content=provenance, mode=0o644))
         assembled = assemble(
-            base.image,
+            under.image,
             files,
             env=config_env,
             labels=labels,
@@ -283,7 +299,7 @@ class Builder:
             comment=f"k3env {__version__}",
         )
         with self.log.step(f"load {spec.name} ({len(assembled.layer_tar)} byte layer)"):
-            loaded = self.engine.load(docker_archive(assembled, base.image.diff_ids))
+            loaded = self.engine.load(docker_archive(assembled, under.image.diff_ids))
         if loaded != assembled.image_id:
             self.engine.remove(loaded)
             raise EngineError(
@@ -356,6 +372,7 @@ class Builder:
         env: dict[str, str],
         runtime: Mapping[str, Any],
         files: Sequence[LayerFile],
+        baked: Baked | None,
     ) -> bytes:
         doc = {
             "k3env_build_format": BUILD_FORMAT,
@@ -381,6 +398,9 @@ class Builder:
                 for p in patches
             ],
             "env": env,
+            # The pinned wheels baked in the layer below this one (checked in the image
+            # against each distribution's own RECORD).
+            "components": baked.as_json() if baked else None,
             # What the image runs with (its config, as enroot writes it into /etc/rc and
             # /etc/environment), and the sha256 of every other file of this layer.
             "config": {k: runtime.get(k) for k in RUNTIME_KEYS},

@@ -22,6 +22,7 @@ from k3env.engine.registry import manifest_exists, refuse_to_move
 from k3env.errors import EngineError, LockError
 from k3env.hashing import canonical_sha256, file_sha256
 from k3env.image.bases import ResolvedBase
+from k3env.image.wheels import download_wheels
 from k3env.log import Log
 from k3env.runner import require_tool, run
 from k3env.state import State
@@ -130,51 +131,6 @@ def ensure_stage1(lock: Lock, p: TwinPlan, engine: Engine, log: Log) -> str:
             return engine.import_rootfs(tarball, *p.stage1_ref.split(":"))
 
 
-# Debian bookworm has glibc 2.36: every manylinux tag up to that fits the twin. Older pips
-# do not expand a --platform to the older tags themselves, so each is listed.
-_PLATFORM_FLAGS = [
-    flag
-    for tag in (
-        *(f"manylinux_2_{minor}_x86_64" for minor in range(36, 4, -1)),
-        "manylinux2014_x86_64",
-        "manylinux2010_x86_64",
-        "manylinux1_x86_64",
-        "linux_x86_64",
-    )
-    for flag in ("--platform", tag)
-]
-
-
-def download_wheels(p: TwinPlan, state: State, log: Log) -> Path:
-    wheelhouse = state.path("wheels")
-    wheelhouse.mkdir(parents=True, exist_ok=True)
-    with log.step(f"wheelhouse {wheelhouse} (pip download --require-hashes)"):
-        run(
-            [
-                "python3",
-                "-m",
-                "pip",
-                "download",
-                "--no-deps",
-                "--require-hashes",
-                "--only-binary=:all:",
-                "--python-version",
-                "3.11",
-                "--implementation",
-                "cp",
-                *_PLATFORM_FLAGS,
-                "-d",
-                str(wheelhouse),
-                "-r",
-                str(p.requirements),
-            ],
-            log,
-            capture=True,
-            what="pip download",
-        )
-    return wheelhouse
-
-
 _INSTALL = """set -eu
 pip_whl=$(ls /k3env/wheels/pip-*.whl | head -n1)
 echo "installing $(grep -c -- '--hash' /k3env/req/requirements.txt) pinned wheels"
@@ -203,7 +159,7 @@ def ensure_twin(lock: Lock, engine: Engine, state: State, log: Log) -> tuple[str
         return p.reference, str(record["digest"])
     if not built:
         stage1 = ensure_stage1(lock, p, engine, log)
-        wheelhouse = download_wheels(p, state, log)
+        wheelhouse = download_wheels(p.requirements, state, log)
         with log.step(f"install the pinned wheels into {p.reference} (minutes; progress below)"):
             repository, tag = p.reference.rsplit(":", 1)
             engine.run_and_commit(

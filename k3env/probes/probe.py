@@ -92,9 +92,53 @@ def first_import(*names):
 
 
 # --- versions -------------------------------------------------------------------------------
+def marker_environment():
+    """The PEP 508 marker variables of this interpreter (the host evaluates requirements)."""
+    import platform
+
+    impl = sys.implementation.version
+    impl_version = f"{impl.major}.{impl.minor}.{impl.micro}"
+    if impl.releaselevel != "final":
+        impl_version += impl.releaselevel[0] + str(impl.serial)
+    return {
+        "implementation_name": sys.implementation.name,
+        "implementation_version": impl_version,
+        "os_name": os.name,
+        "platform_machine": platform.machine(),
+        "platform_release": platform.release(),
+        "platform_system": platform.system(),
+        "platform_version": platform.version(),
+        "python_full_version": platform.python_version(),
+        "platform_python_implementation": platform.python_implementation(),
+        "python_version": ".".join(platform.python_version_tuple()[:2]),
+        "sys_platform": sys.platform,
+    }
+
+
+def installed_distributions():
+    """Every distribution on sys.path, with its Requires-Dist and where its metadata is."""
+    out = []
+    for d in md.distributions():
+        name = d.metadata["Name"]
+        if not name:
+            continue
+        where = getattr(d, "_path", None)
+        out.append(
+            {
+                "name": name,
+                "version": d.version,
+                "requires": list(d.requires or []),
+                "path": str(where) if where else None,
+            }
+        )
+    return sorted(out, key=lambda d: (d["name"].lower(), d["path"] or ""))
+
+
 def check_versions(plan):
     for component, dist in sorted(plan["components"].items()):
         FACTS["versions"][component] = version_of(dist)
+    FACTS["distributions"] = installed_distributions()
+    FACTS["marker_environment"] = marker_environment()
     for component, expected in sorted(plan.get("versions", {}).items()):
         actual = FACTS["versions"].get(component)
         if expected is None:
@@ -113,12 +157,167 @@ ENTRYPOINT_MODULES = {
 }
 
 
+class _StandInMeta(type):
+    """A stand-in for anything an absent module would have held: attribute access, calls,
+    subscripts and unions give another stand-in, so an import can go on past it."""
+
+    def __getattr__(cls, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return _stand_in(f"{cls.__name__}.{name}")
+
+    def __call__(cls, *args, **kwargs):
+        return cls
+
+    def __getitem__(cls, key):
+        return cls
+
+    def __or__(cls, other):
+        return cls
+
+    __ror__ = __or__
+
+    def __iter__(cls):
+        return iter(())
+
+
+def _stand_in(name):
+    return _StandInMeta(name, (), {})
+
+
+class _StandInModule(type(sys)):
+    def __getattr__(self, name):
+        if name.startswith("__") and name.endswith("__"):
+            raise AttributeError(name)
+        return _stand_in(f"{self.__name__}.{name}")
+
+
+class AbsentModules:
+    """A meta-path finder of last resort for top-level packages that are not installed:
+    each becomes an empty stand-in package, so an import reaches what lies behind it."""
+
+    def __init__(self):
+        self.names = set()
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname.split(".")[0] not in self.names:
+            return None
+        return importlib.util.spec_from_loader(fullname, self, is_package=True)
+
+    def create_module(self, spec):
+        module = _StandInModule(spec.name)
+        module.__path__ = []
+        return module
+
+    def exec_module(self, module):
+        pass
+
+
+def import_past_absent(module, absent_by_design=()):
+    """Import ``module``; when it fails on a top-level package that is not installed, say so,
+    stand that package in and go on, to report the first real incompatibility behind it.
+    Returns (status, output)."""
+    finder = AbsentModules()
+    notes = []
+    sys.meta_path.append(finder)
+    try:
+        for _ in range(20):
+            with captured() as buf:
+                try:
+                    importlib.import_module(module)
+                    error = None
+                except SystemExit as e:
+                    error = e
+                    print(f"[exit {e.code}]")
+                except BaseException as e:
+                    error = e
+                    traceback.print_exc(limit=-6)
+            if error is None:
+                break
+            top = _absent_top(error)
+            # Never the module under check itself: its absence is the answer.
+            if top and top not in finder.names and top != module.split(".")[0]:
+                finder.names.add(top)
+                notes.append(buf.getvalue().rstrip())
+                continue
+            break
+    finally:
+        sys.meta_path.remove(finder)
+    absent = sorted(finder.names)
+    if error is None and not absent:
+        return "pass", ""
+    out = []
+    if absent:
+        out.append(
+            f"not installed in the image: {', '.join(absent)} (first symptom below); "
+            "with a stand-in for it the import went on"
+        )
+        out.append(notes[0])
+    if error is not None:
+        out.append(
+            ("behind it, the first real incompatibility:\n" if absent else "") + buf.getvalue()
+        )
+        return "fail", "\n".join(out)
+    design = set(absent_by_design)
+    if set(absent) <= design:
+        out.append(
+            "nothing else is missing: the import completes with stand-ins for modules the CPU "
+            "twin leaves out by design ([twin].omit); the GPU image must carry them"
+        )
+        return "pass", "\n".join(out)
+    out.append("nothing else is missing behind them")
+    return "fail", "\n".join(out)
+
+
+def _absent_top(error):
+    """The top-level package an import failed on, when it is not installed at all."""
+    if not isinstance(error, ModuleNotFoundError):
+        return None
+    top = (error.name or "").split(".")[0]
+    return top if top and importlib.util.find_spec(top) is None else None
+
+
 def check_imports(plan):
+    design = [n.replace("-", "_") for n in plan.get("absent_by_design", [])]
     for role in sorted({c["role"] for p in plan["profiles"] for c in p["commands"]}):
         for module in ENTRYPOINT_MODULES[role]:
             component = "vllm" if role == "vllm-serve" else "dynamo"
-            ok, out = run_captured(lambda m=module: importlib.import_module(m))
-            record("imports", module, "pass" if ok else "fail", component, out)
+            error = None
+            with captured() as buf:
+                try:
+                    importlib.import_module(module)
+                except BaseException as e:
+                    error = e
+                    traceback.print_exc(limit=-6)
+            if error is None:
+                record("imports", module, "pass", component, "")
+            elif _absent_top(error) is None:
+                record("imports", module, "fail", component, buf.getvalue())
+            else:
+                # Past the absent module, in a process of its own: stand-ins must never
+                # serve a later check, and torch cannot be imported twice in one process.
+                status, out = import_in_subprocess(module, design)
+                record("imports", module, status, component, out)
+
+
+def import_in_subprocess(module, design):
+    import subprocess
+
+    try:
+        proc = subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--import-past-absent", module,
+             json.dumps(design)],
+            capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return "fail", f"importing {module} past its absent modules took over 300 s"
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(MARK):
+            status, out = json.loads(line[len(MARK) :])
+            return status, out
+    return "fail", f"importing {module} past its absent modules: exit {proc.returncode}\n" + (
+        proc.stdout + proc.stderr
+    )[-3000:]
 
 
 # --- argument parsing ---------------------------------------------------------------------------
@@ -691,6 +890,11 @@ def check_env(plan):
 
 
 def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "--import-past-absent":
+        result = import_past_absent(sys.argv[2], json.loads(sys.argv[3]))
+        sys.stdout.write("\n" + MARK + json.dumps(result) + "\n")
+        sys.stdout.flush()
+        os._exit(0)
     ap = argparse.ArgumentParser()
     ap.add_argument("plan")
     with open(ap.parse_args().plan) as f:

@@ -1,0 +1,61 @@
+"""The CPU twin's requirements file against the lock: what it pins, and where they disagree.
+
+The file is generated from the lock by ``k3env twin --resolve`` (never edited by hand); this
+module only reads it. ``k3env lock --check`` fails on every disagreement listed here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from k3env.config.lock import Lock
+from k3env.versions import requirement_name, satisfies
+
+
+def pinned_versions(path: Path) -> dict[str, str]:
+    """Canonical distribution name -> version, for each ``name==version`` line."""
+    out: dict[str, str] = {}
+    text = path.read_text().replace("\\\n", " ")
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if "==" not in line or line.startswith("-"):
+            continue
+        requirement = line.split(" --", 1)[0].strip()
+        name = requirement_name(requirement)
+        if name is not None:
+            out[name] = requirement.split("==", 1)[1].split(";", 1)[0].strip()
+    return out
+
+
+def twin_disagreements(lock: Lock) -> list[str]:
+    """Each way the twin's requirements file and the lock's pins disagree (empty: agree)."""
+    twin = lock.twin
+    if twin is None:
+        return []
+    path = lock.resolve_path(twin.requirements)
+    if not path.is_file():
+        return [f"{twin.requirements} is missing: run `k3env twin --resolve`"]
+    pinned = pinned_versions(path)
+    fix = "regenerate it with `k3env twin --resolve`"
+    out = []
+    for component in lock.components.values():
+        for w in component.wheels:
+            if w.name in pinned:
+                out.append(
+                    f"{twin.requirements} pins {w.name} {pinned[w.name]}, which the lock bakes "
+                    f"as component {component.name} ({w.name} {w.version}): {fix}"
+                )
+    for line in twin.requires:
+        name = requirement_name(line)
+        assert name is not None
+        have = pinned.get(name)
+        if have is None:
+            out.append(f"[twin].requires has {line!r}, {twin.requirements} lacks {name}: {fix}")
+        elif not satisfies(line, have):
+            out.append(f"[twin].requires has {line!r}, {twin.requirements} pins {have}: {fix}")
+    for name in twin.omit:
+        canonical = requirement_name(name)
+        if canonical in pinned:
+            have = pinned[canonical]
+            out.append(f"[twin].omit leaves out {name}, {twin.requirements} pins {have}: {fix}")
+    return out

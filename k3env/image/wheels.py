@@ -1,0 +1,104 @@
+"""Pinned wheels onto the build host: ``pip download --no-deps --require-hashes`` into k3env's
+wheelhouse, for the CPU twin's Python and platform (Debian bookworm: CPython 3.11, glibc 2.36).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from k3env.errors import ConfigError
+from k3env.log import Log
+from k3env.runner import attempt, run
+from k3env.state import State
+
+# Debian bookworm has glibc 2.36: every manylinux tag up to that fits the twin. Older pips
+# do not expand a --platform to the older tags themselves, so each is listed.
+_PLATFORM_FLAGS = [
+    flag
+    for tag in (
+        *(f"manylinux_2_{minor}_x86_64" for minor in range(36, 4, -1)),
+        "manylinux2014_x86_64",
+        "manylinux2010_x86_64",
+        "manylinux1_x86_64",
+        "linux_x86_64",
+    )
+    for flag in ("--platform", tag)
+]
+
+
+def download_wheels(requirements: Path, state: State, log: Log) -> Path:
+    """The wheels of a hash-pinned requirements file, in k3env's wheelhouse (pip skips a file
+    it already holds with the pinned hash)."""
+    wheelhouse = state.path("wheels")
+    wheelhouse.mkdir(parents=True, exist_ok=True)
+    with log.step(f"wheelhouse {wheelhouse} (pip download --require-hashes)"):
+        run(
+            [
+                "python3",
+                "-m",
+                "pip",
+                "download",
+                "--no-deps",
+                "--require-hashes",
+                "--only-binary=:all:",
+                "--python-version",
+                "3.11",
+                "--implementation",
+                "cp",
+                *_PLATFORM_FLAGS,
+                "-d",
+                str(wheelhouse),
+                "-r",
+                str(requirements),
+            ],
+            log,
+            capture=True,
+            what="pip download",
+        )
+    return wheelhouse
+
+
+# The twin's interpreter and platform (Debian bookworm's CPython 3.11, glibc 2.36), for
+# resolving its requirements.
+TWIN_PYTHON = "3.11"
+TWIN_PLATFORM = "x86_64-manylinux_2_36"
+
+
+def wheel_sha256s(
+    requirements: list[str], log: Log, *, find_links: tuple[str, ...] = ()
+) -> dict[str, tuple[str, str]]:
+    """``name==version`` -> (canonical name, sha256 of the wheel pip picks for the twin's
+    platform): what a bump writes into the lock's ``wheels``. With ``find_links``, only those
+    directories are searched (no index)."""
+    import tempfile
+
+    from k3env.hashing import file_sha256
+    from k3env.versions import canonical_name
+
+    with tempfile.TemporaryDirectory(prefix="k3env-wheels-") as tmp:
+        argv = [
+            "python3", "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+            "--python-version", TWIN_PYTHON, "--implementation", "cp", *_PLATFORM_FLAGS,
+            "-d", tmp,
+        ]  # fmt: skip
+        if find_links:
+            argv += ["--no-index", *(a for d in find_links for a in ("--find-links", d))]
+        where = ", ".join(find_links) if find_links else "the package index"
+        with log.step(f"find the wheels of {', '.join(requirements)} in {where}"):
+            code, output = attempt([*argv, *requirements], log)
+        if code != 0:
+            raise ConfigError(
+                f"no wheel of {' / '.join(requirements)} for the twin's platform in {where}: "
+                + (output.strip().splitlines() or ["(no output)"])[-1],
+                where="pip download",
+                fix="bump to a release that publishes wheels, or pin its wheels by hand",
+            )
+        found = {}
+        for f in sorted(Path(tmp).glob("*.whl")):
+            found[canonical_name(f.name.split("-", 1)[0])] = file_sha256(f)
+    out = {}
+    for r in requirements:
+        name = canonical_name(r.split("==", 1)[0])
+        if name in found:
+            out[r] = (name, found[name])
+    return out

@@ -1,0 +1,165 @@
+"""Installed requirements hold, and the twin's requirements agree with the lock (no engine).
+
+Facts used here, as the released wheels declare them: ai-dynamo 1.6.1 requires
+``ai-dynamo-runtime==1.6.1`` and, for its ``vllm`` extra, ``vllm[flashinfer,otel,runai]==0.31.0``;
+vLLM pins ``torch==2.14.0``.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from k3env.checks.verify import requirement_rows
+from k3env.cli import main
+from k3env.config.lock import load_lock
+from k3env.config.spec import load_spec
+from k3env.config.twinreq import pinned_versions, twin_disagreements
+from k3env.image.twinresolve import parse_compiled
+from k3env.versions import Installed, unmet_requirements
+
+from .conftest import replace_in
+
+LOCK = Path("pins/k3.lock.toml")
+ENV = {
+    "python_version": "3.11",
+    "python_full_version": "3.11.2",
+    "sys_platform": "linux",
+    "platform_system": "Linux",
+    "platform_machine": "x86_64",
+    "os_name": "posix",
+    "implementation_name": "cpython",
+    "implementation_version": "3.11.2",
+    "platform_python_implementation": "CPython",
+    "platform_release": "6.1",
+    "platform_version": "#1",
+}
+DYNAMO = {
+    "name": "ai-dynamo",
+    "version": "1.6.1",
+    "requires": [
+        "ai-dynamo-runtime==1.6.1",
+        "tomli; python_version < '3.11'",
+        "vllm[flashinfer,otel,runai]==0.31.0; extra == 'vllm'",
+        "uvloop; extra == 'vllm'",
+        "tensorrt-llm==1.3.0rc29; extra == 'trtllm'",
+    ],
+    "path": "/usr/local/lib/python3.11/dist-packages/ai_dynamo-1.6.1.dist-info",
+}
+RUNTIME = {"name": "ai_dynamo_runtime", "version": "1.6.1", "requires": [], "path": "/r"}
+UVLOOP = {"name": "uvloop", "version": "0.23.0", "requires": [], "path": "/u"}
+TORCH = {"name": "torch", "version": "2.13.0+cpu", "requires": [], "path": "/t"}
+
+
+def vllm(version: str) -> dict[str, Any]:
+    return {
+        "name": "vllm",
+        "version": version,
+        "requires": ["torch==2.14.0", "flashinfer-python==0.7.0; extra == 'flashinfer'"],
+        "path": f"/usr/local/lib/python3.11/dist-packages/vllm-{version}.dist-info",
+    }
+
+
+def rows(repo: Path, distributions: list[dict[str, Any]], twin: bool) -> list[tuple[str, str]]:
+    lock = load_lock(repo / LOCK)
+    spec = load_spec(repo / "images/kimi-k3-dynamo.toml", lock)
+    facts = {"distributions": distributions, "marker_environment": ENV}
+    return [(r.status, r.output) for r in requirement_rows(lock, spec, facts, twin)]
+
+
+def test_a_mismatched_pair_fails_naming_both_packages_the_requirement_and_the_version(
+    repo: Path,
+) -> None:
+    """ai-dynamo 1.6.1 with vLLM 0.33.0: the pair whose worker import fails."""
+    out = rows(repo, [DYNAMO, RUNTIME, UVLOOP, TORCH, vllm("0.33.0")], twin=True)
+    assert ("fail", "ai-dynamo 1.6.1 requires vllm[flashinfer,otel,runai]==0.31.0 (extra vllm); "
+            "installed vllm 0.33.0") in out  # fmt: skip
+    # What the twin leaves out or stands in for is said, never counted as met.
+    (waived,) = [o for s, o in out if s == "skip"]
+    assert waived.endswith("not checked here: torch")
+    # Over the GPU image nothing is waived: the torch pin is checked.
+    gpu = rows(repo, [DYNAMO, RUNTIME, UVLOOP, TORCH, vllm("0.31.0")], twin=False)
+    assert ("fail", "vllm 0.31.0 requires torch==2.14.0; installed torch 2.13.0+cpu") in gpu
+    assert ("fail", "vllm 0.31.0 requires flashinfer-python==0.7.0 (extra flashinfer); "
+            "not installed") in gpu  # fmt: skip
+
+
+def test_the_matching_pair_passes_with_the_extras_in_use_named(repo: Path) -> None:
+    out = rows(repo, [DYNAMO, RUNTIME, UVLOOP, TORCH, vllm("0.31.0")], twin=True)
+    assert [s for s, _ in out] == ["skip", "pass"]
+    assert out[0][1].endswith("not checked here: flashinfer-python, torch")
+    assert "every Requires-Dist of 5 installed distributions holds" in out[1][1]
+    assert "ai-dynamo[vllm]" in out[1][1]
+
+
+def test_an_extra_not_in_use_and_a_marker_that_does_not_apply_are_not_required(
+    repo: Path,
+) -> None:
+    # trtllm is not an extra the lock uses; tomli is for Python < 3.11 only.
+    found = unmet_requirements(
+        [Installed(name="ai-dynamo", version="1.6.1", requires=tuple(DYNAMO["requires"]))],
+        ENV,
+        extras={"ai-dynamo": ["vllm"]},
+    )
+    assert sorted(u.target for u in found) == ["ai-dynamo-runtime", "uvloop", "vllm"]
+
+
+def test_two_installs_of_one_distribution_fail(repo: Path) -> None:
+    old = {**DYNAMO, "version": "1.4.2", "requires": [], "path": "/usr/lib/python3/dist-packages"}
+    out = rows(repo, [DYNAMO, old, RUNTIME, UVLOOP, TORCH, vllm("0.31.0")], twin=True)
+    (twice,) = [o for s, o in out if s == "fail"]
+    assert twice.startswith("ai-dynamo is installed twice: 1.6.1") and "1.4.2" in twice
+
+
+def test_no_distribution_facts_is_a_failure_not_a_pass(repo: Path) -> None:
+    lock = load_lock(repo / LOCK)
+    spec = load_spec(repo / "images/kimi-k3-dynamo.toml", lock)
+    (row,) = requirement_rows(lock, spec, {}, twin=True)
+    assert row.status == "fail" and "listed no installed distributions" in row.output
+
+
+def test_the_committed_twin_requirements_agree_with_the_lock(repo: Path) -> None:
+    lock = load_lock(repo / LOCK)
+    assert twin_disagreements(lock) == []
+    pinned = pinned_versions(repo / "pins/cpu-twin.requirements.txt")
+    assert pinned["vllm"] == "0.31.0" and pinned["torch"] == "2.13.0+cpu"
+    # The components are baked from the lock's wheels, not installed with the twin.
+    assert not {"ai-dynamo", "ai-dynamo-runtime", "aiperf"} & set(pinned)
+    assert "torchvision" not in pinned  # omitted by design
+
+
+def test_lock_check_fails_when_the_twin_and_the_lock_disagree(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # A hand edit: the twin's vLLM moved without the lock (hash recorded, so only the
+    # disagreement is left to catch).
+    replace_in(Path("pins/cpu-twin.requirements.txt"), "vllm==0.31.0", "vllm==0.33.0")
+    assert main(["lock", "--update-hashes", "-q"]) == 0
+    capsys.readouterr()
+    assert main(["lock", "--check", "--json"]) == 4
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["ok"] is False
+    assert any("[twin].requires has 'vllm==0.31.0'" in d and "pins 0.33.0" in d
+               for d in payload["twin_disagreements"])  # fmt: skip
+    # A component also listed in the twin's file is a disagreement too.
+    text = Path("pins/cpu-twin.requirements.txt").read_text()
+    Path("pins/cpu-twin.requirements.txt").write_text(text + "ai-dynamo==1.4.2\n")
+    assert main(["lock", "--update-hashes", "-q"]) == 0
+    capsys.readouterr()
+    assert main(["lock", "--check", "--json"]) == 4
+    found = json.loads(capsys.readouterr().out)["twin_disagreements"]
+    assert any("pins ai-dynamo 1.4.2, which the lock bakes as component dynamo" in d for d in found)
+
+
+def test_uv_output_is_parsed_with_every_hash() -> None:
+    text = (
+        "vllm==0.31.0 \\\n    --hash=sha256:" + "a" * 64 + " \\\n    --hash=sha256:" + "b" * 64
+        + "\n    # via -r in.txt\ntorch==2.13.0+cpu \\\n    --hash=sha256:" + "c" * 64 + "\n"
+    )  # fmt: skip
+    assert parse_compiled(text) == {
+        "vllm": ("0.31.0", ["a" * 64, "b" * 64]),
+        "torch": ("2.13.0+cpu", ["c" * 64]),
+    }
