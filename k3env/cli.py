@@ -464,6 +464,44 @@ def cmd_verify(args: argparse.Namespace, log: Log) -> int:
     return 0
 
 
+def cmd_matrix(args: argparse.Namespace, log: Log) -> int:
+    from k3env.checks.matrix import markdown, run_matrix
+    from k3env.checks.verify import verify_image
+    from k3env.image.build import make_builder
+
+    lock = load_lock(args.lock)
+    unknown = [v for v in args.variant if v not in lock.variants]
+    if unknown:
+        raise ConfigError(
+            f"unknown variant(s) {unknown}",
+            where=f"{args.lock} [variants]",
+            fix=f"use one of {sorted(lock.variants)}, or add [variants.NAME] to the lock",
+        )
+    variants = args.variant or sorted(lock.variants)
+    specs = load_specs(args.images, lock, tuple(args.image))
+    engine = _engine()
+    state = State()
+    builders: dict[str, Any] = {}
+
+    def verify(vlock: Lock, spec: ImageSpec) -> Any:
+        builder = builders.setdefault(
+            vlock.sha256, make_builder(vlock, engine, state, log, twin=True)
+        )
+        with log.step(f"build and verify {spec.name} ({vlock.sha256[:12]})"):
+            build = builder.build(spec)
+            return verify_image(engine, state, vlock, spec, build, twin=True, timeout=args.timeout)
+
+    cells = run_matrix(lock, specs, variants, verify)
+    text = markdown(lock, cells)
+    if args.markdown:
+        write_atomic(args.markdown, text)
+        log.info(f"version matrix written to {args.markdown}")
+    payload = {"variants": ["pinned", *variants], "cells": [c.as_json() for c in cells],
+               "markdown": text}  # fmt: skip
+    _emit(args, payload, lambda: print(text))
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------
 # preflight
 # ---------------------------------------------------------------------------------------------
@@ -688,6 +726,24 @@ def parser() -> argparse.ArgumentParser:
     )
     build.set_defaults(func=cmd_build)
 
+    matrix = sub.add_parser(
+        "matrix",
+        parents=[common],
+        help="verify every image on the twin with each variant of the pinned components",
+    )
+    _image_args(matrix, twin=None)
+    matrix.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        help="a [variants.NAME] of the lock (default: every one), beside the pinned components",
+    )
+    matrix.add_argument("--markdown", type=Path, help="also write the matrix (markdown) here")
+    matrix.add_argument(
+        "--timeout", type=float, default=600, help="seconds per probe (default: %(default)s)"
+    )
+    matrix.set_defaults(func=cmd_matrix)
+
     twin = sub.add_parser("twin", parents=[common], help="build and push the CPU twin base")
     twin.add_argument(
         "--resolve",
@@ -837,11 +893,23 @@ DESCRIPTIONS = {
         "(comments, key order kept; atomic)."
     ),
     "build": (
-        "Build derived images (one deterministic layer over the base, config written by k3env, "
-        "tagged by the content hash of the inputs; a rebuild with nothing changed is one "
-        "inspect); `--twin` builds over each base's CPU twin."
+        "Build derived images (the spec's pinned components, installed by the base's own pip "
+        "`--no-deps --require-hashes` into one deterministic layer, then one layer of patches, "
+        "env and provenance, config written by k3env, tagged by the content hash of the inputs; "
+        "a rebuild with nothing changed is one inspect); `--twin` builds over each base's CPU "
+        "twin."
     ),
-    "twin": ("Build (cached by content) and push the CPU twin base"),
+    "twin": (
+        "Build (cached by content) and push the CPU twin base. With `--resolve`: regenerate its "
+        "requirements from the lock (`[twin]` requires / stand_ins / omit plus every "
+        "component's pinned wheels and extras, resolved together by uv, every wheel by sha256; "
+        "the components themselves are left to the builder) and record their sha256"
+    ),
+    "matrix": (
+        "Build and verify every image on the CPU twin with the pinned components and with each "
+        "`[variants.NAME]` of the lock (other releases, by sha256): images x variants as "
+        "markdown (`--markdown FILE`) and `--json`, each failure with its first line"
+    ),
     "push": (
         "Push derived images (base layers the registry has are not sent again), record each "
         "registry digest by image ID, print the `enroot import docker://REGISTRY#REPO@sha256:...`"
@@ -875,10 +943,10 @@ DESCRIPTIONS = {
     ),
     "bump": (
         "Change one pin (`bases.NAME TAG` resolves and records the digest; `dynamo TAG|COMMIT` "
-        "resolved on the source, name, version and commit together; "
-        "`srt-slurm TAG`; `container_patches.NAME`) in place (only the changed leaves differ), "
-        "rebuild, verify and preflight before and after, report each container patch as applies /"
-        " upstream (drop it) / conflicts, and write a PR title and markdown body; the lock is "
+        "resolved on the source, name, version, commit and the baked wheels (by sha256) "
+        "together; `srt-slurm TAG`; `aiperf VERSION`; `container_patches.NAME`) in place (only "
+        "the changed leaves differ), rebuild, verify and preflight before and after, report "
+        "each container patch as applies / upstream (drop it) / conflicts, and write a PR title and markdown body; the lock is "
         "replaced atomically only when everything passes (or `--keep-failing`); `--commit` makes "
         "a local branch and commit, never a push. `.github/workflows/pin-bump.yml` runs it for "
         "each pin `k3env outdated` finds, one PR each"
@@ -892,7 +960,9 @@ DESCRIPTIONS = {
         "tokenizer `model_type` loads in Dynamo's Rust frontend (a rejection names the runtime's "
         "supported list), entrypoint modules import, patches are present, every baked env var "
         "is read by a file in the image (the verdict names it, or the search that found none, "
-        "with a did-you-mean and the flag that replaced it), versions match the lock; prints a "
+        "with a did-you-mean and the flag that replaced it), versions match the lock, every "
+        "installed distribution's Requires-Dist (and the extras in use) holds, an import that "
+        "fails on an absent module goes on past it to the first real incompatibility; prints a "
         "table and a markdown compat matrix"
     ),
     "outdated": (

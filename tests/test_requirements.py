@@ -163,3 +163,78 @@ def test_uv_output_is_parsed_with_every_hash() -> None:
         "vllm": ("0.31.0", ["a" * 64, "b" * 64]),
         "torch": ("2.13.0+cpu", ["c" * 64]),
     }
+
+
+def test_variants_swap_component_wheels_under_a_content_hash_of_their_own(repo: Path) -> None:
+    lock = load_lock(repo / LOCK)
+    assert sorted(lock.variants) == ["dynamo-1.4.2", "dynamo-1.5.1"]
+    old = lock.with_variant(lock.variants["dynamo-1.4.2"])
+    assert old.dynamo is not None and old.dynamo.version == "1.4.2"
+    assert [(w.name, w.version) for w in old.components["dynamo"].wheels] == [
+        ("ai-dynamo", "1.4.2"),
+        ("ai-dynamo-runtime", "1.4.2"),
+    ]
+    assert old.components["dynamo"].extras == ("vllm",)  # the extras in use stay the lock's
+    assert old.components["aiperf"] == lock.components["aiperf"]
+    # Never the lock's own hash: nothing built from a variant is taken for the lock's image.
+    assert old.sha256 != lock.sha256
+
+
+@pytest.mark.parametrize(
+    ("append", "message"),
+    [
+        ('[variants.x]\nwhy = "nothing"\n', "a variant changes nothing"),
+        ("[variants.x.vllm]\nwheels = []\n", "'vllm' is not a component the lock pins wheels for"),
+        (
+            '[variants.x.dynamo]\nwheels = [{ name = "ai-dynamo", version = "1.4.2", '
+            'sha256 = "' + "0" * 64 + '" }]\n',
+            "are not the pinned component's",
+        ),
+    ],
+)
+def test_a_bad_variant_is_refused_with_where_and_what(
+    repo: Path, append: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    LOCK.write_text(LOCK.read_text() + "\n" + append)
+    assert main(["lock", "--check"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "variants.x" in err
+
+
+def test_the_matrix_names_each_variant_cell_and_why_it_failed(repo: Path) -> None:
+    from k3env.checks.matrix import markdown, run_matrix
+    from k3env.checks.verify import CheckResult, ImageReport
+
+    lock = load_lock(repo / LOCK)
+    specs = [
+        load_spec(repo / f"images/{n}.toml", lock) for n in ("kimi-k3-direct-f", "kimi-k3-dynamo")
+    ]
+    seen = []
+
+    def verify(vlock, spec):  # type: ignore[no-untyped-def]
+        version = vlock.dynamo.version
+        seen.append((spec.name, version))
+        failed = version == "1.4.2" and spec.name == "kimi-k3-dynamo"
+        row = CheckResult(image=spec.name, profile="agg", check="tokenizer",
+                          subject="model_type kimi_k3", status="fail" if failed else "pass",
+                          component="dynamo", version=version,
+                          output="Dynamo 1.4.2's frontend does not load kimi_k3\nmore")  # fmt: skip
+        return ImageReport(image=spec.name, reference="r", image_id="sha256:" + "1" * 64,
+                           results=(row,), facts={}, seconds=0.0)  # fmt: skip
+
+    cells = run_matrix(lock, specs, ["dynamo-1.4.2"], verify)
+    # F bakes no Dynamo: built and verified once, with the lock's pins.
+    assert seen == [("kimi-k3-direct-f", "1.6.1"), ("kimi-k3-dynamo", "1.6.1"),
+                    ("kimi-k3-dynamo", "1.4.2")]  # fmt: skip
+    assert [(c.variant, c.image, c.status) for c in cells] == [
+        ("pinned", "kimi-k3-direct-f", "pass"),
+        ("pinned", "kimi-k3-dynamo", "pass"),
+        ("dynamo-1.4.2", "kimi-k3-direct-f", "same"),
+        ("dynamo-1.4.2", "kimi-k3-dynamo", "fail"),
+    ]
+    text = markdown(lock, cells)
+    assert "| `kimi-k3-dynamo` | ✅ | ❌ |" in text
+    assert "| `kimi-k3-direct-f` | ✅ | = pinned |" in text
+    assert ("- `dynamo-1.4.2` **kimi-k3-dynamo/agg** `tokenizer` model_type kimi_k3: "
+            "Dynamo 1.4.2's frontend does not load kimi_k3") in text  # fmt: skip
+    assert "ai-dynamo 1.4.2, ai-dynamo-runtime 1.4.2, aiperf 0.13.0" in text

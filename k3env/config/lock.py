@@ -6,6 +6,7 @@ Editing the lock in place is ``lock_edit``'s job.
 
 from __future__ import annotations
 
+import dataclasses
 import posixpath
 import re
 from collections.abc import Mapping
@@ -131,6 +132,15 @@ class ComponentPin:
 
 
 @dataclass(frozen=True, kw_only=True)
+class VariantPin:
+    """Other releases of pinned components, to verify against on the twin (``k3env matrix``)."""
+
+    name: str
+    why: str
+    components: Mapping[str, ComponentPin]
+
+
+@dataclass(frozen=True, kw_only=True)
 class DynamoPin:
     name: str
     version: str | None  # PEP 440 form of the tag, for version-dependent rules
@@ -207,6 +217,7 @@ class Lock:
     container_patches: Mapping[str, ContainerPatchPin]
     aiperf: AiperfPin | None
     unresolved: tuple[Unresolved, ...] = field(default=())
+    variants: Mapping[str, VariantPin] = field(default_factory=dict)
     # Credential-looking names the lock's [env] / [bases.NAME.env] set deliberately.
     allow_credentials: tuple[str, ...] = field(default=())
 
@@ -222,6 +233,25 @@ class Lock:
 
     def resolve_path(self, relative: str) -> Path:
         return (self.root / relative).resolve()
+
+    def with_variant(self, variant: VariantPin) -> Lock:
+        """This lock with the variant's component wheels in place of the pinned ones. Its
+        content hash is its own, so nothing built from it is taken for the lock's images."""
+        dynamo, aiperf = self.dynamo, self.aiperf
+        for name, component in variant.components.items():
+            version = component.wheels[0].version
+            if name == "dynamo" and dynamo is not None:
+                dynamo = dataclasses.replace(dynamo, component=component, version=version)
+            elif name == "aiperf" and aiperf is not None:
+                aiperf = dataclasses.replace(aiperf, component=component, version=version)
+        sha = canonical_sha256(
+            {
+                "lock": self.sha256,
+                "variant": variant.name,
+                "components": {n: c.identity for n, c in sorted(variant.components.items())},
+            }
+        )
+        return dataclasses.replace(self, dynamo=dynamo, aiperf=aiperf, sha256=sha)
 
     @property
     def components(self) -> dict[str, ComponentPin]:
@@ -295,6 +325,10 @@ def load_lock(path: Path) -> Lock:
         lambda n, t: _container_patch(n, t, bases, roots),
     )
     aiperf = _aiperf(top.table("aiperf")) if top.has("aiperf") else None
+    pinned = {p.component.name: p.component for p in (dynamo, aiperf) if p and p.component}
+    variants = each_entry(
+        top.table("variants", required=False), lambda n, t: _variant(n, t, pinned)
+    )
     top.done()
     return Lock(
         path=path,
@@ -309,6 +343,7 @@ def load_lock(path: Path) -> Lock:
         container_patches=patches,
         aiperf=aiperf,
         unresolved=tuple(unresolved),
+        variants=variants,
         allow_credentials=allow,
     )
 
@@ -395,8 +430,46 @@ def _twin(t: Table, unresolved: list[Unresolved]) -> TwinPin:
     return pin
 
 
-def _component(name: str, t: Table) -> ComponentPin | None:
-    """``[[NAME.wheels]]`` (name, version, sha256 each) and ``NAME.extras``."""
+def _variant(name: str, t: Table, pinned: Mapping[str, ComponentPin]) -> VariantPin:
+    """``[variants.NAME]``: ``why`` and, per pinned component, ``[[COMPONENT.wheels]]``."""
+    components = {}
+    for key in t.keys():
+        if key == "why":
+            continue
+        if key not in pinned:
+            raise t.fail(
+                key,
+                f"{key!r} is not a component the lock pins wheels for",
+                f"use one of {sorted(pinned)}",
+            )
+        sub = t.table(key)
+        component = _component(key, sub, extras=pinned[key].extras)
+        sub.done()
+        if component is None:
+            raise t.fail(key, "no wheels", f"add wheels to [variants.{name}.{key}]")
+        theirs = [w.name for w in component.wheels]
+        ours = [w.name for w in pinned[key].wheels]
+        if set(theirs) != set(ours):
+            raise t.fail(
+                key,
+                f"the variant's wheels {theirs} are not the pinned component's {ours}",
+                "pin the same distributions, at other versions",
+            )
+        components[key] = component
+    if not components:
+        raise t.fail(None, "a variant changes nothing", "pin at least one component's wheels")
+    variant = VariantPin(
+        name=name, why=t.string("why", required=False, default=""), components=components
+    )
+    t.done()
+    return variant
+
+
+def _component(
+    name: str, t: Table, *, extras: tuple[str, ...] | None = None
+) -> ComponentPin | None:
+    """``[[NAME.wheels]]`` (name, version, sha256 each) and ``NAME.extras`` (or, for a
+    variant, the pinned component's ``extras``)."""
     from k3env.versions import InvalidVersion, Version, canonical_name
 
     wheels = []
@@ -415,7 +488,8 @@ def _component(name: str, t: Table) -> ComponentPin | None:
     names = [w.name for w in wheels]
     if len(set(names)) != len(names):
         raise t.fail("wheels", "a distribution is pinned twice", "pin each wheel once")
-    extras = t.str_list("extras")
+    if extras is None:
+        extras = t.str_list("extras")
     if not wheels:
         if extras:
             raise t.fail("extras", "extras without [[wheels]]", "pin the wheels, or drop extras")

@@ -1,0 +1,107 @@
+"""The version matrix: every image verified on the CPU twin with each variant of the pinned
+components (``[variants.NAME]`` in the lock) beside the pinned ones.
+
+A variant swaps a component's wheels; the twin base stays the lock's. Images that bake none
+of a variant's components are the pinned images and are not built again (``same``). Each
+cell is one real build (its components layer cached by content) and one probe run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from k3env.checks.verify import CheckResult, ImageReport
+from k3env.config.lock import Lock
+from k3env.config.spec import ImageSpec
+
+PINNED = "pinned"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cell:
+    variant: str
+    image: str
+    status: str  # pass | fail | same (the image bakes none of the variant's components)
+    versions: str  # the component wheels this cell baked
+    failed: tuple[CheckResult, ...] = ()
+    image_id: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "variant": self.variant,
+            "image": self.image,
+            "status": self.status,
+            "versions": self.versions,
+            "image_id": self.image_id,
+            "failed": [f.as_json() for f in self.failed],
+        }
+
+
+def variant_locks(lock: Lock, names: Sequence[str]) -> list[tuple[str, Lock]]:
+    return [(PINNED, lock)] + [(n, lock.with_variant(lock.variants[n])) for n in names]
+
+
+def run_matrix(
+    lock: Lock,
+    specs: Sequence[ImageSpec],
+    variants: Sequence[str],
+    verify: Callable[[Lock, ImageSpec], ImageReport],
+) -> list[Cell]:
+    """``verify(lock, spec)`` builds and verifies one image over the twin."""
+    cells = []
+    for name, vlock in variant_locks(lock, variants):
+        changed = set(lock.variants[name].components) if name != PINNED else None
+        for spec in specs:
+            versions = ", ".join(
+                f"{w.name} {w.version}" for c in spec.components for w in vlock.components[c].wheels
+            )
+            if changed is not None and not changed & set(spec.components):
+                cells.append(Cell(variant=name, image=spec.name, status="same", versions=versions))
+                continue
+            report = verify(vlock, spec)
+            cells.append(
+                Cell(
+                    variant=name,
+                    image=spec.name,
+                    status="fail" if report.failed else "pass",
+                    versions=versions,
+                    failed=tuple(report.failed),
+                    image_id=report.image_id,
+                )
+            )
+    return cells
+
+
+_MARK = {"pass": "✅", "fail": "❌", "same": "= pinned"}
+
+
+def markdown(lock: Lock, cells: Sequence[Cell]) -> str:
+    """Images x variants; below, each variant's components and each failure's first line."""
+    variants = list(dict.fromkeys(c.variant for c in cells))
+    images = list(dict.fromkeys(c.image for c in cells))
+    at = {(c.variant, c.image): c for c in cells}
+    lines = [
+        "### k3env version matrix (CPU twin)",
+        "",
+        "| image | " + " | ".join(f"`{v}`" for v in variants) + " |",
+        "|---|" + "---|" * len(variants),
+    ]
+    for image in images:
+        row = [_MARK[at[(v, image)].status] for v in variants]
+        lines.append(f"| `{image}` | " + " | ".join(row) + " |")
+    lines.append("")
+    for v in variants:
+        why = lock.variants[v].why if v in lock.variants else "the lock's own pins"
+        baked = sorted({c.versions for c in cells if c.variant == v and c.versions})
+        lines.append(f"- `{v}`: {'; '.join(baked) or 'no components'}. {why}".rstrip())
+    failures = [(c, f) for c in cells for f in c.failed]
+    if failures:
+        lines += ["", "<details><summary>Why each ❌</summary>", ""]
+        for c, f in failures:
+            first = next(iter(f.output.strip().splitlines()), "")
+            where = c.image + (f"/{f.profile}" if f.profile else "")
+            lines.append(f"- `{c.variant}` **{where}** `{f.check}` {f.subject}: {first[:300]}")
+        lines += ["", "</details>"]
+    return "\n".join(lines) + "\n"
