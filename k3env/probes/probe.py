@@ -81,6 +81,22 @@ def run_captured(fn):
     return ok, buf.getvalue()
 
 
+def first_attribute(attribute, *modules):
+    """``attribute`` from the first of ``modules`` that has it (functions move between
+    releases); says where it looked when none does."""
+    looked = []
+    for name in modules:
+        try:
+            module = importlib.import_module(name)
+        except ImportError as e:
+            looked.append(f"{name} ({e})")
+            continue
+        if hasattr(module, attribute):
+            return getattr(module, attribute)
+        looked.append(f"{name} (no {attribute})")
+    raise ImportError(f"{attribute} is in none of: " + "; ".join(looked))
+
+
 def first_import(*names):
     errors = []
     for name in names:
@@ -339,9 +355,13 @@ def parse_vllm_serve(argv):
         args.model = args.model_tag
     commands[args.subparser].validate(args)
     # Parser names pass argparse and fail at server setup (validate_api_server_args): run it.
-    cli_args = first_import(
+    # It moved: 0.31 launchers.launcher (re-exported by openai.api_server), 0.33 common.cli_args.
+    validate = first_attribute(
+        "validate_api_server_args",
         "vllm.entrypoints.common.cli_args",
         "vllm.entrypoints.launchers.cli_args",
+        "vllm.entrypoints.launchers.launcher",
+        "vllm.entrypoints.openai.api_server",
         "vllm.entrypoints.openai.cli_args",
     )
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -351,9 +371,10 @@ def parse_vllm_serve(argv):
     # args would look for the model, which is not on this host.
     if hasattr(AsyncEngineArgs, "create_structured_outputs_config"):
         args.structured_outputs_config = AsyncEngineArgs.create_structured_outputs_config(args)
-    if hasattr(cli_args, "init_parser_plugin"):
-        cli_args.init_parser_plugin(args)
-    cli_args.validate_api_server_args(args)
+    module = sys.modules[validate.__module__]
+    if hasattr(module, "init_parser_plugin"):
+        module.init_parser_plugin(args)
+    validate(args)
     print("accepted")
 
 
@@ -785,6 +806,11 @@ def _search(names, tiers):
                 # find(), not `in`: on a memory-mapped library `in` walks byte by byte.
                 if is_py:
                     hit = data.find(b'"' + raw + b'"') >= 0 or data.find(b"'" + raw + b"'") >= 0
+                    if not hit and b"env_prefix" in data:
+                        field = _settings_field(data, name)
+                        if field:
+                            found[name] = f"{path} ({field})"
+                            continue
                 else:
                     hit = data.find(raw + b"\0") >= 0 or (
                         name.startswith("LD_") and ".so" in path and data.find(raw[3:] + b"\0") >= 0
@@ -794,12 +820,41 @@ def _search(names, tiers):
             if is_py:  # names a Python source reads, for did-you-mean
                 for token in re.findall(rb"[A-Z][A-Z0-9]+_[A-Z0-9_]{2,}", data):
                     tokens.setdefault(token.decode(errors="replace"), path)
+                if b"env_prefix" in data:
+                    for prefix, fields in _settings_classes(data):
+                        for f in fields:
+                            tokens.setdefault(prefix + f.upper(), path)
             else:  # in a large library only the names of the families asked about
                 for name in wanted:
                     family = re.escape(name.split("_", 1)[0].encode() + b"_")
                     for token in re.findall(family + rb"[A-Z0-9_]{2,}(?=\0)", data):
                         tokens.setdefault(token.decode(errors="replace"), path)
     return found, searched, tokens
+
+
+def _settings_classes(data):
+    """(env_prefix, [field names]) of each top-level class in a Python source that sets a
+    pydantic-settings ``env_prefix``: the class reads PREFIX + FIELD from the environment."""
+    out = []
+    text = data.decode("utf-8", "replace")
+    for block in re.split(r"(?m)^(?=class \w)", text):
+        m = re.search(r"env_prefix\s*=\s*[\"']([A-Za-z0-9_]+)[\"']", block)
+        if m and block.startswith("class "):
+            fields = re.findall(r"(?m)^    ([A-Za-z_][A-Za-z0-9_]*)\s*:", block)
+            out.append((m.group(1), [f for f in fields if f != "model_config"]))
+    return out
+
+
+def _settings_field(data, name):
+    """How a pydantic-settings class in this source reads ``name`` (its prefix and field,
+    matched case-insensitively as pydantic-settings does by default), or None."""
+    for prefix, fields in _settings_classes(data):
+        if name.upper().startswith(prefix.upper()):
+            rest = name[len(prefix) :].upper()
+            for f in fields:
+                if f.upper() == rest:
+                    return f"pydantic-settings: env_prefix {prefix!r} + field {f}"
+    return None
 
 
 def _read(path):
