@@ -227,11 +227,8 @@ def requirement_rows(
         Installed(name=str(d["name"]), version=str(d["version"]), requires=tuple(d["requires"]))
         for d in seen.values()
     ]
-    extras = {
-        w.name: lock.components[c].extras
-        for c in spec.components
-        for w in lock.components[c].wheels
-    }
+    # A component's extras belong to its first wheel (ai-dynamo[vllm]), as the lock writes it.
+    extras = {lock.components[c].wheels[0].name: lock.components[c].extras for c in spec.components}
     waivers = lock.twin.waivers() if twin and lock.twin is not None else {}
     unmet = unmet_requirements(
         installed, dict(facts.get("marker_environment") or {}), extras=extras, waived=waivers

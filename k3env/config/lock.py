@@ -124,7 +124,7 @@ class ComponentPin:
 
     name: str  # the lock section: "dynamo", "aiperf"
     wheels: tuple[WheelPin, ...]
-    extras: tuple[str, ...]
+    extras: tuple[str, ...]  # extras of the first wheel in use (ai-dynamo[vllm])
 
     @property
     def identity(self) -> list[dict[str, str]]:
