@@ -943,13 +943,13 @@ DESCRIPTIONS = {
     ),
     "bump": (
         "Change one pin (`bases.NAME TAG` resolves and records the digest; `dynamo TAG|COMMIT` "
-        "resolved on the source, name, version, commit and the baked wheels (by sha256) "
-        "together; `srt-slurm TAG`; `aiperf VERSION`; `container_patches.NAME`) in place (only "
-        "the changed leaves differ), rebuild, verify and preflight before and after, report "
-        "each container patch as applies / upstream (drop it) / conflicts, and write a PR title "
-        "and markdown body; the lock is replaced atomically only when everything passes (or `--keep-failing`); `--commit` makes "
-        "a local branch and commit, never a push. `.github/workflows/pin-bump.yml` runs it for "
-        "each pin `k3env outdated` finds, one PR each"
+        "resolved on the source, name, version, commit and the baked wheels (by sha256) together;"
+        " `srt-slurm TAG`; `aiperf VERSION`; `container_patches.NAME`) in place (only the changed"
+        " leaves differ), rebuild, verify and preflight before and after, report each container "
+        "patch as applies / upstream (drop it) / conflicts, and write a PR title and markdown "
+        "body; the lock is replaced atomically only when everything passes (or `--keep-failing`);"
+        " `--commit` makes a local branch and commit, never a push. `.github/workflows/pin-"
+        "bump.yml` runs it for each pin `k3env outdated` finds, one PR each"
     ),
     "verify": (
         "Check each image from inside, in one container start per image (images in parallel, "
