@@ -120,3 +120,4 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/bench_build.py", *session.posargs)
     session.run("python", "benchmarks/bench_verify.py")
     session.run("python", "benchmarks/bench_export.py")
+    session.run("python", "benchmarks/bench_components.py", *session.posargs)

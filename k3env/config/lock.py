@@ -91,6 +91,9 @@ class TwinPin:
     requires: tuple[str, ...] = ()
     stand_ins: tuple[str, ...] = ()
     omit: tuple[str, ...] = ()
+    # Only releases uploaded before this instant take part in the resolution (uv
+    # --exclude-newer): the same lock resolves to the same file on any day.
+    resolved_before: str | None = None
 
     def waivers(self) -> dict[str, str]:
         """Distribution -> why the twin does not hold a requirement on it against an image."""
@@ -412,6 +415,12 @@ def _twin(t: Table, unresolved: list[Unresolved]) -> TwinPin:
         requires=t.str_list("requires"),
         stand_ins=t.str_list("stand_ins"),
         omit=t.str_list("omit"),
+        resolved_before=t.matching(
+            "resolved_before",
+            re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$"),
+            'write a UTC instant, e.g. "2026-11-30T00:00:00Z"',
+            required=False,
+        ),
     )
     from k3env.versions import requirement_name
 

@@ -109,7 +109,6 @@ class Baked:
     components: tuple[ComponentPin, ...]
     replaced: dict[str, list[str]]  # distribution -> versions the base had (whited out)
     files: int
-    cached: bool
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -143,20 +142,10 @@ def bake(
     key = components_key(base, pins)
     reference = f"{REPOSITORY}:{key[:20]}"
     found = engine.lookup(reference)
-    record = state.read_record("components", key)
-    if found is not None and found.labels.get(LABEL) == key and isinstance(record, dict):
+    if found is not None and found.labels.get(LABEL) == key:
         image = engine.inspect(found.id)
         assert image is not None
-        baked = Baked(
-            key=key,
-            reference=reference,
-            image_id=found.id,
-            components=tuple(pins),
-            replaced=dict(record.get("replaced") or {}),
-            files=int(record.get("files") or 0),
-            cached=True,
-        )
-        return _over(base, reference, image), baked
+        return _over(base, reference, image), _baked(key, reference, found.id, pins, found.labels)
     names = ", ".join(f"{w.name} {w.version}" for c in pins for w in c.wheels)
     with tempfile.TemporaryDirectory(prefix="k3env-components-") as tmp:
         req = Path(tmp) / "req"
@@ -188,7 +177,11 @@ def bake(
         files = layer_files(out, info)
     replaced = {n: [r["version"] for r in rs] for n, rs in sorted(info["replaced"].items())}
     labels = dict(base.image.config.get("Labels") or {})
+    # What the layer holds is said by the image itself: a cache hit on a clean state reads it
+    # back, so everything built over it is the same bytes.
     labels[LABEL] = key
+    labels[f"{LABEL}.replaced"] = json.dumps(replaced, sort_keys=True)
+    labels[f"{LABEL}.files"] = str(sum(1 for f in files if not f.is_dir))
     assembled = assemble(
         base.image,
         files,
@@ -207,20 +200,26 @@ def bake(
             fix="the engine rewrote the config (a containerd image store?); report it",
         )
     engine.tag(assembled.image_id, *reference.split(":"))
-    count = sum(1 for f in files if not f.is_dir)
-    state.write_record({"replaced": replaced, "files": count}, "components", key)
     image = engine.inspect(assembled.image_id)
     assert image is not None
-    baked = Baked(
+    return _over(base, reference, image), _baked(key, reference, image.id, pins, labels)
+
+
+def _baked(
+    key: str,
+    reference: str,
+    image_id: str,
+    pins: Sequence[ComponentPin],
+    labels: Mapping[str, str],
+) -> Baked:
+    return Baked(
         key=key,
         reference=reference,
-        image_id=assembled.image_id,
+        image_id=image_id,
         components=tuple(pins),
-        replaced=replaced,
-        files=count,
-        cached=False,
+        replaced=json.loads(labels.get(f"{LABEL}.replaced") or "{}"),
+        files=int(labels.get(f"{LABEL}.files") or 0),
     )
-    return _over(base, reference, image), baked
 
 
 def _over(base: ResolvedBase, reference: str, image: BaseImage) -> ResolvedBase:

@@ -95,6 +95,8 @@ def resolve_twin(
             argv += ["--find-links", d]
         if index_url:
             argv += ["--index-url", index_url]
+        if twin.resolved_before:
+            argv += ["--exclude-newer", twin.resolved_before]
         with log.step(f"resolve the twin from {lock.path} (uv pip compile)"):
             run(argv, log, capture=True, what="uv pip compile")
         compiled = parse_compiled(out.read_text())

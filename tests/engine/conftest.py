@@ -252,6 +252,13 @@ def old_dynamo_image(engine: DockerEngine, twin_image: str) -> str:
 
 
 @pytest.fixture(scope="session")
+def dynamo_161_image(engine: DockerEngine, twin_image: str) -> str:
+    """The twin with Dynamo 1.6.1 installed into it (a base that carries Dynamo itself, as a
+    serving image may; the lock's own images bake it as a component instead)."""
+    return _dynamo_release(engine, twin_image, "1.6.1")
+
+
+@pytest.fixture(scope="session")
 def dynamo_142_image(engine: DockerEngine, twin_image: str) -> str:
     """The twin with Dynamo 1.4.2, whose worker parser resolves the model path."""
     return _dynamo_release(engine, twin_image, "1.4.2")

@@ -79,11 +79,15 @@ def twin_project(
     monkeypatch: pytest.MonkeyPatch,
     engine: DockerEngine,
     twin_image: str,
+    dynamo_161_image: str,
     old_dynamo_image: str,
 ) -> Path:
-    """A lock pinning the twin as a registry base; Dynamo 1.2.1's image as tag dynamo-1.2.1."""
-    repository, tag = twin_image.rsplit(":", 1)
-    digest = resolve_digest(repository, tag)
+    """A lock pinning the twin with Dynamo 1.6.1 as a registry base; the twin with Dynamo
+    1.2.1 as tag dynamo-1.2.1."""
+    repository = twin_image.rsplit(":", 1)[0]
+    tag = "dynamo-1.6.1"
+    engine.tag(dynamo_161_image, repository, tag)
+    digest = engine.push(repository, tag, lambda _: None).digest
     engine.tag(old_dynamo_image, repository, "dynamo-1.2.1")
     engine.push(repository, "dynamo-1.2.1", lambda _: None)
     monkeypatch.chdir(tmp_path)

@@ -1,0 +1,116 @@
+"""Pinned components baked into real images, against the real engine and the real wheels.
+
+The repository's lock bakes ai-dynamo / ai-dynamo-runtime 1.6.1 and aiperf 0.13.0 over the
+CPU twin; its variant ``dynamo-1.4.2`` swaps in Dynamo 1.4.2, whose frontend does not load the
+``kimi_k3`` tokenizer and whose ``vllm`` extra pins vLLM 0.26.0 (the twin carries 0.31.0).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from k3env.cli import main
+from k3env.config.lock import load_lock
+from k3env.engine.dockerd import DockerEngine
+from k3env.image.bases import ResolvedBase
+from k3env.image.components import LABEL, bake
+from k3env.log import Log
+from k3env.state import State
+
+DYNAMO = "kimi-k3-dynamo"
+
+
+def _only(repo: Path, name: str) -> None:
+    for spec in (repo / "images").glob("*.toml"):
+        if spec.stem != name:
+            spec.unlink()
+
+
+def _in_image(image: str, code: str) -> str:
+    return subprocess.run(
+        ["docker", "run", "--rm", "--network", "none", image, "python3", "-c", code],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+
+
+def test_the_pinned_components_are_baked_and_rebuild_to_the_same_ids(
+    repo: Path, engine: DockerEngine, twin_image: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _only(repo, DYNAMO)
+    assert main(["build", "--twin", "--json", "-q"]) == 0
+    first = json.loads(capsys.readouterr().out)["images"][0]
+    assert first["components"] == ["ai-dynamo 1.6.1", "ai-dynamo-runtime 1.6.1", "aiperf 0.13.0"]
+    image = engine.inspect(first["image_id"])
+    assert image is not None
+    layer = image.config["Labels"][LABEL]
+    # The wheels the lock pins are what the image holds, each once, with hash-checked .pyc.
+    found = json.loads(_in_image(first["image_id"], (
+        "import importlib.metadata as m, json, importlib.util as u\n"
+        "names = ('ai-dynamo', 'ai-dynamo-runtime', 'aiperf')\n"
+        "ds = [(d.metadata['Name'], d.version) for d in m.distributions()\n"
+        "      if d.metadata['Name'] in names]\n"
+        "pyc = u.cache_from_source(m.distribution('aiperf').locate_file('aiperf/__init__.py'))\n"
+        "print(json.dumps([sorted(ds), open(pyc, 'rb').read(8)[4:8].hex()]))\n"
+    )))  # fmt: skip
+    assert found[0] == [["ai-dynamo", "1.6.1"], ["ai-dynamo-runtime", "1.6.1"],
+                        ["aiperf", "0.13.0"]]  # fmt: skip
+    assert found[1] == "03000000"  # PEP 552 flags: hash-based, checked
+    # Removed from the engine (layer and image) and rebuilt on a clean state: the same IDs.
+    subprocess.run(["docker", "rmi", "-f", first["image_id"], f"k3env/components:{layer[:20]}"],
+                   check=True, capture_output=True)  # fmt: skip
+    assert engine.lookup(f"k3env/components:{layer[:20]}") is None
+    (repo / "state").rename(repo / "state.old")
+    assert main(["build", "--twin", "--json", "-q"]) == 0
+    again = json.loads(capsys.readouterr().out)["images"][0]
+    assert again["cached"] is False
+    assert again["image_id"] == first["image_id"]
+
+
+def test_a_variant_without_kimi_k3_and_with_another_vllm_pin_fails_verify_for_both(
+    repo: Path, engine: DockerEngine, twin_image: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _only(repo, DYNAMO)
+    md = repo / "matrix.md"
+    assert main(["matrix", "--variant", "dynamo-1.4.2", "--json", "--markdown", str(md)]) == 0
+    cells = {c["variant"]: c for c in json.loads(capsys.readouterr().out)["cells"]}
+    assert cells["dynamo-1.4.2"]["versions"].startswith("ai-dynamo 1.4.2, ai-dynamo-runtime 1.4.2")
+
+    def failed(variant: str) -> dict[str, str]:
+        return {f"{f['check']} {f['subject']}": f["output"] for f in cells[variant]["failed"]}
+
+    old, pinned = failed("dynamo-1.4.2"), failed("pinned")
+    # The released 1.4.2 frontend does not load kimi_k3: the verdict names what it supports.
+    tokenizer = old["tokenizer model_type kimi_k3"]
+    assert "kimi, kimi_k2, kimi_k25, kimi_linear, deepseek_v3" in tokenizer
+    assert "tokenizer model_type kimi_k3" not in pinned  # 1.6.1 loads it
+    # Its vllm extra pins another vLLM: named with both packages and the installed version.
+    assert old["versions requires ai-dynamo"] == (
+        "ai-dynamo 1.4.2 requires vllm[flashinfer,otel,runai]==0.26.0 (extra vllm); "
+        "installed vllm 0.31.0"
+    )
+    assert not any(k.startswith("versions requires") for k in pinned)
+    assert "| `kimi-k3-dynamo` |" in md.read_text()
+
+
+def test_a_base_that_already_has_another_release_keeps_only_the_pinned_one(
+    repo: Path, engine: DockerEngine, dynamo_142_image: str
+) -> None:
+    """Like pip's uninstall: the old release's files are whited out, its metadata gone."""
+    lock = load_lock(repo / "pins/k3.lock.toml")
+    image = engine.inspect(dynamo_142_image)
+    assert image is not None
+    base = ResolvedBase(pin=lock.bases["cpu-twin"], reference=dynamo_142_image,
+                        name=dynamo_142_image, digest=None, image=image)  # fmt: skip
+    over, baked = bake(engine, State(repo / "state"), Log(quiet=True), base,
+                       [lock.components["dynamo"]])  # fmt: skip
+    assert baked.replaced == {"ai-dynamo": ["1.4.2"], "ai-dynamo-runtime": ["1.4.2"]}
+    versions = json.loads(_in_image(over.image.id, (
+        "import importlib.metadata as m, json\n"
+        "print(json.dumps(sorted((d.metadata['Name'], d.version) for d in m.distributions()\n"
+        "                        if d.metadata['Name'].startswith('ai-dynamo'))))\n"
+    )))  # fmt: skip
+    assert versions == [["ai-dynamo", "1.6.1"], ["ai-dynamo-runtime", "1.6.1"]]
