@@ -40,7 +40,7 @@ from k3env.image.wheels import download_wheels
 from k3env.log import Log
 from k3env.state import State
 
-COMPONENTS_FORMAT = 1
+COMPONENTS_FORMAT = 2  # 2: what the layer replaced and holds is in its labels
 REPOSITORY = "k3env/components"
 LABEL = "io.k3env.components"
 OUT = "/k3env/out"

@@ -67,8 +67,9 @@ Verdicts = dict[tuple[str | None, str, str], dict[str, Any]]
 
 
 @pytest.fixture(scope="session")
-def twin_probe(engine: DockerEngine, twin_image: str) -> tuple[Verdicts, dict[str, Any]]:
-    """Every probe of the twin, in one container start: (verdicts, facts)."""
+def twin_probe(engine: DockerEngine, dynamo_161_image: str) -> tuple[Verdicts, dict[str, Any]]:
+    """Every probe of the twin with Dynamo 1.6.1 installed, in one container start:
+    (verdicts, facts)."""
     p = plan(
         profiles=[
             profile("good", ("vllm-serve", GOOD_SERVE), tool="kimi_k3", reasoning="kimi_k3"),
@@ -114,14 +115,14 @@ def twin_probe(engine: DockerEngine, twin_image: str) -> tuple[Verdicts, dict[st
             "PYTORCH_CUDA_ALLOC_CONFIG": None,
             # Read with os.environ.get outside vllm/envs.py.
             "VLLM_SNAPSHOT_TIMEOUT_S": None,
-            # vLLM 0.33.0 has --prefix-cache-retention-interval instead.
+            # vLLM 0.31.0 has --prefix-cache-retention-interval instead.
             "VLLM_PREFIX_CACHE_RETENTION_INTERVAL": None,
             "PYTHONHASHSEED": None,
         },
-        versions={"vllm": "0.33.0", "dynamo": "1.6.1", "torch": "2.99.0"},
+        versions={"vllm": "0.31.0", "dynamo": "1.6.1", "torch": "2.99.0"},
         tokenizer_candidates=["kimi_k2", "kimi_k3"],
     )
-    out = run_probe(engine, twin_image, "python3", p, timeout=300)
+    out = run_probe(engine, dynamo_161_image, "python3", p, timeout=300)
     return results_by(out.rows), {**out.facts, "patch_targets": out.patch_targets}
 
 
@@ -143,7 +144,7 @@ def test_unknown_flag_is_rejected_with_the_parsers_own_message(
     r = twin_verdicts[("unknown-flag", "args", "commands[0] vllm-serve")]
     assert r["status"] == "fail"
     assert "unrecognized arguments: --no-such-flag" in r["output"]
-    assert r["version"] == "0.33.0"
+    assert r["version"] == "0.31.0"
 
 
 def test_unknown_tool_parser_passes_argparse_but_fails_server_setup(
@@ -223,7 +224,7 @@ def test_patch_presence_is_judged_on_the_images_own_file(
 
 def test_unread_env_is_reported(twin_verdicts: dict[Any, Any]) -> None:
     nothing = twin_verdicts[(None, "env", "K3ENV_NOTHING_READS_THIS")]
-    assert nothing["status"] == "fail" and "searched vllm 0.33.0" in nothing["output"]
+    assert nothing["status"] == "fail" and "searched vllm 0.31.0" in nothing["output"]
     assert twin_verdicts[(None, "env", "VLLM_TARGET_DEVICE")]["component"] == "vllm"
 
 
@@ -317,4 +318,5 @@ def test_verify_cli_on_a_twin_image_writes_matrix_and_facts(
     }
     assert "| `kimi-k3-direct-d` |" in md.read_text()
     facts = State().read_record("facts", image["image_id"])
-    assert facts["versions"]["vllm"] == "0.33.0"
+    assert facts["versions"]["vllm"] == "0.31.0"
+    assert facts["versions"]["aiperf"] == "0.13.0"  # baked from the lock's wheel
