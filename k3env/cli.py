@@ -183,19 +183,23 @@ def _resolve_twin(args: argparse.Namespace, lock: Lock, log: Log) -> int:
     from k3env.config.lock_edit import set_leaves
     from k3env.files import write_atomic
     from k3env.hashing import digest_hex, sha256_digest
+    from k3env.image.twin import resolve_debian
     from k3env.image.twinresolve import resolve_twin
 
     resolved = resolve_twin(lock, log, find_links=args.find_links, index_url=args.index_url)
     assert lock.twin is not None
-    path = lock.resolve_path(lock.twin.requirements)
-    sha = digest_hex(sha256_digest(resolved.text.encode()))
-    # The file first, then its hash: an interruption between leaves a mismatch that
+    files = {"requirements": (lock.twin.requirements, resolved.text)}
+    if lock.twin.debian:
+        files["debian"] = (lock.twin.debian, resolve_debian(lock, log))
+    # The files first, then their hashes: an interruption between leaves a mismatch that
     # `k3env lock --check` reports, never a lock that vouches for a file it has not seen.
-    write_atomic(path, resolved.text.encode())
-    changes = set_leaves(args.lock, {"twin.requirements_sha256": sha})
+    hashes = {}
+    for key, (rel, text) in files.items():
+        write_atomic(lock.resolve_path(rel), text.encode())
+        hashes[f"twin.{key}_sha256"] = digest_hex(sha256_digest(text.encode()))
+    changes = set_leaves(args.lock, hashes)
     payload = {
-        "requirements": str(path),
-        "sha256": sha,
+        "files": {rel: hashes[f"twin.{key}_sha256"] for key, (rel, _) in files.items()},
         "packages": resolved.packages,
         "components": resolved.components,
         "changes": [c.__dict__ for c in changes],
@@ -204,8 +208,14 @@ def _resolve_twin(args: argparse.Namespace, lock: Lock, log: Log) -> int:
         args,
         payload,
         lambda: print(
-            f"{path}: {resolved.packages} pinned wheels (+{resolved.components} baked as "
-            f"components), sha256 {sha[:16]} recorded in {args.lock}"
+            f"{lock.twin.requirements if lock.twin else ''}: {resolved.packages} pinned wheels "
+            f"(+{resolved.components} baked as components)"
+            + (
+                f"; {lock.twin.debian}: the Debian package set"
+                if lock.twin and lock.twin.debian
+                else ""
+            )
+            + f"; sha256 recorded in {args.lock}"
         ),
     )
     return 0

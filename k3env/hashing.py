@@ -38,3 +38,23 @@ def digest_hex(digest: str) -> str:
     """The hex part of ``sha256:<hex>`` (a bare hex string is returned as it is): the form
     every cache file keyed by an image ID or a digest is named by."""
     return digest.removeprefix("sha256:")
+
+
+class HashingWriter:
+    """A write-only stream over ``fh`` that computes the sha256 of what passes through it
+    (``digest``: ``sha256:<hex>``), e.g. a layer tar written to disk."""
+
+    def __init__(self, fh: Any) -> None:
+        self.fh, self._h, self.size = fh, hashlib.sha256(), 0
+
+    def write(self, data: bytes) -> int:
+        self._h.update(data)
+        self.size += len(data)
+        return int(self.fh.write(data))
+
+    def tell(self) -> int:
+        return self.size
+
+    @property
+    def digest(self) -> str:
+        return "sha256:" + self._h.hexdigest()

@@ -13,16 +13,55 @@ from contextlib import contextmanager
 
 
 class Log:
-    def __init__(self, *, quiet: bool = False) -> None:
+    # Off a terminal, a live status (a transfer's progress) is printed at most this often.
+    LIVE_INTERVAL = 3.0
+
+    def __init__(self, *, quiet: bool = False, tty: bool | None = None) -> None:
         self.quiet = quiet
+        self.tty = sys.stderr.isatty() if tty is None else tty
+        self._live_shown = True  # whether the last live status has been printed
+        self._live_text = ""
+        self._live_at = 0.0
+        self._live_open = False  # a status line is on the terminal without its newline
+
+    def _end_live(self) -> None:
+        if self._live_open:
+            sys.stderr.write("\n")
+            self._live_open = False
 
     def info(self, message: str) -> None:
         if not self.quiet:
+            self._end_live()
             print(message, file=sys.stderr, flush=True)
 
     def detail(self, message: str) -> None:
         if not self.quiet and message:
+            self._end_live()
             print(f"    {message}", file=sys.stderr, flush=True)
+
+    def live(self, message: str) -> None:
+        """A status that replaces the previous one (a transfer's bar): redrawn in place on a
+        terminal, else one line every few seconds. An empty message ends it (the last
+        status is then always shown)."""
+        if self.quiet:
+            return
+        if not message:
+            if self.tty:
+                self._end_live()
+            elif not self._live_shown:
+                print(f"    {self._live_text}", file=sys.stderr, flush=True)
+            self._live_shown = True
+            return
+        self._live_text, self._live_shown = message, False
+        if self.tty:
+            sys.stderr.write(f"\r\x1b[K    {message}")
+            sys.stderr.flush()
+            self._live_open = True
+            self._live_shown = True
+        elif (now := time.monotonic()) - self._live_at >= self.LIVE_INTERVAL:
+            self._live_at = now
+            print(f"    {message}", file=sys.stderr, flush=True)
+            self._live_shown = True
 
     def command(self, argv: list[str]) -> None:
         self.info("+ " + " ".join(argv))

@@ -511,11 +511,14 @@ class FakeEngine:
         mounts: Mapping[str, str] | None = None,
         writable: Mapping[str, str] | None = None,
         user: str | None = None,
+        progress: Progress | None = None,
     ) -> RunResult:
         self._call("run", image, tuple(argv))
         self._require(image, "cannot create a container")
         for handler in reversed(self._run_handlers):
-            result = handler(image, list(argv), dict(env or {}), dict(mounts or {}))
+            # Read-write mounts too: a handler playing an installer writes into them.
+            both = {**(mounts or {}), **(writable or {})}
+            result = handler(image, list(argv), dict(env or {}), both)
             if result is not None:
                 return result
         result = self._module_lookup(image, list(argv))
@@ -602,7 +605,9 @@ class FakeEngine:
         self._store(image)
         self.refs[_normalize_ref(reference)] = image.id
 
-    def load(self, archive: bytes) -> str:
+    def load(self, archive: bytes | Path) -> str:
+        if isinstance(archive, Path):
+            archive = archive.read_bytes()
         self._call("load", sha256_digest(archive))
         self.archives.append(archive)
         members: dict[str, bytes] = {}

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from k3env.config.lock import BasePin
+from k3env.engine.protocol import RunResult
 from k3env.errors import EngineError, PatchError, SecretError
 from k3env.hashing import sha256_digest
 from k3env.image import twin
@@ -25,7 +26,6 @@ from .fake_engine import (
     FIXED,
     MODULE_FILE,
     REPOSITORY,
-    Commit,
     FakeEngine,
     PatchPin,
     Project,
@@ -280,11 +280,12 @@ repository = "k3env/cpu-twin"
 """
 
 
-def test_build_over_the_cpu_twin_imports_commits_and_pushes_it(
+def test_build_over_the_cpu_twin_assembles_its_layer_and_pushes_it(
     fake_engine: FakeEngine, fake_project: Project, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The twin path end to end over the fake: stage 1 imported, wheels installed by
-    run_and_commit (the test plays pip), pushed, then the derived image built over it."""
+    """The twin path end to end over the fake: stage 1 present, the wheels installed by a
+    throwaway container into a host directory (the test plays pip), that tree assembled by
+    k3env as one layer dated the lock's instant, pushed, then the derived image over it."""
     root = fake_project.root
     base = fake_project.bases["testbase"]
     write_project(
@@ -296,13 +297,15 @@ def test_build_over_the_cpu_twin_imports_commits_and_pushes_it(
             f'digest = "{base.digest}"\n', f'digest = "{base.digest}"\ntwin = "cpu-twin"\n'
         )
         + TWIN
+        + 'resolved_before = "2026-11-30T00:00:00Z"\n'
     )
     (root / "pins/twin.requirements.txt").write_text(
         "vllm==0.33.0 --hash=sha256:" + "0" * 64 + "\n"
     )
     lock = fake_project.lock()
     plan = twin.plan(lock)
-    # Stage 1 as debootstrap + `docker import` leave it: Python, no k3test yet.
+    assert plan.epoch == 1795996800  # 2026-11-30T00:00:00Z
+    # Stage 1 as an earlier run left it: Python, no k3test yet.
     rootfs = root / "rootfs.tar"
     rootfs.write_bytes(
         layer_tar({"/usr/bin/python3": b"\x7fELF", "/usr/lib/python3/dist-packages/README": ""})
@@ -313,14 +316,24 @@ def test_build_over_the_cpu_twin_imports_commits_and_pushes_it(
     monkeypatch.setattr(twin, "download_wheels", lambda p, state, log: wheels)
     installs: list[dict[str, str]] = []
 
-    def pip_install(image: str, argv: list[str], mounts: dict[str, str]) -> Commit:
+    def pip_install(
+        image: str, argv: list[str], env: dict[str, str], mounts: dict[str, str]
+    ) -> RunResult | None:
+        if "/k3env/out" not in mounts.values():
+            return None
         installs.append(mounts)
-        return Commit(
-            output="installing 1 pinned wheels\n",
-            files={MODULE_FILE: BUGGY, MODULE_FILE.replace("mod.py", "__init__.py"): ""},
+        host = {v: Path(k) for k, v in mounts.items()}
+        assert env["SOURCE_DATE_EPOCH"] == str(plan.epoch)
+        target = host["/k3env/out"] / MODULE_FILE.lstrip("/")
+        target.parent.mkdir(parents=True)
+        target.write_text(BUGGY)
+        (target.parent / "__init__.py").write_text("")
+        (host["/k3env/meta"] / "meta.json").write_text(
+            json.dumps({"dirs": {"/usr/lib/python3/dist-packages": [0o755, 0, 0]}})
         )
+        return RunResult(exit_code=0, stdout="installing 1 pinned wheels\n", stderr="")
 
-    fake_engine.on_commit(pip_install)
+    fake_engine.on_run(pip_install)
     result = make_builder(lock, fake_engine, fake_project.state, QUIET, True).build(
         fake_project.spec(lock)
     )
@@ -332,6 +345,7 @@ def test_build_over_the_cpu_twin_imports_commits_and_pushes_it(
     assert twin_image.diff_ids[:-1] == stage1_image.diff_ids  # one layer over stage 1
     assert twin_image.config["Labels"] == {twin.LABEL: plan.inputs}
     assert twin_image.config["Cmd"] == ["python3"]
+    assert twin_image.created == "2026-11-30T00:00:00Z"  # the lock's instant, not the clock
     assert [p.repository for p in fake_engine.pushes] == [plan.reference.rsplit(":", 1)[0]]
     assert "pull" not in fake_engine.verbs
     assert result.twin is True and result.base == plan.reference

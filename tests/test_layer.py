@@ -3,6 +3,7 @@ from __future__ import annotations
 import io
 import json
 import tarfile
+from pathlib import Path
 
 from k3env.engine.protocol import BaseImage
 from k3env.image.layer import LayerFile, assemble, docker_archive, epoch_of, layer_tar
@@ -72,3 +73,72 @@ def test_docker_archive_carries_only_the_new_layer() -> None:
     assert manifest[0]["RepoTags"] is None
     assert manifest[0]["Layers"][0] not in names  # the base's layer is referenced, not carried
     assert manifest[0]["Layers"][1] in names
+
+
+def test_a_tree_layer_is_a_function_of_the_tree_not_of_when_or_in_what_order_it_was_written(
+    tmp_path: Path,
+) -> None:
+    import os
+    import tarfile as tf
+
+    from k3env.image.layer import tree_layer
+
+    def make(root: Path, order: list[str], stamp: int) -> None:
+        for name in order:
+            path = root / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(name)
+            os.utime(path, (stamp, stamp))
+        os.link(root / "usr/bin/python3", root / "usr/bin/python3.11")
+        os.symlink("python3", root / "usr/bin/py")
+
+    names = ["usr/bin/python3", "usr/lib/a.py", "etc/x", "usr/lib/b/c.py"]
+    a, b = tmp_path / "a", tmp_path / "b"
+    make(a, names, 1_500_000_000)
+    make(b, list(reversed(names)), 2_000_000_000)  # another order, a later clock
+    clamp = 1_000_000_000
+    da = tree_layer(a, tmp_path / "a.tar", mtime=clamp)
+    db = tree_layer(b, tmp_path / "b.tar", mtime=clamp)
+    assert da == db and (tmp_path / "a.tar").read_bytes() == (tmp_path / "b.tar").read_bytes()
+    with tf.open(tmp_path / "a.tar") as tar:
+        members = tar.getmembers()
+    assert [m.name for m in members] == sorted(m.name for m in members)
+    assert {m.mtime for m in members} == {clamp}  # every later mtime clamped
+    link = next(m for m in members if m.name == "usr/bin/python3.11")
+    assert link.islnk() and link.linkname == "usr/bin/python3"  # hard links kept
+    assert next(m for m in members if m.name == "usr/bin/py").linkname == "python3"
+    assert {m.uname for m in members} == {""}
+    # An earlier mtime stays (clamped, never raised).
+    (a / "old").write_text("x")
+    os.utime(a / "old", (5, 5))
+    tree_layer(a, tmp_path / "c.tar", mtime=clamp)
+    with tf.open(tmp_path / "c.tar") as tar:
+        assert tar.getmember("old").mtime == 5
+
+
+def test_the_debian_package_set_names_what_moved(tmp_path: Path) -> None:
+    from k3env.image.twin import Deb, debs_in, moved
+
+    (tmp_path / "python3.11_3.11.2-6+deb12u6_amd64.deb").write_bytes(b"a")
+    (tmp_path / "libc6_2.36-9+deb12u13_amd64.deb").write_bytes(b"b")
+    (tmp_path / "tzdata_2025b-0+deb12u2_all.deb").write_bytes(b"c")
+    (tmp_path / "perl-base_5.36.0-7%3a1_amd64.deb").write_bytes(b"d")
+    fetched = debs_in(tmp_path)
+    assert [(d.package, d.version, d.arch) for d in fetched] == [
+        ("libc6", "2.36-9+deb12u13", "amd64"),
+        ("perl-base", "5.36.0-7:1", "amd64"),
+        ("python3.11", "3.11.2-6+deb12u6", "amd64"),
+        ("tzdata", "2025b-0+deb12u2", "all"),
+    ]
+    pinned = {d.package: d for d in fetched}
+    assert moved(pinned, fetched) == []
+    pinned["python3.11"] = Deb(package="python3.11", version="3.11.2-6+deb12u5", arch="amd64",
+                               sha256="0" * 64)  # fmt: skip
+    del pinned["tzdata"]
+    pinned["gone"] = Deb(package="gone", version="1", arch="all", sha256="1" * 64)
+    assert moved(pinned, fetched) == [
+        "gone 1: pinned, not fetched",
+        f"python3.11: 3.11.2-6+deb12u5 -> 3.11.2-6+deb12u6, sha256 000000000000 -> "
+        f"{fetched[2].sha256[:12]}",
+        "tzdata 2025b-0+deb12u2: fetched, not pinned",
+    ]

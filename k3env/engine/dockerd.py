@@ -125,10 +125,13 @@ def _binds(
 
 class Transfer:
     """Readable progress of a push or pull from the engine's event stream: per layer bytes
-    done of total, summed, at most one line every few seconds (the engine sends an event per
-    chunk, and a status line per layer that says nothing of how far it is)."""
+    done of total, summed, with a bar, a status every quarter second (the engine sends an
+    event per chunk, and a status line per layer that says nothing of how far it is). The
+    ``progress`` callback decides how often to show it (``Log.live``: redrawn in place on a
+    terminal, a line every few seconds otherwise); an empty status ends the transfer."""
 
-    INTERVAL = 3.0
+    INTERVAL = 0.25
+    BAR = 24
 
     def __init__(self, verb: str, progress: Progress) -> None:
         self.verb = verb
@@ -164,13 +167,19 @@ class Transfer:
         busy = sorted(set(self.total) - self.finished)
         text = f"{len(self.finished)}/{len(seen)} layers {self.verb}"
         if total:
-            text += f", {done / 1e6:.1f} of {total / 1e6:.1f} MB ({100 * done // total}%)"
+            filled = self.BAR * done // total
+            bar = "#" * filled + "-" * (self.BAR - filled)
+            text = (
+                f"[{bar}] {100 * done // total:3d}% {done / 1e6:.1f} of {total / 1e6:.1f} MB, "
+                + text
+            )
         if busy:
             text += f"; in flight: {', '.join(busy[:3])}{' ...' if len(busy) > 3 else ''}"
         return text
 
     def done(self) -> None:
         self.progress(self.line())
+        self.progress("")
 
 
 class DockerEngine:
@@ -345,6 +354,7 @@ class DockerEngine:
         mounts: Mapping[str, str] | None = None,
         writable: Mapping[str, str] | None = None,
         user: str | None = None,
+        progress: Progress | None = None,
     ) -> RunResult:
         container = self._create(
             image,
@@ -360,6 +370,8 @@ class DockerEngine:
         try:
             with self._reported(f"running `{' '.join(argv)}`", image):
                 self.http.call("POST", f"/containers/{container}/start")
+                if progress is not None:  # each line as it comes, until the command exits
+                    self._follow(container, progress)
                 try:
                     # The daemon sends the reply's head at once and its body when the
                     # container exits: the socket timeout is the run's timeout.
@@ -408,8 +420,15 @@ class DockerEngine:
             )
         # Binds only (no Config.Volumes): the mount points must not become VOLUMEs of the
         # committed image.
+        # No network: what it installs is mounted in (and a second engine on the host can
+        # take the default bridge away).
         container = self._create(
-            image, {"Cmd": list(argv), "HostConfig": {"Binds": _binds(mounts)}}
+            image,
+            {
+                "Cmd": list(argv),
+                "NetworkDisabled": True,
+                "HostConfig": {"NetworkMode": "none", "Binds": _binds(mounts)},
+            },
         )
         try:
             with self._reported(f"running `{' '.join(argv)}`", image):
@@ -464,7 +483,7 @@ class DockerEngine:
                 transfer.update(event)
             transfer.done()
 
-    def load(self, archive: bytes) -> str:
+    def load(self, archive: bytes | Path) -> str:
         loaded = []
         fix = "check that the base image is in this engine (k3env pulls it by digest)"
         with self._reported("docker load", "docker load", fix):

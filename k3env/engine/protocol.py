@@ -97,12 +97,14 @@ class Engine(Protocol):
         mounts: Mapping[str, str] | None = None,
         writable: Mapping[str, str] | None = None,
         user: str | None = None,
+        progress: Progress | None = None,
     ) -> RunResult:
         """Run ``argv`` (entrypoint replaced) with no network; the container is always removed.
         ``mounts`` are read-only host directories, ``writable`` read-write ones; ``user`` is
-        ``UID:GID`` to run as (the image's user otherwise)."""
+        ``UID:GID`` to run as (the image's user otherwise); ``progress`` gets each output line
+        as it comes (the run's own timeout then bounds only the wait after it)."""
 
-    def load(self, archive: bytes) -> str:
+    def load(self, archive: bytes | Path) -> str:
         """``docker load`` an archive; returns the loaded image ID."""
 
     def tag(self, image_id: str, repository: str, tag: str) -> None: ...

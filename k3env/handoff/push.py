@@ -42,7 +42,7 @@ def push_image(engine: Engine, state: State, build: BuildResult, registry: str, 
     refuse_to_move(repository, tag, build.image_id)
     engine.tag(build.image_id, repository, tag)
     try:
-        result = engine.push(repository, tag, log.detail)
+        result = engine.push(repository, tag, log.live)
     except BaseException:
         # The registry tag was never written: the local one made for the push goes too.
         engine.remove(f"{repository}:{tag}")

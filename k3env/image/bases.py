@@ -42,7 +42,7 @@ def registry_base(engine: Engine, log: Log) -> BaseResolver:
         image = engine.inspect(ref)
         if image is None:
             with log.step(f"pull {ref}"):
-                engine.pull(ref, log.detail)
+                engine.pull(ref, log.live)
             image = engine.inspect(ref)
             if image is None:
                 raise EngineError("pulled image not found", where=ref, fix="pull it by hand")

@@ -24,7 +24,7 @@ from k3env.engine.protocol import Engine, ImageFile
 from k3env.errors import EngineError, PatchError
 from k3env.hashing import canonical_sha256, digest_hex, file_sha256, sha256_digest
 from k3env.image.bases import ResolvedBase, registry_base, select_base
-from k3env.image.components import Baked, bake
+from k3env.image.components import COMPONENTS_FORMAT, Baked, bake
 from k3env.image.envpolicy import baked_env, merge_env
 from k3env.image.layer import LayerFile, assemble, docker_archive, runtime_config
 from k3env.image.patches import APPLIED, SKIPPED, PatchResult, apply_patch
@@ -232,9 +232,11 @@ class Builder:
                 "spec": spec.sha256,
                 "spec_name": spec.name,
                 "patches": {p.name: file_sha256(p.path) for p in patches},
+                # How the components layer is made is part of what this image is.
                 "components": [
                     {"name": c, "wheels": self.lock.components[c].identity} for c in spec.components
                 ],
+                "components_format": COMPONENTS_FORMAT if spec.components else None,
                 "twin": self.twin,
             }
         )

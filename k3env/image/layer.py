@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import stat
 import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from k3env.config.shapes import control_character, is_normal_absolute_path
 from k3env.engine.protocol import BaseImage, HistoryEntry
 from k3env.errors import PatchError
-from k3env.hashing import sha256_digest
+from k3env.hashing import HashingWriter, sha256_digest
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,3 +184,64 @@ def docker_archive(assembled: Assembled, base_diff_ids: Sequence[str]) -> bytes:
             info.mtime = 0
             tar.addfile(info, io.BytesIO(data))
     return buf.getvalue()
+
+
+def tree_layer(
+    root: Path,
+    out: Path,
+    *,
+    mtime: int,
+    owners: bool = True,
+    dirs: Mapping[str, Sequence[int]] | None = None,
+) -> str:
+    """Write the tree under ``root`` as a layer tar at ``out``, streamed from disk: entries
+    sorted, every mtime clamped to ``mtime``, no user or group names, hard links kept.
+    ``owners=False`` makes every entry 0:0 (a tree written by an unprivileged installer);
+    ``dirs`` gives (mode, uid, gid) for directories the layer shares with its base. Returns
+    the layer's diff ID."""
+    with out.open("wb") as fh:
+        sink = HashingWriter(fh)
+        with tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
+            paths: list[Path] = []
+            for current, subdirs, names in os.walk(root):
+                subdirs.sort()
+                base = Path(current)
+                paths.extend(base / n for n in sorted(names + subdirs))
+            for path in sorted(paths, key=lambda p: p.relative_to(root).as_posix()):
+                name = path.relative_to(root).as_posix()
+                check_entry_path("/" + name)
+                info = tar.gettarinfo(str(path), arcname=name)
+                info.mtime = min(int(info.mtime), mtime)
+                info.uname = info.gname = ""
+                if not owners:
+                    info.uid = info.gid = 0
+                    if info.isreg() or info.isdir():
+                        info.mode = 0o755 if info.mode & 0o111 or info.isdir() else 0o644
+                if info.isdir() and dirs and ("/" + name) in dirs:
+                    info.mode, info.uid, info.gid = (int(v) for v in dirs["/" + name])
+                if info.isreg():
+                    with path.open("rb") as src:
+                        tar.addfile(info, src)
+                elif not stat.S_ISSOCK(path.lstat().st_mode):
+                    tar.addfile(info)
+    return sink.digest
+
+
+def archive_file(config_json: bytes, layer: Path, diff_ids: Sequence[str], out: Path) -> str:
+    """A ``docker load`` archive at ``out`` holding the config and one layer file (the last
+    of ``diff_ids``); the others are the base's, found by chain ID. Returns the image ID."""
+    image_id = sha256_digest(config_json)
+    layers = [f"{d.split(':', 1)[1]}/layer.tar" for d in diff_ids]
+    config_name = image_id.split(":", 1)[1] + ".json"
+    manifest = [{"Config": config_name, "RepoTags": None, "Layers": layers}]
+    with tarfile.open(out, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in ((config_name, config_json),
+                           ("manifest.json", json.dumps(manifest).encode())):  # fmt: skip
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        info = tarfile.TarInfo(layers[-1])
+        info.size = layer.stat().st_size
+        with layer.open("rb") as f:
+            tar.addfile(info, f)
+    return image_id

@@ -1,77 +1,146 @@
-"""The CPU twin: a stand-in for the GPU serving image, built here from real parts.
+"""The CPU twin: a stand-in for the GPU serving image, built here from real parts, the same
+bytes on any clean engine from the same lock.
 
-Debian (debootstrap) + the image's Python + the real PyPI wheels of vLLM, Dynamo and CPU
-torch, every wheel pinned by sha256 in ``[twin].requirements``. Built once, cached by the
-content hash of its inputs, pushed to the local registry so that derived images name it by
-digest like any other base. Two stages, each cached on its own:
+Debian (debootstrap) + the image's Python + the real PyPI wheels of vLLM, CPU torch and the
+rest of the closure ``k3env twin --resolve`` wrote into ``[twin].requirements`` (every wheel
+by sha256) and ``[twin].debian`` (every ``.deb`` by sha256). Built once, cached by the content
+hash of its inputs, pushed to the local registry so that derived images name it by digest
+like any other base. Two stages, each cached on its own, each one layer k3env assembles
+itself (sorted entries, every mtime clamped to ``[twin].resolved_before``, a config k3env
+writes, dated the same instant), so the image ID is known before the engine loads it:
 
-1. ``k3env/debian-python:<hash>``: ``debootstrap --variant=minbase`` + ``docker import``;
-2. ``REGISTRY/REPOSITORY:<hash>``: the wheels installed ``--no-deps --require-hashes`` from a
-   host wheelhouse mounted read-only, byte-compiled (cold imports 16-18 s -> 6-8 s).
+1. ``k3env/debian-python:<hash>``: ``debootstrap --variant=minbase`` with
+   ``SOURCE_DATE_EPOCH`` (and Perl's hash order fixed: debconf writes its databases in it);
+   the ``.deb`` files it fetched must be the ones the lock pins, else the build fails naming
+   each package that moved; apt's caches, logs and the build host's files are left out.
+2. ``REGISTRY/REPOSITORY:<hash>``: the wheels installed ``--no-deps --require-hashes --root``
+   into a host directory by a throwaway container of stage 1, every file dated the clamp
+   instant, then byte-compiled one file at a time in sorted order (timestamp ``.pyc`` whose
+   header holds that instant, so they stay valid in the image and in an enroot export; cold
+   imports 16-18 s -> 6-8 s).
 """
 
 from __future__ import annotations
 
+import json
+import os
 import tempfile
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
+from k3env import __version__
 from k3env.config.lock import BasePin, Lock, TwinPin
-from k3env.engine.protocol import Engine
+from k3env.engine.protocol import BaseImage, Engine
 from k3env.engine.registry import manifest_exists, refuse_to_move
 from k3env.errors import EngineError, LockError
 from k3env.hashing import canonical_sha256, file_sha256
 from k3env.image.bases import ResolvedBase
+from k3env.image.layer import archive_file, tree_layer
 from k3env.image.wheels import download_wheels
 from k3env.log import Log
 from k3env.runner import require_tool, run
 from k3env.state import State
 
-TWIN_FORMAT = 3  # 3: no VOLUMEs from build mounts, no build-host files from debootstrap
-STAGE1_FORMAT = 2  # 2: the build host's hostname, resolv.conf and apt/dpkg logs removed
+TWIN_FORMAT = 4  # 4: both stages assembled by k3env, dated [twin].resolved_before
+STAGE1_FORMAT = 3  # 3: the .debs pinned by sha256, a layer k3env writes (no docker import)
 STAGE1_REPOSITORY = "k3env/debian-python"
 LABEL = "io.k3env.twin.inputs"
+PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+# What debootstrap leaves that is about the build, not the image.
+_LEFTOVERS = (
+    "var/cache/apt/archives",
+    "var/lib/apt/lists",
+    "var/log/apt",
+    "var/log/dpkg.log",
+    "var/log/alternatives.log",
+    "var/log/bootstrap.log",
+    "var/cache/ldconfig/aux-cache",
+    "var/cache/debconf/config.dat-old",
+    "var/cache/debconf/templates.dat-old",
+    "var/lib/dpkg/status-old",
+    "var/lib/dpkg/diversions-old",
+    "debootstrap",
+)
 
 
 @dataclass(frozen=True, kw_only=True)
 class TwinPlan:
     inputs: str
     requirements: Path
+    debian: Path | None
+    epoch: int  # every mtime in the twin is clamped to this instant
     stage1_ref: str
     reference: str  # REGISTRY/REPOSITORY:TAG
 
 
-def plan(lock: Lock) -> TwinPlan:
-    twin = _pin(lock)
-    req = lock.resolve_path(twin.requirements)
+@dataclass(frozen=True, kw_only=True)
+class Deb:
+    package: str
+    version: str
+    arch: str
+    sha256: str
+
+    @property
+    def line(self) -> str:
+        return f"{self.package} {self.version} {self.arch} {self.sha256}"
+
+
+def _pinned_file(lock: Lock, rel: str, sha: str | None, key: str) -> Path:
+    path = lock.resolve_path(rel)
     try:
-        actual = file_sha256(req) if req.is_file() else None
+        actual = file_sha256(path) if path.is_file() else None
     except OSError:
         actual = None
     if actual is None:
         raise LockError(
-            f"twin requirements {twin.requirements[:80]} is missing or unreadable",
-            where=f"{lock.path}: twin.requirements",
-            fix="restore the file, or fix the path",
+            f"{rel[:80]} is missing or unreadable",
+            where=f"{lock.path}: twin.{key}",
+            fix="regenerate it with `k3env twin --resolve`, or fix the path",
         )
-    if twin.requirements_sha256 is not None and actual != twin.requirements_sha256:
+    if sha is not None and actual != sha:
         raise LockError(
-            f"{twin.requirements} has sha256 {actual}, the lock pins {twin.requirements_sha256}",
-            where=f"{lock.path}: twin.requirements_sha256",
+            f"{rel} has sha256 {actual}, the lock pins {sha}",
+            where=f"{lock.path}: twin.{key}_sha256",
             fix="if deliberate, run `k3env lock --update-hashes`; else restore the file",
         )
+    return path
+
+
+def epoch_of(twin: TwinPin) -> int:
+    if twin.resolved_before is None:
+        return 0
+    return int(datetime.fromisoformat(twin.resolved_before.replace("Z", "+00:00")).timestamp())
+
+
+def plan(lock: Lock) -> TwinPlan:
+    twin = _pin(lock)
+    req = _pinned_file(lock, twin.requirements, twin.requirements_sha256, "requirements")
+    debian = _pinned_file(lock, twin.debian, twin.debian_sha256, "debian") if twin.debian else None
+    epoch = epoch_of(twin)
     stage1 = canonical_sha256(
         {
             "format": STAGE1_FORMAT,
             "suite": twin.debian_suite,
             "mirror": twin.debian_mirror,
             "packages": twin.debian_packages,
+            "debs": file_sha256(debian) if debian else None,
+            "epoch": epoch,
         }
     )
-    inputs = canonical_sha256({"format": TWIN_FORMAT, "stage1": stage1, "requirements": actual})
+    inputs = canonical_sha256(
+        {
+            "format": TWIN_FORMAT,
+            "stage1": stage1,
+            "requirements": file_sha256(req),
+            "epoch": epoch,
+        }
+    )
     return TwinPlan(
         inputs=inputs,
         requirements=req,
+        debian=debian,
+        epoch=epoch,
         stage1_ref=f"{STAGE1_REPOSITORY}:{stage1[:20]}",
         reference=f"{twin.registry}/{twin.repository}:{inputs[:20]}",
     )
@@ -83,65 +152,302 @@ def _pin(lock: Lock) -> TwinPin:
     return lock.twin
 
 
+def _date(epoch: int) -> str:
+    return datetime.fromtimestamp(epoch, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# --- the Debian package set ---------------------------------------------------------------
+def debs_in(directory: Path) -> list[Deb]:
+    """The ``.deb`` files apt left in ``directory``, by name (``pkg_version_arch.deb``, an
+    epoch's ``:`` written ``%3a``) and sha256."""
+    out = []
+    for f in sorted(directory.glob("*.deb")):
+        parts = f.name[: -len(".deb")].split("_")
+        if len(parts) != 3:
+            continue
+        package, version, arch = parts
+        out.append(
+            Deb(package=package, version=version.replace("%3a", ":"), arch=arch,
+                sha256=file_sha256(f))
+        )  # fmt: skip
+    return out
+
+
+def read_debian_list(path: Path) -> dict[str, Deb]:
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        package, version, arch, sha = line.split()
+        out[package] = Deb(package=package, version=version, arch=arch, sha256=sha)
+    return out
+
+
+def debian_list_text(debs: list[Deb], twin: TwinPin) -> str:
+    return (
+        f"# GENERATED by `k3env twin --resolve`: the .deb files `debootstrap --variant=minbase "
+        f"--include={','.join(twin.debian_packages)} {twin.debian_suite}` installs, by sha256.\n"
+        "# A twin build whose debootstrap fetches anything else fails, naming what moved.\n"
+        + "".join(d.line + "\n" for d in sorted(debs, key=lambda d: d.package))
+    )
+
+
+def moved(pinned: dict[str, Deb], fetched: list[Deb]) -> list[str]:
+    """What differs between the pinned and the fetched package sets, one line each."""
+    now = {d.package: d for d in fetched}
+    out = []
+    for name in sorted(set(pinned) | set(now)):
+        a, b = pinned.get(name), now.get(name)
+        if a is None:
+            assert b is not None
+            out.append(f"{name} {b.version}: fetched, not pinned")
+        elif b is None:
+            out.append(f"{name} {a.version}: pinned, not fetched")
+        elif (a.version, a.sha256) != (b.version, b.sha256):
+            how = f"{a.version} -> {b.version}" if a.version != b.version else "same version"
+            out.append(f"{name}: {how}, sha256 {a.sha256[:12]} -> {b.sha256[:12]}")
+    return out
+
+
+def _debootstrap_env(epoch: int) -> dict[str, str]:
+    # debconf (Perl) writes its databases in hash order; dpkg and shadow read the epoch.
+    return {"SOURCE_DATE_EPOCH": str(epoch), "PERL_HASH_SEED": "0", "PERL_PERTURB_KEYS": "0",
+            "LC_ALL": "C.UTF-8"}  # fmt: skip
+
+
+def _debootstrap_argv(twin: TwinPin, root: Path, *extra: str) -> list[str]:
+    return [
+        require_tool("debootstrap", "debootstrap"),
+        "--variant=minbase",
+        f"--include={','.join(twin.debian_packages)}",
+        *extra,
+        twin.debian_suite,
+        str(root),
+        twin.debian_mirror,
+    ]
+
+
+def resolve_debian(lock: Lock, log: Log) -> str:
+    """The Debian package set of the twin as the mirror serves it now: `debootstrap
+    --download-only`, each ``.deb`` by sha256. Returns the file's text."""
+    twin = _pin(lock)
+    with tempfile.TemporaryDirectory(prefix="k3env-debs-") as tmp:
+        root = Path(tmp) / "root"
+        with log.step(f"download the Debian package set ({twin.debian_suite}, minbase)"):
+            argv = _debootstrap_argv(twin, root, "--download-only")
+            env = _debootstrap_env(epoch_of(twin))
+            run(argv, log, capture=True, what="debootstrap --download-only", env=env)
+        debs = debs_in(root / "var/cache/apt/archives")
+    if not debs:
+        raise EngineError(
+            "debootstrap downloaded no .deb files",
+            where=twin.debian_mirror,
+            fix="check the mirror and suite in [twin]",
+        )
+    return debian_list_text(debs, twin)
+
+
+# --- stage 1 ------------------------------------------------------------------------------
 def ensure_stage1(lock: Lock, p: TwinPlan, engine: Engine, log: Log) -> str:
     image = engine.inspect(p.stage1_ref)
     if image is not None:
         return image.id
     twin = _pin(lock)
-    debootstrap = require_tool("debootstrap", "debootstrap")
     with tempfile.TemporaryDirectory(prefix="k3env-twin-") as tmp:
         root = Path(tmp) / "rootfs"
-        tarball = Path(tmp) / "rootfs.tar"
         with log.step(
             f"debootstrap {twin.debian_suite} (minbase + {', '.join(twin.debian_packages)})"
         ):
-            run(
-                [
-                    debootstrap,
-                    "--variant=minbase",
-                    f"--include={','.join(twin.debian_packages)}",
-                    twin.debian_suite,
-                    str(root),
-                    twin.debian_mirror,
+            run(_debootstrap_argv(twin, root), log, capture=True, what="debootstrap",
+                env=_debootstrap_env(p.epoch))  # fmt: skip
+        fetched = debs_in(root / "var/cache/apt/archives")
+        if p.debian is not None:
+            diff = moved(read_debian_list(p.debian), fetched)
+            if diff:
+                raise LockError(
+                    f"the mirror's {twin.debian_suite} is not the package set the lock pins "
+                    f"({len(diff)} moved): " + "; ".join(diff[:12]),
+                    where=f"{lock.path}: twin.debian ({twin.debian})",
+                    fix="if the new packages are wanted, `k3env twin --resolve` records them "
+                    "(a new twin); else build from a mirror that still has the pinned ones",
+                )
+        # Nothing of the build belongs in the image: apt's caches and logs, the build host's
+        # hostname and resolv.conf (debootstrap copies them in).
+        run(["rm", "-rf", *(str(root / d) for d in _LEFTOVERS)], log)
+        (root / "var/cache/apt/archives/partial").mkdir(parents=True, exist_ok=True)
+        for name in ("etc/hostname", "etc/resolv.conf"):
+            (root / name).unlink(missing_ok=True)
+            (root / name).write_text("")
+        layer, archive = Path(tmp) / "layer.tar", Path(tmp) / "image.tar"
+        with log.step(f"assemble {p.stage1_ref} (one layer, dated {_date(p.epoch)})"):
+            diff_id = tree_layer(root, layer, mtime=p.epoch)
+            created = _date(p.epoch)
+            config = {
+                "architecture": "amd64",
+                "os": "linux",
+                "created": created,
+                "config": {"Env": [PATH_ENV], "Cmd": ["bash"]},
+                "rootfs": {"type": "layers", "diff_ids": [diff_id]},
+                "history": [
+                    {
+                        "created": created,
+                        "created_by": f"k3env twin: debootstrap --variant=minbase "
+                        f"--include={','.join(twin.debian_packages)} {twin.debian_suite}",
+                        "comment": f"k3env {__version__}",
+                    }
                 ],
-                log,
-                capture=True,
-                what="debootstrap",
-            )
-            # Nothing of the build host belongs in the image: debootstrap copies its hostname
-            # and resolv.conf in, and leaves apt's cache and the install logs.
-            run(
-                [
-                    "rm",
-                    "-rf",
-                    str(root / "var/cache/apt/archives"),
-                    str(root / "var/lib/apt/lists"),
-                    str(root / "var/log/apt"),
-                    str(root / "var/log/dpkg.log"),
-                    str(root / "var/log/alternatives.log"),
-                    str(root / "var/cache/ldconfig/aux-cache"),
-                ],
-                log,
-            )
-            for name in ("etc/hostname", "etc/resolv.conf"):
-                (root / name).unlink(missing_ok=True)
-                (root / name).write_text("")
-            run(["tar", "--numeric-owner", "-C", str(root), "-cf", str(tarball), "."], log)
-        with log.step(f"import {p.stage1_ref}"):
-            return engine.import_rootfs(tarball, *p.stage1_ref.split(":"))
+            }
+            image_id = archive_file(_json(config), layer, [diff_id], archive)
+        return _load(engine, archive, image_id, p.stage1_ref, log)
 
 
-_INSTALL = """set -eu
-pip_whl=$(ls /k3env/wheels/pip-*.whl | head -n1)
-echo "installing $(grep -c -- '--hash' /k3env/req/requirements.txt) pinned wheels"
-python3 "$pip_whl/pip" install --no-index --no-deps --require-hashes --no-compile \
-  --break-system-packages --disable-pip-version-check --root-user-action=ignore \
-  --find-links /k3env/wheels -r /k3env/req/requirements.txt
-echo "byte-compiling site-packages"
-purelib=$(python3 -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-python3 -m compileall -q -j 2 "$purelib" >/dev/null || true
-rm -rf /root/.cache
+def _json(config: object) -> bytes:
+    return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _load(engine: Engine, archive: Path, image_id: str, reference: str, log: Log) -> str:
+    size = archive.stat().st_size
+    with log.step(f"load {reference} ({size / 1e6:.0f} MB)"):
+        loaded = engine.load(archive)
+    if loaded != image_id:
+        engine.remove(loaded)
+        raise EngineError(
+            f"the engine stored {loaded}, expected {image_id}",
+            where=reference,
+            fix="the engine rewrote the config (a containerd image store?); report it",
+        )
+    engine.tag(image_id, *reference.rsplit(":", 1))
+    return image_id
+
+
+# --- stage 2 ------------------------------------------------------------------------------
+# Runs in stage 1 with its Python: stdlib only (pip runs from its own wheel).
+_INSTALL = r"""
+import glob, json, os, py_compile, subprocess, sys
+
+OUT, META, EPOCH = "/k3env/out", "/k3env/meta", int(os.environ["SOURCE_DATE_EPOCH"])
+req = "/k3env/req/requirements.txt"
+print(f"installing {sum('--hash' in l for l in open(req))} pinned wheels", flush=True)
+pip = sorted(glob.glob("/k3env/wheels/pip-*.whl"))[-1]
+env = dict(os.environ, PIP_NO_CACHE_DIR="1", HOME="/tmp", PIP_BREAK_SYSTEM_PACKAGES="1")
+code = subprocess.call(
+    [sys.executable, pip + "/pip", "install", "--no-index", "--no-deps", "--require-hashes",
+     "--no-compile", "--ignore-installed", "--disable-pip-version-check",
+     "--no-warn-script-location", "--root", OUT, "--find-links", "/k3env/wheels", "-r", req],
+    env=env,
+)
+if code:
+    sys.exit(code)
+# Every file dated the clamp instant before compiling: the .pyc headers hold it, so they stay
+# valid in the image (whose mtimes are clamped to it) and in an export.
+sources = []
+for root, dirs, files in os.walk(OUT):
+    dirs.sort()
+    for name in sorted(files):
+        path = os.path.join(root, name)
+        os.utime(path, (EPOCH, EPOCH), follow_symlinks=False)
+        if name.endswith(".py") and not os.path.islink(path):
+            sources.append(path)
+print(f"byte-compiling {len(sources)} modules", flush=True)
+for n, path in enumerate(sorted(sources)):
+    rel = "/" + os.path.relpath(path, OUT)
+    try:
+        py_compile.compile(path, dfile=rel, doraise=True,
+                           invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
+    except py_compile.PyCompileError:
+        pass  # as compileall: a file Python cannot compile stays source only
+    if n % 5000 == 4999:
+        print(f"  {n + 1} of {len(sources)}", flush=True)
+for root, dirs, files in os.walk(OUT):
+    for name in files:
+        if name.endswith(".pyc"):
+            os.utime(os.path.join(root, name), (EPOCH, EPOCH))
+dirs = {}
+for root, _, _ in os.walk(OUT):
+    real = "/" + os.path.relpath(root, OUT)
+    if root != OUT and os.path.isdir(real) and not os.path.islink(real):
+        st = os.stat(real)
+        dirs[real] = [st.st_mode & 0o7777, st.st_uid, st.st_gid]
+json.dump({"dirs": dirs}, open(os.path.join(META, "meta.json"), "w"))
 """
+
+
+def build_twin(lock: Lock, engine: Engine, state: State, log: Log) -> str:
+    """The twin's image ID in ``engine``, both stages built where missing; nothing pushed."""
+    p = plan(lock)
+    found = engine.lookup(p.reference)
+    if found is not None and found.labels.get(LABEL) == p.inputs:
+        return found.id
+    return _stage2(lock, p, engine, state, log)
+
+
+def _stage2(lock: Lock, p: TwinPlan, engine: Engine, state: State, log: Log) -> str:
+    stage1_id = ensure_stage1(lock, p, engine, log)
+    stage1 = engine.inspect(stage1_id)
+    if stage1 is None:
+        raise EngineError("stage 1 vanished", where=p.stage1_ref, fix="run `k3env twin` again")
+    wheelhouse = download_wheels(p.requirements, state, log)
+    with tempfile.TemporaryDirectory(prefix="k3env-twin-") as tmp:
+        req, out, meta = (Path(tmp) / d for d in ("req", "out", "meta"))
+        for d in (req, out, meta):
+            d.mkdir()
+        (req / "requirements.txt").write_bytes(p.requirements.read_bytes())
+        with log.step(f"install the pinned wheels for {p.reference} (minutes; progress below)"):
+            result = engine.run(
+                stage1_id,
+                ["python3", "-c", _INSTALL],
+                timeout=600,
+                env={"PYTHONHASHSEED": "0", "SOURCE_DATE_EPOCH": str(p.epoch)},
+                mounts={str(wheelhouse): "/k3env/wheels", str(req): "/k3env/req"},
+                writable={str(out): "/k3env/out", str(meta): "/k3env/meta"},
+                user=f"{os.getuid()}:{os.getgid()}",
+                progress=log.detail,
+            )
+        if result.exit_code != 0:
+            raise EngineError(
+                f"installing the twin's wheels failed (exit {result.exit_code}): "
+                f"{(result.stdout + result.stderr).strip()[-3000:]}",
+                where=p.reference,
+                fix="read the output above; fix the input it names and run again",
+            )
+        dirs = json.loads((meta / "meta.json").read_text())["dirs"]
+        layer, archive = Path(tmp) / "layer.tar", Path(tmp) / "image.tar"
+        with log.step(f"assemble {p.reference} (one layer over stage 1)"):
+            diff_id = tree_layer(out, layer, mtime=p.epoch, owners=False, dirs=dirs)
+            image_id = archive_file(
+                _json(_stage2_config(stage1, diff_id, p)), layer,
+                [*stage1.diff_ids, diff_id], archive,
+            )  # fmt: skip
+        return _load(engine, archive, image_id, p.reference, log)
+
+
+def _stage2_config(stage1: BaseImage, diff_id: str, p: TwinPlan) -> dict[str, object]:
+    created = _date(p.epoch)
+    history = [
+        {
+            "created": h.created,
+            "created_by": h.created_by,
+            **({"comment": h.comment} if h.comment else {}),
+        }
+        for h in stage1.history
+    ]
+    history.append(
+        {
+            "created": created,
+            "created_by": f"k3env twin: pip install --no-deps --require-hashes "
+            f"({p.requirements.name})",
+            "comment": f"k3env {__version__}",
+        }
+    )
+    return {
+        "architecture": stage1.architecture,
+        "os": stage1.os,
+        "created": created,
+        "config": {"Env": [PATH_ENV], "Cmd": ["python3"], "Labels": {LABEL: p.inputs}},
+        "rootfs": {"type": "layers", "diff_ids": [*stage1.diff_ids, diff_id]},
+        "history": history,
+    }
 
 
 def ensure_twin(lock: Lock, engine: Engine, state: State, log: Log) -> tuple[str, str]:
@@ -158,39 +464,15 @@ def ensure_twin(lock: Lock, engine: Engine, state: State, log: Log) -> tuple[str
     ):
         return p.reference, str(record["digest"])
     if not built:
-        stage1 = ensure_stage1(lock, p, engine, log)
-        wheelhouse = download_wheels(p.requirements, state, log)
-        with log.step(f"install the pinned wheels into {p.reference} (minutes; progress below)"):
-            repository, tag = p.reference.rsplit(":", 1)
-            engine.run_and_commit(
-                stage1,
-                ["sh", "-c", _INSTALL],
-                repository=repository,
-                tag=tag,
-                mounts={str(wheelhouse): "/k3env/wheels", str(_req_dir(p, state)): "/k3env/req"},
-                changes=[
-                    f"LABEL {LABEL}={p.inputs}",
-                    "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-                    'CMD ["python3"]',
-                ],
-                progress=log.detail,
-            )
+        build_twin(lock, engine, state, log)
     repository, tag = p.reference.rsplit(":", 1)
     image = engine.lookup(p.reference)
     if image is not None:
         refuse_to_move(repository, tag, image.id)
     with log.step(f"push {p.reference}"):
-        digest = engine.push(repository, tag, log.detail).digest
+        digest = engine.push(repository, tag, log.live).digest
     state.write_record({"reference": p.reference, "digest": digest}, "twin", p.inputs)
     return p.reference, digest
-
-
-def _req_dir(p: TwinPlan, state: State) -> Path:
-    """A directory holding only the requirements file, as requirements.txt, to mount."""
-    d = state.path("twin-req", p.inputs[:20])
-    d.mkdir(parents=True, exist_ok=True)
-    (d / "requirements.txt").write_bytes(p.requirements.read_bytes())
-    return d
 
 
 def twin_base(lock: Lock, engine: Engine, state: State, log: Log, pin: BasePin) -> ResolvedBase:

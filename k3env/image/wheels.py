@@ -26,11 +26,51 @@ _PLATFORM_FLAGS = [
 ]
 
 
+def held_hashes(wheelhouse: Path) -> set[str]:
+    """The sha256 of every wheel in the wheelhouse (each file hashed once: the answers are
+    kept beside them, keyed by name, size and mtime)."""
+    import json
+
+    from k3env.files import write_atomic
+    from k3env.hashing import file_sha256
+
+    index_path = wheelhouse / ".sha256.json"
+    try:
+        index = json.loads(index_path.read_text())
+    except (OSError, ValueError):
+        index = {}
+    fresh = {}
+    for f in wheelhouse.glob("*.whl"):
+        st = f.stat()
+        key = f"{f.name}:{st.st_size}:{st.st_mtime_ns}"
+        fresh[key] = index.get(key) or file_sha256(f)
+    if fresh != index:
+        write_atomic(index_path, json.dumps(fresh, sort_keys=True).encode())
+    return set(fresh.values())
+
+
+def pinned_hash_sets(requirements: Path) -> list[set[str]]:
+    """Per requirement line, the sha256 values it accepts."""
+    import re
+
+    text = requirements.read_text().replace("\\\n", " ")
+    return [
+        set(re.findall(r"--hash=sha256:([0-9a-f]{64})", line))
+        for line in text.splitlines()
+        if "--hash=" in line and not line.lstrip().startswith("#")
+    ]
+
+
 def download_wheels(requirements: Path, state: State, log: Log) -> Path:
-    """The wheels of a hash-pinned requirements file, in k3env's wheelhouse (pip skips a file
-    it already holds with the pinned hash)."""
+    """The wheels of a hash-pinned requirements file, in k3env's wheelhouse. When the
+    wheelhouse already holds a file for every line, the index is not asked at all."""
     wheelhouse = state.path("wheels")
     wheelhouse.mkdir(parents=True, exist_ok=True)
+    held = held_hashes(wheelhouse)
+    wanted = pinned_hash_sets(requirements)
+    if wanted and all(w & held for w in wanted):
+        log.info(f"    wheelhouse {wheelhouse}: all {len(wanted)} pinned wheels held")
+        return wheelhouse
     with log.step(f"wheelhouse {wheelhouse} (pip download --require-hashes)"):
         run(
             [
