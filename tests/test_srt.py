@@ -121,6 +121,12 @@ def test_dynamo_recipe_asks_for_no_install_when_dynamo_is_baked(srt_repo: Path) 
     assert flags["dyn-tool-call-parser"] == "kimi_k3" and "setup_script" not in baked
     built = recipe(spec, spec.profiles["agg"], cluster, {}, dynamo_baked=False, **args)  # type: ignore[arg-type]
     assert built["dynamo"] == {"hash": "a" * 40}
+    # Neither in the image nor resolvable to a commit: refused, never `hash: null`.
+    from k3env.errors import SpecError
+
+    with pytest.raises(SpecError, match="carries no Dynamo"):
+        recipe(spec, spec.profiles["agg"], cluster, {}, dynamo_baked=False,
+               **{**args, "dynamo_commit": None})  # type: ignore[arg-type]  # fmt: skip
 
 
 def test_patch_whose_sha256_differs_is_refused(

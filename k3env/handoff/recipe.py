@@ -82,7 +82,18 @@ def recipe(
     }
     if frontend == "dynamo":
         # Baked into the image: nothing to build on the nodes at job start.
-        out["dynamo"] = {"install": False} if dynamo_baked else {"hash": dynamo_commit}
+        if dynamo_baked:
+            out["dynamo"] = {"install": False}
+        elif dynamo_commit is None:
+            raise SpecError(
+                f"{spec.name} runs the Dynamo frontend but its image carries no Dynamo, and the "
+                "lock's Dynamo commit is unresolved: srt-slurm would have nothing to install",
+                where=f"{spec.path}: components",
+                fix='bake it (components = ["dynamo"] in the spec, then `k3env verify` the image) '
+                "or resolve dynamo.commit in the lock",
+            )
+        else:
+            out["dynamo"] = {"hash": dynamo_commit}
     return out
 
 
