@@ -136,3 +136,24 @@ def test_container_patch_needs_one_target(repo: Path) -> None:
     replace_in(LOCK, 'module = "vllm.v1', 'path = "/x.py"\nmodule = "vllm.v1')
     with pytest.raises(LockError, match="exactly one target"):
         load_lock(LOCK)
+
+
+@pytest.mark.parametrize(
+    ("build", "message"),
+    [
+        ('build = ["."]', "both wheels and a source build"),
+        ('build = ["../outside"]', "is not a directory inside the repository"),
+    ],
+)
+def test_a_source_build_is_one_or_the_other_and_stays_in_the_repository(
+    repo: Path, build: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    replace_in(LOCK, 'extras = ["vllm"]\n', f'extras = ["vllm"]\n{build}\n')
+    if "outside" in build:  # a source build alone: no wheels, a resolved commit
+        import re
+
+        text = re.sub(r"wheels = \[\n.*?\n\]\n", "", LOCK.read_text(), count=1, flags=re.S)
+        LOCK.write_text(text.replace('commit = "unresolved"', 'commit = "' + "a" * 40 + '"', 1))
+    assert main(["lock", "--check"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "dynamo" in err

@@ -228,7 +228,11 @@ def requirement_rows(
         for d in seen.values()
     ]
     # A component's extras belong to its first wheel (ai-dynamo[vllm]), as the lock writes it.
-    extras = {lock.components[c].wheels[0].name: lock.components[c].extras for c in spec.components}
+    extras = {
+        lock.components[c].wheels[0].name: lock.components[c].extras
+        for c in spec.components
+        if lock.components[c].wheels  # a source build's wheels are named once built
+    }
     waivers = lock.twin.waivers() if twin and lock.twin is not None else {}
     unmet = unmet_requirements(
         installed, dict(facts.get("marker_environment") or {}), extras=extras, waived=waivers

@@ -31,6 +31,7 @@ from k3env.config.shapes import (
     REPOSITORY_RE,
     TAG_FIX,
     TAG_RE,
+    control_character,
     is_git_source,
     is_normal_absolute_path,
 )
@@ -123,6 +124,17 @@ class WheelPin:
 
 
 @dataclass(frozen=True, kw_only=True)
+class SourceBuild:
+    """A component pinned only by its source commit: the builder turns each project directory
+    of the repository at that commit into a wheel, in a container of the base, cached by
+    commit (the day-zero Dynamo: a tag no release has)."""
+
+    git: str
+    commit: str
+    projects: tuple[str, ...]  # directories in the repository, "." for its root
+
+
+@dataclass(frozen=True, kw_only=True)
 class ComponentPin:
     """A pinned Python component that images can carry (``components = [...]`` in a spec):
     its wheels, installed ``--no-deps --require-hashes`` into one deterministic layer, and
@@ -131,9 +143,13 @@ class ComponentPin:
     name: str  # the lock section: "dynamo", "aiperf"
     wheels: tuple[WheelPin, ...]
     extras: tuple[str, ...]  # extras of the first wheel in use (ai-dynamo[vllm])
+    source: SourceBuild | None = None  # instead of wheels: built from this commit
 
     @property
     def identity(self) -> list[dict[str, str]]:
+        if self.source is not None:
+            s = self.source
+            return [{"git": s.git, "commit": s.commit, "projects": ",".join(s.projects)}]
         return [{"name": w.name, "version": w.version, "sha256": w.sha256} for w in self.wheels]
 
 
@@ -507,7 +523,7 @@ def _component(
     if extras is None:
         extras = t.str_list("extras")
     if not wheels:
-        if extras:
+        if extras and not t.has("build"):
             raise t.fail("extras", "extras without [[wheels]]", "pin the wheels, or drop extras")
         return None
     return ComponentPin(name=name, wheels=tuple(wheels), extras=extras)
@@ -526,7 +542,22 @@ def _dynamo(t: Table, unresolved: list[Unresolved]) -> DynamoPin:
             ) from e
     name = t.string("name")
     component = _component("dynamo", t)
+    projects = t.str_list("build")
+    if projects and component is not None:
+        raise t.fail("build", "both wheels and a source build", "pin one: wheels, or build")
+    for i, d in enumerate(projects):
+        if d != "." and (d.startswith("/") or ".." in d.split("/") or control_character(d)):
+            raise t.fail(f"build[{i}]", f"{d!r} is not a directory inside the repository",
+                         'write a relative path, e.g. "." or "lib/bindings/python"')  # fmt: skip
     commit = t.matching("commit", COMMIT_RE, _COMMIT_FIX, allow_unresolved=component is not None)
+    if projects:
+        assert commit is not None
+        component = ComponentPin(
+            name="dynamo",
+            wheels=(),
+            extras=t.str_list("extras"),
+            source=SourceBuild(git=_git(t), commit=commit, projects=projects),
+        )
     if commit is None:
         unresolved.append(
             Unresolved(key="dynamo.commit", hint=f"git ls-remote {_git(t)} refs/tags/{name}")

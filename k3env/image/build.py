@@ -29,12 +29,13 @@ from k3env.image.envpolicy import baked_env, merge_env
 from k3env.image.layer import LayerFile, assemble, docker_archive, runtime_config
 from k3env.image.patches import APPLIED, SKIPPED, PatchResult, apply_patch
 from k3env.image.records import build_key
+from k3env.image.sources import source_wheels
 from k3env.image.twin import twin_base
 from k3env.log import Log
 from k3env.state import State
 
 # Bump when the layout of what we write changes: it is part of every inputs hash.
-BUILD_FORMAT = 3  # 3: pinned components baked below, recorded in provenance
+BUILD_FORMAT = 4  # 4: pinned components baked below (wheels or source-built), in provenance
 PROVENANCE_PATH = "/etc/k3env/provenance.json"
 PROVENANCE_LABEL = "io.k3env.provenance.sha256"
 # The parts of an image config a job runs with (enroot turns them into /etc files).
@@ -264,9 +265,7 @@ class Builder:
                 patches=tuple(patches),
                 env=tuple(sorted(env)),
                 components=tuple(
-                    f"{w.name} {w.version}"
-                    for c in spec.components
-                    for w in self.lock.components[c].wheels
+                    describe for c in spec.components for describe in _described(self.lock, c)
                 ),
                 seconds=time.monotonic() - start,
             )
@@ -279,7 +278,10 @@ class Builder:
         # The pinned components first, as their own layer: patches may target their files.
         under, baked = base, None
         if spec.components:
-            pins = [self.lock.components[c] for c in spec.components]
+            pins = [
+                source_wheels(self.engine, self.state, self.log, base, self.lock.components[c])
+                for c in spec.components
+            ]
             under, baked = bake(self.engine, self.state, self.log, base, pins)
         results, files = self._apply_patches(spec, under, todo)
         results = [*results, *skipped]
@@ -434,6 +436,14 @@ class Builder:
         for p in patches:
             labels[f"{LABEL_PREFIX}.patch.{p.name}"] = p.status
         return labels
+
+
+def _described(lock: Lock, name: str) -> list[str]:
+    """How a component shows in results: its wheels, or its source commit."""
+    pin = lock.components[name]
+    if pin.source is not None:
+        return [f"{name} @ {pin.source.commit[:12]} (built from source)"]
+    return [f"{w.name} {w.version}" for w in pin.wheels]
 
 
 def _cached_patches(

@@ -115,7 +115,13 @@ class Baked:
             "key": self.key,
             "reference": self.reference,
             "image_id": self.image_id,
-            "wheels": [w for c in self.components for w in c.identity],
+            "wheels": [
+                {"name": w.name, "version": w.version, "sha256": w.sha256}
+                for c in self.components
+                for w in c.wheels
+            ],
+            # Components built from a source commit: where their wheels came from.
+            "sources": {c.name: c.identity[0] for c in self.components if c.source is not None},
             "replaced": self.replaced,
             "files": self.files,
         }

@@ -114,3 +114,66 @@ def test_a_base_that_already_has_another_release_keeps_only_the_pinned_one(
         "                        if d.metadata['Name'].startswith('ai-dynamo'))))\n"
     )))  # fmt: skip
     assert versions == [["ai-dynamo", "1.6.1"], ["ai-dynamo-runtime", "1.6.1"]]
+
+
+def _git(repo: Path, *args: str) -> str:
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",
+           "GIT_COMMITTER_EMAIL": "t@t", "HOME": str(repo), "PATH": "/usr/bin:/bin"}  # fmt: skip
+    return subprocess.run(["git", "-C", str(repo), *args], check=True, env=env,
+                          capture_output=True, text=True).stdout.strip()  # fmt: skip
+
+
+def test_a_component_pinned_only_by_its_source_commit_is_built_into_wheels_and_baked(
+    repo: Path, engine: DockerEngine, twin_image: str, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """The day-zero shape: a tag no release has. A small setuptools project stands in for
+    the upstream; its own build backend (in the base) makes the wheel, no network."""
+    import re
+
+    src = tmp_path / "upstream"
+    (src / "k3demo").mkdir(parents=True)
+    _git(src, "init", "-q")
+    (src / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "k3demo"\nversion = "0.1.0"\n'
+    )
+    commits = []
+    for value in (1, 2):
+        (src / "k3demo/__init__.py").write_text(f"VALUE = {value}\n")
+        _git(src, "add", "-A")
+        _git(src, "commit", "-qm", f"value {value}")
+        commits.append(_git(src, "rev-parse", "HEAD"))
+    lock = repo / "pins/k3.lock.toml"
+    # Variants pin wheels of the component this test builds from source: not wanted here.
+    text = lock.read_text().split("\n# Variants")[0].rsplit("\n# ---", 1)[0] + "\n"
+    text = re.sub(r'extras = \["vllm"\]\nwheels = \[\n.*?\n\]\n', 'build = ["."]\n', text,
+                  count=1, flags=re.S)  # fmt: skip
+    text = text.replace('git = "https://github.com/ai-dynamo/dynamo.git"', f'git = "{src}"')
+    text = text.replace('commit = "unresolved"', f'commit = "{commits[0]}"', 1)
+    lock.write_text(text)
+    _only(repo, DYNAMO)
+    spec = repo / f"images/{DYNAMO}.toml"
+    spec.write_text(spec.read_text().replace('components = ["dynamo", "aiperf"]',
+                                             'components = ["dynamo"]'))  # fmt: skip
+
+    def build() -> dict[str, object]:
+        assert main(["build", "--twin", "--json", "-q"]) == 0
+        result: dict[str, object] = json.loads(capsys.readouterr().out)["images"][0]
+        return result
+
+    first = build()
+    assert first["components"] == [f"dynamo @ {commits[0][:12]} (built from source)"]
+    image = str(first["image_id"])
+    assert _in_image(image, "import k3demo, importlib.metadata as m; "
+                     "print(k3demo.VALUE, m.version('k3demo'))") == "1 0.1.0"  # fmt: skip
+    provenance = json.loads(_in_image(image, "print(open('/etc/k3env/provenance.json').read())"))
+    (wheel,) = provenance["components"]["wheels"]
+    assert wheel["name"] == "k3demo" and len(wheel["sha256"]) == 64
+    # The same commit again: the wheels come from the cache, the image is the same.
+    assert build()["image_id"] == image
+    # Another commit, another image carrying the other code.
+    lock.write_text(lock.read_text().replace(commits[0], commits[1]))
+    second = build()
+    assert second["image_id"] != image
+    assert _in_image(str(second["image_id"]), "import k3demo; print(k3demo.VALUE)") == "2"
