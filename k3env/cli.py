@@ -439,7 +439,7 @@ def cmd_verify(args: argparse.Namespace, log: Log) -> int:
         spec, build = pair
         with log.step(f"verify {spec.name} in one container ({build.reference})"):
             return verify_image(
-                engine, state, lock, spec, build, twin=args.twin, timeout=args.timeout
+                engine, state, lock, spec, build, twin=args.twin, timeout=args.timeout, log=log
             )
 
     # One container per image, as many at once as there are cores (each probe is one
@@ -499,7 +499,9 @@ def cmd_matrix(args: argparse.Namespace, log: Log) -> int:
         )
         with log.step(f"build and verify {spec.name} ({vlock.sha256[:12]})"):
             build = builder.build(spec)
-            return verify_image(engine, state, vlock, spec, build, twin=True, timeout=args.timeout)
+            return verify_image(
+                engine, state, vlock, spec, build, twin=True, timeout=args.timeout, log=log
+            )
 
     cells = run_matrix(lock, specs, variants, verify)
     text = markdown(lock, cells)

@@ -238,3 +238,44 @@ def test_the_matrix_names_each_variant_cell_and_why_it_failed(repo: Path) -> Non
     assert ("- `dynamo-1.4.2` **kimi-k3-dynamo/agg** `tokenizer` model_type kimi_k3: "
             "Dynamo 1.4.2's frontend does not load kimi_k3") in text  # fmt: skip
     assert "ai-dynamo 1.4.2, ai-dynamo-runtime 1.4.2, aiperf 0.13.0" in text
+
+
+def test_a_failed_tokenizer_names_the_variants_whose_pinned_runtime_loads_it(
+    repo: Path, tmp_path: Path
+) -> None:
+    """Read from each variant's pinned runtime wheel (here: wheels written into the
+    wheelhouse, found by sha256, so no index is asked)."""
+    import zipfile
+
+    from k3env.checks.variants import tokenizer_note
+    from k3env.hashing import file_sha256
+    from k3env.log import Log
+    from k3env.state import State
+
+    state = State(tmp_path / "state")
+    wheelhouse = state.path("wheels")
+    wheelhouse.mkdir(parents=True)
+    shas = {}
+    for version, types in (("1.4.2", "kimi, kimi_k2"), ("1.5.1", "kimi, kimi_k2, kimi_k3")):
+        path = wheelhouse / f"ai_dynamo_runtime-{version}-cp310-abi3-manylinux_2_28_x86_64.whl"
+        with zipfile.ZipFile(path, "w") as z:
+            z.writestr("dynamo/_core.abi3.so",
+                       b"\0ELF...Unsupported tiktoken model_type '{}'. Currently supported: "
+                       + types.encode() + b".\0")  # fmt: skip
+        shas[version] = file_sha256(path)
+    text = LOCK.read_text()
+    for version in ("1.4.2", "1.5.1"):
+        line = next(x for x in text.splitlines()
+                    if f'"ai-dynamo-runtime", version = "{version}"' in x)  # fmt: skip
+        text = text.replace(line, line.split('sha256 = "')[0] + f'sha256 = "{shas[version]}" }},')
+    LOCK.write_text(text)
+    lock = load_lock(LOCK)
+    note = tokenizer_note(lock, "kimi_k3", state, Log(quiet=True))
+    assert note is not None and note.startswith(
+        "lock variants whose runtime loads 'kimi_k3': dynamo-1.5.1 (ai-dynamo-runtime 1.5.1); "
+        "not: dynamo-1.4.2 (ai-dynamo-runtime 1.4.2)"
+    )
+    assert tokenizer_note(lock, "kimi", state, Log(quiet=True)).startswith(  # type: ignore[union-attr]
+        "lock variants whose runtime loads 'kimi': dynamo-1.4.2 (ai-dynamo-runtime 1.4.2), "
+        "dynamo-1.5.1"
+    )

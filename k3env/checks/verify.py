@@ -31,6 +31,7 @@ from k3env.image.bases import select_base
 from k3env.image.build import BuildResult
 from k3env.image.envpolicy import merged_env
 from k3env.image.patches import SKIPPED, missing_edits
+from k3env.log import Log
 from k3env.state import State
 from k3env.versions import Installed, canonical_name, unmet_requirements
 
@@ -371,6 +372,22 @@ def patch_rows(
     return rows
 
 
+def _with_variant_notes(
+    results: tuple[CheckResult, ...], lock: Lock, state: State, log: Log
+) -> list[CheckResult]:
+    """A failed tokenizer verdict also names which of the lock's variants load the type."""
+    from k3env.checks.variants import tokenizer_note
+
+    out = []
+    for r in results:
+        if r.check == "tokenizer" and r.status == "fail" and lock.variants:
+            note = tokenizer_note(lock, r.subject.removeprefix("model_type "), state, log)
+            if note:
+                r = dataclasses.replace(r, output=f"{note}\n{r.output}")
+        out.append(r)
+    return out
+
+
 def verify_image(
     engine: Engine,
     state: State,
@@ -380,6 +397,7 @@ def verify_image(
     *,
     twin: bool,
     timeout: float = 300,
+    log: Log | None = None,
 ) -> ImageReport:
     base_pin = select_base(lock, spec, twin)  # the base the builder used
     start = time.monotonic()
@@ -414,6 +432,7 @@ def verify_image(
         for r in out.rows
     ) + tuple(patch_rows(lock, spec, build, out.patch_targets))
     results += tuple(requirement_rows(lock, spec, facts, twin))
+    results = tuple(_with_variant_notes(results, lock, state, log or Log(quiet=True)))
     state.write_record(facts, "facts", build.image_id)
     return ImageReport(
         image=spec.name,

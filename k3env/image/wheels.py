@@ -27,8 +27,13 @@ _PLATFORM_FLAGS = [
 
 
 def held_hashes(wheelhouse: Path) -> set[str]:
-    """The sha256 of every wheel in the wheelhouse (each file hashed once: the answers are
-    kept beside them, keyed by name, size and mtime)."""
+    """The sha256 of every wheel in the wheelhouse."""
+    return set(held_files(wheelhouse))
+
+
+def held_files(wheelhouse: Path) -> dict[str, Path]:
+    """sha256 -> file, for every wheel in the wheelhouse (each file hashed once: the answers
+    are kept beside them, keyed by name, size and mtime)."""
     import json
 
     from k3env.files import write_atomic
@@ -46,7 +51,7 @@ def held_hashes(wheelhouse: Path) -> set[str]:
         fresh[key] = index.get(key) or file_sha256(f)
     if fresh != index:
         write_atomic(index_path, json.dumps(fresh, sort_keys=True).encode())
-    return set(fresh.values())
+    return {sha: wheelhouse / key.split(":", 1)[0] for key, sha in fresh.items()}
 
 
 def pinned_hash_sets(requirements: Path) -> list[set[str]]:

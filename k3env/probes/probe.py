@@ -693,8 +693,11 @@ def tiktoken_supported():
     if spec is None or not spec.origin:
         return None
     data = _read(spec.origin)
-    if data is None:
-        return None
+    return None if data is None else supported_in(data)
+
+
+def supported_in(data: bytes) -> list[str] | None:
+    """The tiktoken model types named in a Dynamo runtime library's bytes, or None."""
     m = re.search(rb"Currently supported: ([a-z0-9_]+(?:, [a-z0-9_]+)*)", data)
     return m.group(1).decode().split(", ") if m else None
 

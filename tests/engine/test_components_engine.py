@@ -86,6 +86,11 @@ def test_a_variant_without_kimi_k3_and_with_another_vllm_pin_fails_verify_for_bo
     # The released 1.4.2 frontend does not load kimi_k3: the verdict names what it supports.
     tokenizer = old["tokenizer model_type kimi_k3"]
     assert "kimi, kimi_k2, kimi_k25, kimi_linear, deepseek_v3" in tokenizer
+    # ... and which of the lock's variants would, from each pinned runtime wheel.
+    assert tokenizer.startswith(
+        "lock variants whose runtime loads 'kimi_k3': dynamo-1.5.1 (ai-dynamo-runtime 1.5.1); "
+        "not: dynamo-1.4.2 (ai-dynamo-runtime 1.4.2)"
+    )
     assert "tokenizer model_type kimi_k3" not in pinned  # 1.6.1 loads it
     # Its vllm extra pins another vLLM: named with both packages and the installed version.
     assert old["versions requires ai-dynamo"] == (
