@@ -196,16 +196,7 @@ def requirement_rows(
     by design are reported as waived, never as met."""
 
     def row(status: str, subject: str, output: str) -> CheckResult:
-        return CheckResult(
-            image=spec.name,
-            profile=None,
-            check="versions",
-            subject=subject,
-            status=status,
-            component="image",
-            version=None,
-            output=output,
-        )
+        return image_row(spec, "versions", subject, status, output)
 
     raw = facts.get("distributions")
     if not isinstance(raw, list):
@@ -332,6 +323,20 @@ def run_probe(
     )
 
 
+def image_row(spec: ImageSpec, check: str, subject: str, status: str, output: str) -> CheckResult:
+    """A verdict the host judges about the image as a whole (no profile, no component)."""
+    return CheckResult(
+        image=spec.name,
+        profile=None,
+        check=check,
+        subject=subject,
+        status=status,
+        component="image",
+        version=None,
+        output=output,
+    )
+
+
 def patch_rows(
     lock: Lock, spec: ImageSpec, build: BuildResult, targets: Mapping[str, Any]
 ) -> list[CheckResult]:
@@ -344,16 +349,7 @@ def patch_rows(
         pin = lock.container_patches[name]
 
         def row(status: str, output: str, name: str = name) -> CheckResult:
-            return CheckResult(
-                image=spec.name,
-                profile=None,
-                check="patches",
-                subject=name,
-                status=status,
-                component="image",
-                version=None,
-                output=output,
-            )
+            return image_row(spec, "patches", name, status, output)
 
         if result is not None and result.status == SKIPPED:
             rows.append(row("skip", result.detail))

@@ -71,26 +71,10 @@ def load_spec(path: Path, lock: Lock) -> ImageSpec:
             f"base {base!r} is not pinned in {lock.path}",
             f"use one of {sorted(lock.bases)} or add [bases.{base}] to the lock",
         )
-    patches = t.str_list("patches")
-    for i, p in enumerate(patches):
-        if p not in lock.container_patches:
-            raise t.fail(
-                f"patches[{i}]",
-                f"container patch {p!r} is not in the lock {lock.path}",
-                f"use one of {sorted(lock.container_patches)} or add it under [container_patches]",
-            )
-    if len(set(patches)) != len(patches):
-        raise t.fail("patches", "a patch is listed twice", "list each patch once")
-    components = t.str_list("components")
-    for i, c in enumerate(components):
-        if c not in lock.components:
-            raise t.fail(
-                f"components[{i}]",
-                f"component {c!r} has no pinned wheels in the lock {lock.path}",
-                f"use one of {sorted(lock.components)} or pin [[{c}.wheels]] in the lock",
-            )
-    if len(set(components)) != len(components):
-        raise t.fail("components", "a component is listed twice", "list each component once")
+    patches = _names(t, "patches", lock.container_patches, "container patch",
+                     "is not in the lock", "add it under [container_patches]", lock)  # fmt: skip
+    components = _names(t, "components", lock.components, "component",
+                        "has no pinned wheels in the lock", "pin NAME's wheels", lock)  # fmt: skip
     env_t = t.table("env", required=False)
     env = env_table(env_t)
     readers = env_table(t.table("env_readers", required=False))
@@ -116,6 +100,23 @@ def load_spec(path: Path, lock: Lock) -> ImageSpec:
     )
     t.done()
     return spec
+
+
+def _names(
+    t: Table, key: str, known: Mapping[str, object], what: str, missing: str, add: str, lock: Lock
+) -> tuple[str, ...]:
+    """A list of names the lock defines, each once."""
+    names = t.str_list(key)
+    for i, name in enumerate(names):
+        if name not in known:
+            raise t.fail(
+                f"{key}[{i}]",
+                f"{what} {name!r} {missing} {lock.path}",
+                f"use one of {sorted(known)} or {add.replace('NAME', name)}",
+            )
+    if len(set(names)) != len(names):
+        raise t.fail(key, f"a {what} is listed twice", f"list each {what} once")
+    return names
 
 
 def _repository(t: Table, name: str) -> str:
