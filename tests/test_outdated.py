@@ -86,6 +86,7 @@ def test_outdated_lists_newer_tags_and_releases_with_the_bump_that_takes_them(
     assert found["srt-slurm"].bump[0] == "k3env bump srt-slurm v1.0.38"
     assert found["dynamo"].newer == ("v1.8.0", "v1.7.0")  # the lock pins v1.6.1; no rc
     assert found["aiperf"].newer == ("0.14.1",)
+    assert found["aiperf"].bump == ("k3env bump aiperf 0.14.1",)  # its wheel follows, by sha256
     base = found["bases.vllm-kimi-k3"]
     assert base.newer == () and base.moved is None  # the pin is unresolved: nothing moved
     # The command, as the workflow reads it.

@@ -100,5 +100,6 @@ def outdated(
         except K3envError as e:
             out.append(Outdated(pin="aiperf", current=lock.aiperf.version, error=e.message))
         else:
-            out.append(Outdated(pin="aiperf", current=lock.aiperf.version, newer=tuple(newer)))
+            out.append(Outdated(pin="aiperf", current=lock.aiperf.version, newer=tuple(newer),
+                                bump=tuple(f"k3env bump aiperf {v}" for v in newer)))  # fmt: skip
     return out
