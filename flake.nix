@@ -27,6 +27,8 @@
             pkgs.libfaketime
             pkgs.debootstrap
             pkgs.git
+            # `k3env twin --resolve` resolves the twin's requirements with uv.
+            pkgs.uv
           ];
           shellHook = ''
             export PIP_DISABLE_PIP_VERSION_CHECK=1
