@@ -13,6 +13,7 @@ import re
 import urllib.error
 import urllib.parse
 import urllib.request
+from typing import Any
 
 from k3env.errors import CheckFailed, EngineError, LockError
 
@@ -57,40 +58,47 @@ def _head_manifest(repository: str, reference: str) -> str:
     return _manifest(repository, reference, "HEAD")[0]
 
 
-def _manifest(repository: str, reference: str, method: str) -> tuple[str, bytes]:
-    """A manifest by tag or digest: its ``Docker-Content-Digest`` and (for GET) its body."""
-    host, repo = split_repository(repository)
-    url = f"{_scheme(host)}://{host}/v2/{repo}/manifests/{reference}"
-    tag = reference
-    headers = {"Accept": ACCEPT}
-    for _ in range(2):
+def _fetch(url: str, *, method: str = "GET", headers: dict[str, str]) -> tuple[Any, bytes]:
+    """One registry request: (response headers, body; empty for HEAD). When the registry asks
+    for a token (401 + ``WWW-Authenticate``), once more with an anonymous one. ``HTTPError``
+    and ``OSError`` are the caller's to name."""
+    headers = dict(headers)
+    while True:
         request = urllib.request.Request(url, method=method, headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
-                digest = response.headers.get("Docker-Content-Digest")
-                if not digest:
-                    raise EngineError(
-                        "the registry sent no Docker-Content-Digest", where=url, fix="use skopeo"
-                    )
-                return str(digest), response.read() if method == "GET" else b""
+                return response.headers, response.read() if method == "GET" else b""
         except urllib.error.HTTPError as e:
             if e.code == 401 and "Authorization" not in headers:
                 token = _token(e.headers.get("WWW-Authenticate", ""))
                 if token:
                     headers["Authorization"] = f"Bearer {token}"
                     continue
-            if e.code in (401, 404):
-                raise LockError(
-                    f"tag {tag!r} not found in {repository} (HTTP {e.code})",
-                    where=f"{repository}:{tag}",
-                    fix="check the tag (skopeo list-tags docker://REPOSITORY)",
-                ) from e
-            raise EngineError(f"registry error {e.code}", where=url, fix="try again") from e
-        except OSError as e:
-            raise EngineError(
-                f"cannot reach the registry: {e}", where=url, fix="check the network / registry"
+            raise
+
+
+def _manifest(repository: str, reference: str, method: str) -> tuple[str, bytes]:
+    """A manifest by tag or digest: its ``Docker-Content-Digest`` and (for GET) its body."""
+    host, repo = split_repository(repository)
+    url = f"{_scheme(host)}://{host}/v2/{repo}/manifests/{reference}"
+    try:
+        headers, body = _fetch(url, method=method, headers={"Accept": ACCEPT})
+    except urllib.error.HTTPError as e:
+        if e.code in (401, 404):
+            raise LockError(
+                f"tag {reference!r} not found in {repository} (HTTP {e.code})",
+                where=f"{repository}:{reference}",
+                fix="check the tag (skopeo list-tags docker://REPOSITORY)",
             ) from e
-    raise LockError(f"cannot authenticate to {host}", where=url, fix="log in (skopeo login)")
+        raise EngineError(f"registry error {e.code}", where=url, fix="try again") from e
+    except OSError as e:
+        raise EngineError(
+            f"cannot reach the registry: {e}", where=url, fix="check the network / registry"
+        ) from e
+    digest = headers.get("Docker-Content-Digest")
+    if not digest:
+        raise EngineError("the registry sent no Docker-Content-Digest", where=url, fix="use skopeo")
+    return str(digest), body
 
 
 def resolve_digest(repository: str, tag: str) -> str:
@@ -142,24 +150,14 @@ def list_tags(repository: str) -> list[str]:
     """The tags a registry has for ``repository`` (``GET /v2/<repo>/tags/list``)."""
     host, repo = split_repository(repository)
     url = f"{_scheme(host)}://{host}/v2/{repo}/tags/list?n=10000"
-    headers: dict[str, str] = {}
-    for _ in range(2):
-        try:
-            with urllib.request.urlopen(
-                urllib.request.Request(url, headers=headers), timeout=30
-            ) as response:
-                return [str(t) for t in json.loads(response.read()).get("tags") or []]
-        except urllib.error.HTTPError as e:
-            if e.code == 401 and "Authorization" not in headers:
-                token = _token(e.headers.get("WWW-Authenticate", ""))
-                if token:
-                    headers["Authorization"] = f"Bearer {token}"
-                    continue
-            raise EngineError(
-                f"cannot list tags (HTTP {e.code})", where=url, fix="check the repository"
-            ) from e
-        except (OSError, ValueError) as e:
-            raise EngineError(
-                f"cannot list tags: {e}", where=url, fix="check the network / registry"
-            ) from e
-    raise EngineError(f"cannot authenticate to {host}", where=url, fix="log in (skopeo login)")
+    try:
+        _headers, body = _fetch(url, headers={})
+        return [str(t) for t in json.loads(body).get("tags") or []]
+    except urllib.error.HTTPError as e:
+        raise EngineError(
+            f"cannot list tags (HTTP {e.code})", where=url, fix="check the repository"
+        ) from e
+    except (OSError, ValueError) as e:
+        raise EngineError(
+            f"cannot list tags: {e}", where=url, fix="check the network / registry"
+        ) from e
