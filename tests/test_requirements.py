@@ -279,3 +279,18 @@ def test_a_failed_tokenizer_names_the_variants_whose_pinned_runtime_loads_it(
         "lock variants whose runtime loads 'kimi': dynamo-1.4.2 (ai-dynamo-runtime 1.4.2), "
         "dynamo-1.5.1"
     )
+
+
+def test_the_twin_plan_refuses_an_edited_or_missing_generated_file(repo: Path) -> None:
+    from k3env.errors import LockError
+    from k3env.image import twin
+
+    debs = Path("pins/cpu-twin.debian.txt")
+    debs.write_text(debs.read_text() + "extra 1 all " + "0" * 64 + "\n")
+    with pytest.raises(LockError, match="twin file pins/cpu-twin.debian.txt has sha256") as e:
+        twin.plan(load_lock(LOCK))
+    assert e.value.where.endswith("twin.debian_sha256")
+    debs.unlink()
+    with pytest.raises(LockError, match="twin file pins/cpu-twin.debian.txt is missing") as e:
+        twin.plan(load_lock(LOCK))
+    assert "k3env twin --resolve" in (e.value.fix or "")

@@ -740,21 +740,28 @@ def check_files(lock: Lock) -> list[FileCheck]:
     return results
 
 
-def verify_pinned_file(lock: Lock, rel: str, sha256: str, *, key: str, label: str) -> Path:
-    """``rel``'s path, after checking the file exists and has the sha256 the lock pins."""
+def verify_pinned_file(
+    lock: Lock,
+    rel: str,
+    sha256: str | None,
+    *,
+    key: str,
+    label: str,
+    what: str = "patch file",
+    sha_key: str | None = None,
+    restore: str = "restore the file, or fix `file` in the lock",
+) -> Path:
+    """``rel``'s path, after checking the file exists and has the sha256 the lock pins
+    (``None``: unresolved, so only that it exists)."""
     path = lock.resolve_path(rel)
     where = f"{lock.path}: {key}"
     actual = _sha256_or_none(path, key, lock)
     if actual is None:
+        raise LockError(f"{what} {rel}{label} is missing", where=where, fix=restore)
+    if sha256 is not None and actual != sha256:
         raise LockError(
-            f"patch file {rel}{label} is missing",
-            where=where,
-            fix="restore the file, or fix `file` in the lock",
-        )
-    if actual != sha256:
-        raise LockError(
-            f"patch file {rel}{label} has sha256 {actual}, the lock pins {sha256}",
-            where=f"{where}.sha256",
+            f"{what} {rel}{label} has sha256 {actual}, the lock pins {sha256}",
+            where=f"{lock.path}: {sha_key}" if sha_key else f"{where}.sha256",
             fix="if deliberate, run `k3env lock --update-hashes`; else restore the file",
         )
     return path

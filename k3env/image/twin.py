@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from k3env import __version__
-from k3env.config.lock import BasePin, Lock, TwinPin
+from k3env.config.lock import BasePin, Lock, TwinPin, verify_pinned_file
 from k3env.engine.protocol import BaseImage, Engine
 from k3env.engine.registry import manifest_exists, refuse_to_move
 from k3env.errors import EngineError, LockError
@@ -87,24 +87,11 @@ class Deb:
 
 
 def _pinned_file(lock: Lock, rel: str, sha: str | None, key: str) -> Path:
-    path = lock.resolve_path(rel)
-    try:
-        actual = file_sha256(path) if path.is_file() else None
-    except OSError:
-        actual = None
-    if actual is None:
-        raise LockError(
-            f"{rel[:80]} is missing or unreadable",
-            where=f"{lock.path}: twin.{key}",
-            fix="regenerate it with `k3env twin --resolve`, or fix the path",
-        )
-    if sha is not None and actual != sha:
-        raise LockError(
-            f"{rel} has sha256 {actual}, the lock pins {sha}",
-            where=f"{lock.path}: twin.{key}_sha256",
-            fix="if deliberate, run `k3env lock --update-hashes`; else restore the file",
-        )
-    return path
+    return verify_pinned_file(
+        lock, rel, sha, key=f"twin.{key}", label="", what="twin file",
+        sha_key=f"twin.{key}_sha256",
+        restore="regenerate it with `k3env twin --resolve`, or fix the path",
+    )  # fmt: skip
 
 
 def epoch_of(twin: TwinPin) -> int:
