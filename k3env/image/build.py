@@ -26,6 +26,7 @@ from k3env.hashing import canonical_sha256, digest_hex, file_sha256, sha256_dige
 from k3env.image.bases import ResolvedBase, registry_base, select_base
 from k3env.image.components import COMPONENTS_FORMAT, Baked, bake
 from k3env.image.envpolicy import baked_env, merge_env
+from k3env.image.install import load_checked
 from k3env.image.layer import LayerFile, assemble, docker_archive, runtime_config
 from k3env.image.patches import APPLIED, SKIPPED, PatchResult, apply_patch
 from k3env.image.records import build_key
@@ -302,16 +303,8 @@ class Builder:
             created_by=f"k3env build {spec.name} (inputs {inputs[:20]})",
             comment=f"k3env {__version__}",
         )
-        with self.log.step(f"load {spec.name} ({len(assembled.layer_tar)} byte layer)"):
-            loaded = self.engine.load(docker_archive(assembled, under.image.diff_ids))
-        if loaded != assembled.image_id:
-            self.engine.remove(loaded)
-            raise EngineError(
-                f"the engine stored {loaded}, expected {assembled.image_id}",
-                where=f"image {spec.name}",
-                fix="the engine rewrote the config (a containerd image store?); report it",
-            )
-        self.engine.tag(assembled.image_id, spec.repository, tag)
+        archive = docker_archive(assembled, under.image.diff_ids)
+        load_checked(self.engine, archive, assembled.image_id, reference, self.log)
         return result(assembled.image_id, False, results)
 
     def _apply_patches(

@@ -15,15 +15,14 @@ writes, dated the same instant), so the image ID is known before the engine load
    each package that moved; apt's caches, logs and the build host's files are left out.
 2. ``REGISTRY/REPOSITORY:<hash>``: the wheels installed ``--no-deps --require-hashes --root``
    into a host directory by a throwaway container of stage 1, every file dated the clamp
-   instant, then byte-compiled one file at a time in sorted order (timestamp ``.pyc`` whose
-   header holds that instant, so they stay valid in the image and in an enroot export; cold
-   imports 16-18 s -> 6-8 s).
+   instant, then byte-compiled one file at a time in sorted order by a bare interpreter
+   (timestamp ``.pyc`` whose header holds that instant, so they stay valid in the image and
+   in an enroot export; cold imports 16-18 s -> 6-8 s). ``image.install`` does it.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -36,13 +35,14 @@ from k3env.engine.registry import manifest_exists, refuse_to_move
 from k3env.errors import EngineError, LockError
 from k3env.hashing import canonical_sha256, file_sha256
 from k3env.image.bases import ResolvedBase
+from k3env.image.install import install_tree, load_checked
 from k3env.image.layer import archive_file, tree_layer
 from k3env.image.wheels import download_wheels
 from k3env.log import Log
 from k3env.runner import require_tool, run
 from k3env.state import State
 
-TWIN_FORMAT = 4  # 4: both stages assembled by k3env, dated [twin].resolved_before
+TWIN_FORMAT = 5  # 5: stage 2 by image.install, compiled in a process that imports nothing else
 STAGE1_FORMAT = 3  # 3: the .debs pinned by sha256, a layer k3env writes (no docker import)
 STAGE1_REPOSITORY = "k3env/debian-python"
 LABEL = "io.k3env.twin.inputs"
@@ -286,80 +286,14 @@ def ensure_stage1(lock: Lock, p: TwinPlan, engine: Engine, log: Log) -> str:
                 ],
             }
             image_id = archive_file(_json(config), layer, [diff_id], archive)
-        return _load(engine, archive, image_id, p.stage1_ref, log)
+        return load_checked(engine, archive, image_id, p.stage1_ref, log)
 
 
 def _json(config: object) -> bytes:
     return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _load(engine: Engine, archive: Path, image_id: str, reference: str, log: Log) -> str:
-    size = archive.stat().st_size
-    with log.step(f"load {reference} ({size / 1e6:.0f} MB)"):
-        loaded = engine.load(archive)
-    if loaded != image_id:
-        engine.remove(loaded)
-        raise EngineError(
-            f"the engine stored {loaded}, expected {image_id}",
-            where=reference,
-            fix="the engine rewrote the config (a containerd image store?); report it",
-        )
-    engine.tag(image_id, *reference.rsplit(":", 1))
-    return image_id
-
-
 # --- stage 2 ------------------------------------------------------------------------------
-# Runs in stage 1 with its Python: stdlib only (pip runs from its own wheel).
-_INSTALL = r"""
-import glob, json, os, py_compile, subprocess, sys
-
-OUT, META, EPOCH = "/k3env/out", "/k3env/meta", int(os.environ["SOURCE_DATE_EPOCH"])
-req = "/k3env/req/requirements.txt"
-print(f"installing {sum('--hash' in l for l in open(req))} pinned wheels", flush=True)
-pip = sorted(glob.glob("/k3env/wheels/pip-*.whl"))[-1]
-env = dict(os.environ, PIP_NO_CACHE_DIR="1", HOME="/tmp", PIP_BREAK_SYSTEM_PACKAGES="1")
-code = subprocess.call(
-    [sys.executable, pip + "/pip", "install", "--no-index", "--no-deps", "--require-hashes",
-     "--no-compile", "--ignore-installed", "--disable-pip-version-check",
-     "--no-warn-script-location", "--root", OUT, "--find-links", "/k3env/wheels", "-r", req],
-    env=env,
-)
-if code:
-    sys.exit(code)
-# Every file dated the clamp instant before compiling: the .pyc headers hold it, so they stay
-# valid in the image (whose mtimes are clamped to it) and in an export.
-sources = []
-for root, dirs, files in os.walk(OUT):
-    dirs.sort()
-    for name in sorted(files):
-        path = os.path.join(root, name)
-        os.utime(path, (EPOCH, EPOCH), follow_symlinks=False)
-        if name.endswith(".py") and not os.path.islink(path):
-            sources.append(path)
-print(f"byte-compiling {len(sources)} modules", flush=True)
-for n, path in enumerate(sorted(sources)):
-    rel = "/" + os.path.relpath(path, OUT)
-    try:
-        py_compile.compile(path, dfile=rel, doraise=True,
-                           invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
-    except py_compile.PyCompileError:
-        pass  # as compileall: a file Python cannot compile stays source only
-    if n % 5000 == 4999:
-        print(f"  {n + 1} of {len(sources)}", flush=True)
-for root, dirs, files in os.walk(OUT):
-    for name in files:
-        if name.endswith(".pyc"):
-            os.utime(os.path.join(root, name), (EPOCH, EPOCH))
-dirs = {}
-for root, _, _ in os.walk(OUT):
-    real = "/" + os.path.relpath(root, OUT)
-    if root != OUT and os.path.isdir(real) and not os.path.islink(real):
-        st = os.stat(real)
-        dirs[real] = [st.st_mode & 0o7777, st.st_uid, st.st_gid]
-json.dump({"dirs": dirs}, open(os.path.join(META, "meta.json"), "w"))
-"""
-
-
 def build_twin(lock: Lock, engine: Engine, state: State, log: Log) -> str:
     """The twin's image ID in ``engine``, both stages built where missing; nothing pushed."""
     p = plan(lock)
@@ -381,32 +315,21 @@ def _stage2(lock: Lock, p: TwinPlan, engine: Engine, state: State, log: Log) -> 
             d.mkdir()
         (req / "requirements.txt").write_bytes(p.requirements.read_bytes())
         with log.step(f"install the pinned wheels for {p.reference} (minutes; progress below)"):
-            result = engine.run(
-                stage1_id,
-                ["python3", "-c", _INSTALL],
-                timeout=600,
-                env={"PYTHONHASHSEED": "0", "SOURCE_DATE_EPOCH": str(p.epoch)},
-                mounts={str(wheelhouse): "/k3env/wheels", str(req): "/k3env/req"},
-                writable={str(out): "/k3env/out", str(meta): "/k3env/meta"},
-                user=f"{os.getuid()}:{os.getgid()}",
-                progress=log.detail,
-            )
-        if result.exit_code != 0:
-            raise EngineError(
-                f"installing the twin's wheels failed (exit {result.exit_code}): "
-                f"{(result.stdout + result.stderr).strip()[-3000:]}",
-                where=p.reference,
-                fix="read the output above; fix the input it names and run again",
-            )
-        dirs = json.loads((meta / "meta.json").read_text())["dirs"]
+            # Stage 1 has no pip of its own: it runs from its pinned wheel. Timestamp .pyc,
+            # their headers the clamp instant (cold imports 16-18 s -> 6-8 s).
+            info = install_tree(
+                engine, stage1_id, "python3", requirements=req / "requirements.txt",
+                wheelhouse=wheelhouse, out=out, meta=meta, epoch=p.epoch, pyc="TIMESTAMP",
+                pip_from_wheel=True, replace=(), log=log, where=p.reference,
+            )  # fmt: skip
         layer, archive = Path(tmp) / "layer.tar", Path(tmp) / "image.tar"
         with log.step(f"assemble {p.reference} (one layer over stage 1)"):
-            diff_id = tree_layer(out, layer, mtime=p.epoch, owners=False, dirs=dirs)
+            diff_id = tree_layer(out, layer, mtime=p.epoch, owners=False, dirs=info["dirs"])
             image_id = archive_file(
                 _json(_stage2_config(stage1, diff_id, p)), layer,
                 [*stage1.diff_ids, diff_id], archive,
             )  # fmt: skip
-        return _load(engine, archive, image_id, p.reference, log)
+        return load_checked(engine, archive, image_id, p.reference, log)
 
 
 def _stage2_config(stage1: BaseImage, diff_id: str, p: TwinPlan) -> dict[str, object]:
