@@ -18,8 +18,7 @@ from k3env.checks.verify import requirement_rows
 from k3env.cli import main
 from k3env.config.lock import load_lock
 from k3env.config.spec import load_spec
-from k3env.config.twinreq import pinned_versions, twin_disagreements
-from k3env.image.twinresolve import parse_compiled
+from k3env.config.twinreq import parse_pinned, pinned_versions, twin_disagreements
 from k3env.versions import Installed, unmet_requirements
 
 from .conftest import replace_in
@@ -160,7 +159,7 @@ def test_uv_output_is_parsed_with_every_hash() -> None:
         "vllm==0.31.0 \\\n    --hash=sha256:" + "a" * 64 + " \\\n    --hash=sha256:" + "b" * 64
         + "\n    # via -r in.txt\ntorch==2.13.0+cpu \\\n    --hash=sha256:" + "c" * 64 + "\n"
     )  # fmt: skip
-    assert parse_compiled(text) == {
+    assert parse_pinned(text) == {
         "vllm": ("0.31.0", ["a" * 64, "b" * 64]),
         "torch": ("2.13.0+cpu", ["c" * 64]),
     }

@@ -6,25 +6,33 @@ module only reads it. ``k3env lock --check`` fails on every disagreement listed 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from k3env.config.lock import Lock
 from k3env.versions import requirement_name, satisfies
 
 
-def pinned_versions(path: Path) -> dict[str, str]:
-    """Canonical distribution name -> version, for each ``name==version`` line."""
-    out: dict[str, str] = {}
-    text = path.read_text().replace("\\\n", " ")
-    for line in text.splitlines():
+def parse_pinned(text: str) -> dict[str, tuple[str, list[str]]]:
+    """A hash-pinned requirements text (pip's form, or uv's with ``\\`` continuations):
+    canonical distribution name -> (version, [sha256, ...]) for each ``name==version`` line."""
+    out: dict[str, tuple[str, list[str]]] = {}
+    for line in text.replace("\\\n", " ").splitlines():
         line = line.split("#", 1)[0].strip()
-        if "==" not in line or line.startswith("-"):
+        if not line or line.startswith("-") or "==" not in line:
             continue
         requirement = line.split(" --", 1)[0].strip()
         name = requirement_name(requirement)
-        if name is not None:
-            out[name] = requirement.split("==", 1)[1].split(";", 1)[0].strip()
+        if name is None:
+            continue
+        version = requirement.split("==", 1)[1].split(";", 1)[0].strip()
+        out[name] = (version, re.findall(r"--hash=sha256:([0-9a-f]{64})", line))
     return out
+
+
+def pinned_versions(path: Path) -> dict[str, str]:
+    """Canonical distribution name -> version, for each ``name==version`` line."""
+    return {name: version for name, (version, _) in parse_pinned(path.read_text()).items()}
 
 
 def twin_disagreements(lock: Lock) -> list[str]:

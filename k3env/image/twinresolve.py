@@ -10,13 +10,13 @@ component whose pinned sha256 is not among its release's files is refused.
 
 from __future__ import annotations
 
-import re
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from k3env.config.lock import Lock
+from k3env.config.twinreq import parse_pinned
 from k3env.errors import LockError
 from k3env.image.wheels import TWIN_PLATFORM, TWIN_PYTHON
 from k3env.log import Log
@@ -47,23 +47,6 @@ def component_tops(lock: Lock) -> list[str]:
                 extras = ""
             tops.append(f"{w.name}{extras}=={w.version}")
     return tops
-
-
-def parse_compiled(text: str) -> dict[str, tuple[str, list[str]]]:
-    """uv's ``--generate-hashes`` output: name -> (version, [sha256, ...])."""
-    out: dict[str, tuple[str, list[str]]] = {}
-    joined = text.replace("\\\n", " ")
-    for line in joined.splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line or line.startswith("-") or "==" not in line:
-            continue
-        requirement = line.split(" --", 1)[0].strip()
-        name = requirement_name(requirement)
-        if name is None:
-            continue
-        version = requirement.split("==", 1)[1].split(";", 1)[0].strip()
-        out[name] = (version, re.findall(r"--hash=sha256:([0-9a-f]{64})", line))
-    return out
 
 
 def resolve_twin(
@@ -99,7 +82,7 @@ def resolve_twin(
             argv += ["--exclude-newer", twin.resolved_before]
         with log.step(f"resolve the twin from {lock.path} (uv pip compile)"):
             run(argv, log, capture=True, what="uv pip compile")
-        compiled = parse_compiled(out.read_text())
+        compiled = parse_pinned(out.read_text())
     baked = {}
     for component in lock.components.values():
         for w in component.wheels:

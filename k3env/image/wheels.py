@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from k3env.config.twinreq import parse_pinned
 from k3env.errors import ConfigError
 from k3env.log import Log
 from k3env.runner import attempt, run
@@ -56,14 +57,7 @@ def held_files(wheelhouse: Path) -> dict[str, Path]:
 
 def pinned_hash_sets(requirements: Path) -> list[set[str]]:
     """Per requirement line, the sha256 values it accepts."""
-    import re
-
-    text = requirements.read_text().replace("\\\n", " ")
-    return [
-        set(re.findall(r"--hash=sha256:([0-9a-f]{64})", line))
-        for line in text.splitlines()
-        if "--hash=" in line and not line.lstrip().startswith("#")
-    ]
+    return [set(hashes) for _, hashes in parse_pinned(requirements.read_text()).values()]
 
 
 def download_wheels(requirements: Path, state: State, log: Log) -> Path:
