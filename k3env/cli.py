@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -428,25 +427,21 @@ def cmd_srt_recipe(args: argparse.Namespace, log: Log) -> int:
 # verify
 # ---------------------------------------------------------------------------------------------
 def cmd_verify(args: argparse.Namespace, log: Log) -> int:
-    from concurrent.futures import ThreadPoolExecutor
-
     from k3env.checks.report import markdown, table
-    from k3env.checks.verify import verify_image
+    from k3env.checks.verify import verify_images
 
     lock, specs, engine, state, builds = _builds(args, log)
-
-    def one(pair: tuple[ImageSpec, BuildResult]) -> Any:
-        spec, build = pair
-        with log.step(f"verify {spec.name} in one container ({build.reference})"):
-            return verify_image(
-                engine, state, lock, spec, build, twin=args.twin, timeout=args.timeout, log=log
-            )
-
-    # One container per image, as many at once as there are cores (each probe is one
-    # single-threaded Python importing vLLM): the matrix in the time of the slowest image.
-    workers = max(1, min(len(specs), os.cpu_count() or 1))
-    with ThreadPoolExecutor(max_workers=workers) as pool:
-        reports = list(pool.map(one, zip(specs, builds, strict=True)))
+    # One container per core; images with the same files share one (and one import).
+    reports = verify_images(
+        engine,
+        state,
+        lock,
+        list(zip(specs, builds, strict=True)),
+        twin=args.twin,
+        timeout=args.timeout,
+        log=log,
+        share=not args.isolated,
+    )
     if args.markdown:
         write_atomic(args.markdown, markdown(reports))
         log.info(f"compat matrix written to {args.markdown}")
@@ -832,6 +827,12 @@ def parser() -> argparse.ArgumentParser:
     ver.add_argument(
         "--timeout", type=float, default=300, help="seconds per image before the probe is killed"
     )
+    ver.add_argument(
+        "--isolated",
+        action="store_true",
+        help="one container and one import per image (by default images with the same files "
+        "share one import; each image's checks still run under its own environment)",
+    )
     ver.set_defaults(func=cmd_verify)
 
     bump = sub.add_parser(
@@ -964,8 +965,11 @@ DESCRIPTIONS = {
         "bump.yml` runs it for each pin `k3env outdated` finds, one PR each"
     ),
     "verify": (
-        "Check each image from inside, in one container start per image (images in parallel, "
-        "one per core; an unchanged image, plan and probe answered from its record): the serve "
+        "Check each image from inside, one container per core at once; images with the same "
+        "files share one container and one import of the entrypoints, each image's checks "
+        "running under its own env (an image whose env the import looked up is probed alone; "
+        "`--isolated`: one each); an unchanged image, plan and probe answered from its "
+        "record: the serve "
         "lines parse with the image's own vLLM / Dynamo parsers (including vLLM's server-setup "
         "validation; a model path stands in as an empty directory), parser names on the profile "
         "and on the command lines are registered with the process that reads them, the "

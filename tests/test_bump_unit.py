@@ -157,7 +157,7 @@ def test_a_build_that_fails_outright_is_the_outcomes_error(
 
 
 def probe_answer(rows: list[dict[str, Published]], facts: dict[str, Published]) -> RunResult:
-    payload = {"results": rows, "facts": facts, "patch_targets": {}}
+    payload = {"plans": [{"results": rows, "facts": facts, "patch_targets": {}}]}
     return RunResult(exit_code=0, stdout=MARK + json.dumps(payload) + "\n", stderr="")
 
 

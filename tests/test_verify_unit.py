@@ -22,6 +22,7 @@ from k3env.checks.verify import (
     patch_rows,
     plan_for,
     verify_image,
+    verify_images,
 )
 from k3env.config.lock import load_lock
 from k3env.config.spec import load_spec
@@ -267,7 +268,7 @@ def test_verify_image_runs_the_probe_once_and_records_facts_by_image_id(
     ) -> RunResult:
         (host,) = mounts
         seen.update(image=image, argv=argv, env=env, mounts=mounts, host=Path(host))
-        seen["plan"] = json.loads((Path(host) / "plan.json").read_text())
+        seen["plan"] = json.loads((Path(host) / "plan.json").read_text())["plans"][0]
         seen["probe"] = (Path(host) / "probe.py").read_text()
         # What the probe would read in the image: the patch targets it was asked for.
         targets = {
@@ -275,7 +276,7 @@ def test_verify_image_runs_the_probe_once_and_records_facts_by_image_id(
             for p in seen["plan"]["patches"]
             if not p.get("skip")
         }
-        payload = {"results": ROWS, "facts": FACTS, "patch_targets": targets}
+        payload = {"plans": [{"results": ROWS, "facts": FACTS, "patch_targets": targets}]}
         noise = "WARNING some import chatter\n" + MARK + '{"stale": true}\n'
         return RunResult(
             exit_code=0, stdout=noise + "done\n" + MARK + json.dumps(payload) + "\n", stderr=""
@@ -335,7 +336,7 @@ def test_preflight_finds_the_facts_of_the_recorded_build(
     spec = project.spec(lock)
     state = project.state
     (build,) = build_all(make_builder(lock, fake_engine, state, QUIET, False), [spec])
-    payload = {"results": [], "facts": FACTS, "patch_targets": {}}
+    payload = {"plans": [{"results": [], "facts": FACTS, "patch_targets": {}}]}
     fake_engine.on_run(
         lambda image, argv, env, mounts: RunResult(
             exit_code=0, stdout=MARK + json.dumps(payload), stderr=""
@@ -376,8 +377,55 @@ def test_a_truncated_verdict_line_is_an_engine_error(
     build = built(fake_engine, project)
     fake_engine.on_run(
         lambda image, argv, env, mounts: RunResult(
-            exit_code=-9, stdout=MARK + '{"results": [{"check": "ver', stderr="killed after 300 s"
+            exit_code=-9,
+            stdout=MARK + '{"plans": [{"results": [{"check": "ver',
+            stderr="killed after 300 s",
         )
     )
     with pytest.raises(EngineError):
         verify_image(fake_engine, State(tmp_path), lock, spec, build, twin=False)
+
+
+def test_images_with_the_same_files_share_one_container_and_an_unshared_one_runs_alone(
+    fake_engine: FakeEngine, project: Project, tmp_path: Path
+) -> None:
+    lock = project.lock()
+    first = project.spec(lock)
+    second_path = project.spec_path.with_name("probe2.toml")
+    second_path.write_text(project.spec_path.read_text().replace('A = "1"', 'A = "2"'))
+    second = load_spec(second_path, lock)
+    builder = make_builder(lock, fake_engine, project.state, QUIET, False)
+    pairs = [(first, builder.build(first)), (second, builder.build(second))]
+    assert pairs[0][1].image_id != pairs[1][1].image_id  # two images, same files
+    runs: list[tuple[str, list[str], list[str | None]]] = []
+
+    def probe(
+        image: str, argv: list[str], env: dict[str, str], mounts: dict[str, str]
+    ) -> RunResult:
+        (host,) = mounts
+        payload = json.loads((Path(host) / "plan.json").read_text())
+        runs.append((image, [p["image"] for p in payload["plans"]],
+                     [e.get("A") for e in payload["envs"]]))  # fmt: skip
+        answers: list[dict[str, Any]] = [
+            {"unshared": "the shared import looked up A, which this image sets differently"}
+            if i > 0
+            else {"results": [], "facts": {"versions": {}}, "patch_targets": {}}
+            for i in range(len(payload["plans"]))
+        ]
+        return RunResult(exit_code=0, stdout=MARK + json.dumps({"plans": answers}), stderr="")
+
+    fake_engine.on_run(probe)
+    reports = verify_images(fake_engine, State(tmp_path / "a"), lock, pairs, twin=False, workers=1)
+    # One container of the first image for both plans, each with its own environment; the
+    # image that could not share is then probed in its own container.
+    assert runs == [
+        (pairs[0][1].image_id, [first.name, second.name], ["1", "2"]),
+        (pairs[1][1].image_id, [second.name], ["2"]),
+    ]
+    assert [r.image for r in reports] == [first.name, second.name]
+    assert not any(r.cached for r in reports)
+
+    runs.clear()  # --isolated: one container each, never a group
+    verify_images(fake_engine, State(tmp_path / "b"), lock, pairs, twin=False, workers=1,
+                  share=False)  # fmt: skip
+    assert sorted(r[1] for r in runs) == [[first.name], [second.name]]

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from k3env.checks.preflight import contexts, run_rules
 from k3env.checks.rules import RULES
-from k3env.checks.verify import CHECKS, ImageReport, verify_image
+from k3env.checks.verify import CHECKS, ImageReport, verify_images
 from k3env.config.cluster import Cluster
 from k3env.config.lock import Lock, verify_patch_file
 from k3env.config.patchfile import load_patch_file
@@ -114,7 +114,7 @@ def evaluate(
     except K3envError as e:
         return Outcome(reports=(), preflight_errors={}, patches=fates, error=describe_error(e))
     reports = (
-        [verify_image(engine, state, lock, spec, build, twin=False) for spec, build in builds]
+        verify_images(engine, state, lock, builds, twin=False)
         if run_verify
         else []
     )

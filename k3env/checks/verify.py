@@ -11,10 +11,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import os
 import shutil
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -28,7 +29,7 @@ from k3env.engine.protocol import Engine
 from k3env.errors import EngineError
 from k3env.hashing import canonical_sha256, digest_hex, sha256_digest
 from k3env.image.bases import select_base
-from k3env.image.build import BuildResult
+from k3env.image.build import PROVENANCE_LABEL, PROVENANCE_PATH, BuildResult
 from k3env.image.envpolicy import merged_env
 from k3env.image.patches import SKIPPED, missing_edits
 from k3env.log import Log
@@ -271,19 +272,29 @@ def _probe_sha256() -> str:
     return digest_hex(sha256_digest((resources.files("k3env.probes") / "probe.py").read_bytes()))
 
 
+def probe_env(config_env: Sequence[str]) -> dict[str, str]:
+    """The environment the probe's container has: the image's config Env, then PROBE_ENV."""
+    env = dict(item.split("=", 1) for item in config_env if "=" in item)
+    return {**env, **PROBE_ENV}
+
+
 def run_probe(
     engine: Engine,
     image: str,
     python: str,
-    plan: Mapping[str, Any],
+    plans: Sequence[Mapping[str, Any]],
+    envs: Sequence[Mapping[str, str]],
     *,
     timeout: float,
-) -> ProbeOutput:
+) -> list[ProbeOutput | str]:
+    """The probe over one image or a group of images with the same files, in one container of
+    ``image`` (the group's first): each plan's output, or why it could not share the import
+    (the caller verifies that image on its own)."""
     workdir = Path(tempfile.mkdtemp(prefix="k3env-probe-"))
     try:
         with resources.as_file(resources.files("k3env.probes") / "probe.py") as probe:
             shutil.copy(probe, workdir / "probe.py")
-        (workdir / "plan.json").write_text(json.dumps(plan))
+        (workdir / "plan.json").write_text(json.dumps({"plans": plans, "envs": envs}))
         workdir.chmod(0o755)
         result = engine.run(
             image,
@@ -298,11 +309,21 @@ def run_probe(
         if line.startswith(MARK):
             try:
                 payload = json.loads(line[len(MARK) :])
-                return ProbeOutput(
-                    rows=list(payload["results"]),
-                    facts=dict(payload["facts"]),
-                    patch_targets=dict(payload.get("patch_targets") or {}),
-                )
+                outputs: list[ProbeOutput | str] = []
+                for one in payload["plans"]:
+                    if "unshared" in one:
+                        outputs.append(str(one["unshared"]))
+                        continue
+                    outputs.append(
+                        ProbeOutput(
+                            rows=list(one["results"]),
+                            facts=dict(one["facts"]),
+                            patch_targets=dict(one.get("patch_targets") or {}),
+                        )
+                    )
+                if len(outputs) != len(plans):
+                    raise ValueError(f"{len(outputs)} answers for {len(plans)} plans")
+                return outputs
             except (ValueError, KeyError, TypeError) as e:
                 raise EngineError(
                     f"the probe's verdict line is cut off or malformed ({e}; exit "
@@ -321,6 +342,25 @@ def run_probe(
         where=image,
         fix="the image's Python could not run the probe: check `python` in the base pin",
     )
+
+
+def files_key(engine: Engine, image_id: str) -> tuple[Any, ...]:
+    """What an image's files are, for grouping: its layers; for an image k3env built, the
+    layers below its own and that layer's files as its provenance lists them (the record's
+    sha256 is checked against the image's label). Images with the same key differ only in
+    their config (Env) and their provenance record."""
+    image = engine.inspect(image_id)
+    if image is None:
+        return ("image", image_id)
+    labels = image.config.get("Labels") or {}
+    recorded = labels.get(PROVENANCE_LABEL)
+    if not recorded:
+        return ("layers", image.diff_ids)
+    found = engine.read_files(image_id, [PROVENANCE_PATH]).get(PROVENANCE_PATH)
+    if found is None or digest_hex(sha256_digest(found.content)) != recorded:
+        return ("image", image_id)  # nothing to vouch for its layer: verified on its own
+    files = json.loads(found.content).get("files")
+    return ("k3env", image.diff_ids[:-1], canonical_sha256(files))
 
 
 def image_row(spec: ImageSpec, check: str, subject: str, status: str, output: str) -> CheckResult:
@@ -384,35 +424,109 @@ def _with_variant_notes(
     return out
 
 
-def verify_image(
+@dataclass(frozen=True, kw_only=True)
+class _Job:
+    spec: ImageSpec
+    build: BuildResult
+    python: str
+    plan: dict[str, Any]
+    key: str
+    env: dict[str, str]
+
+
+def verify_images(
+    engine: Engine,
+    state: State,
+    lock: Lock,
+    pairs: Sequence[tuple[ImageSpec, BuildResult]],
+    *,
+    twin: bool,
+    timeout: float = 300,
+    log: Log | None = None,
+    workers: int | None = None,
+    share: bool = True,
+) -> list[ImageReport]:
+    """Verify images, each answered from its record when its image, plan and probe are
+    unchanged; the rest probed, as many containers at once as there are cores. Images whose
+    files are the same (``files_key``) share one container and one import of the entrypoints
+    (each image's checks run under its own environment; the probe says when an image cannot
+    share, and that image is probed on its own). ``share=False`` probes each on its own."""
+    from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+
+    log = log or Log(quiet=True)
+    start = time.monotonic()
+    outputs: dict[int, tuple[ProbeOutput, bool]] = {}
+    jobs: dict[int, _Job] = {}
+    for i, (spec, build) in enumerate(pairs):
+        base_pin = select_base(lock, spec, twin)  # the base the builder used
+        plan = plan_for(lock, spec, build, base_pin, twin)
+        # An image never changes: the same image, plan and probe give the same verdicts.
+        key = canonical_sha256(
+            {"image": build.image_id, "plan": plan, "probe": _probe_sha256(), "env": PROBE_ENV}
+        )
+        recorded = state.read_record("verify", key)
+        if isinstance(recorded, dict):
+            outputs[i] = (ProbeOutput(**recorded), True)
+            continue
+        inspected = engine.inspect(build.image_id)
+        env = probe_env((inspected.config.get("Env") or []) if inspected else [])
+        jobs[i] = _Job(spec=spec, build=build, python=base_pin.python, plan=plan, key=key,
+                       env=env)  # fmt: skip
+    groups: dict[Any, list[int]] = {}
+    for i, job in jobs.items():
+        group = (job.python, files_key(engine, job.build.image_id)) if share else i
+        groups.setdefault(group, []).append(i)
+
+    def probe(members: list[int]) -> list[ProbeOutput | str]:
+        first = jobs[members[0]]
+        names = ", ".join(jobs[i].spec.name for i in members)
+        what = f"verify {names} in one container" + (" (same files)" if len(members) > 1 else "")
+        with log.step(f"{what} ({first.build.reference})"):
+            return run_probe(
+                engine,
+                first.build.image_id,
+                first.python,
+                [jobs[i].plan for i in members],
+                [jobs[i].env for i in members],
+                timeout=timeout * len(members),
+            )
+
+    cores = workers or max(1, os.cpu_count() or 1)
+    with ThreadPoolExecutor(max_workers=cores) as pool:
+        running: dict[Future[list[ProbeOutput | str]], list[int]] = {
+            pool.submit(probe, members): members
+            for members in sorted(groups.values(), key=len, reverse=True)
+        }
+        while running:
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                members = running.pop(future)
+                for i, out in zip(members, future.result(), strict=True):
+                    if isinstance(out, str):
+                        log.info(f"    {jobs[i].spec.name}: verified on its own: {out}")
+                        running[pool.submit(probe, [i])] = [i]
+                        continue
+                    state.write_record(dataclasses.asdict(out), "verify", jobs[i].key)
+                    outputs[i] = (out, False)
+    return [
+        _report(engine, state, lock, spec, build, *outputs[i], twin=twin, log=log, start=start)
+        for i, (spec, build) in enumerate(pairs)
+    ]
+
+
+def _report(
     engine: Engine,
     state: State,
     lock: Lock,
     spec: ImageSpec,
     build: BuildResult,
+    out: ProbeOutput,
+    cached: bool,
     *,
     twin: bool,
-    timeout: float = 300,
-    log: Log | None = None,
+    log: Log,
+    start: float,
 ) -> ImageReport:
-    base_pin = select_base(lock, spec, twin)  # the base the builder used
-    start = time.monotonic()
-    plan = plan_for(lock, spec, build, base_pin, twin)
-    # An image never changes: the same image, plan and probe give the same verdicts.
-    key = canonical_sha256(
-        {"image": build.image_id, "plan": plan, "probe": _probe_sha256(), "env": PROBE_ENV}
-    )
-    recorded = state.read_record("verify", key)
-    cached = isinstance(recorded, dict)
-    if isinstance(recorded, dict):
-        out = ProbeOutput(
-            rows=list(recorded["rows"]),
-            facts=dict(recorded["facts"]),
-            patch_targets=dict(recorded["patch_targets"]),
-        )
-    else:
-        out = run_probe(engine, build.image_id, base_pin.python, plan, timeout=timeout)
-        state.write_record(dataclasses.asdict(out), "verify", key)
     facts = out.facts
     results = tuple(
         CheckResult(
@@ -428,7 +542,7 @@ def verify_image(
         for r in out.rows
     ) + tuple(patch_rows(lock, spec, build, out.patch_targets))
     results += tuple(requirement_rows(lock, spec, facts, twin))
-    results = tuple(_with_variant_notes(results, lock, state, log or Log(quiet=True)))
+    results = tuple(_with_variant_notes(results, lock, state, log))
     state.write_record(facts, "facts", build.image_id)
     return ImageReport(
         image=spec.name,
@@ -439,3 +553,19 @@ def verify_image(
         seconds=time.monotonic() - start,
         cached=cached,
     )
+
+
+def verify_image(
+    engine: Engine,
+    state: State,
+    lock: Lock,
+    spec: ImageSpec,
+    build: BuildResult,
+    *,
+    twin: bool,
+    timeout: float = 300,
+    log: Log | None = None,
+) -> ImageReport:
+    """One image (``verify_images`` of one)."""
+    return verify_images(engine, state, lock, [(spec, build)], twin=twin, timeout=timeout,
+                         log=log)[0]  # fmt: skip

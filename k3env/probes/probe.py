@@ -33,6 +33,9 @@ import traceback
 import urllib.request
 
 MARK = "@@k3env-probe@@"
+# sys.path as the interpreter starts: what the image's Python finds. Imports may add to it
+# (setuptools adds its _vendor directory), and the version checks must not see those.
+START_PATH = list(sys.path)
 RESULTS: list[dict[str, object]] = []
 FACTS: dict[str, object] = {"versions": {}}
 
@@ -51,11 +54,14 @@ def record(check, subject, status, component, output="", profile=None):
     )
 
 
+def distribution(dist):
+    """The distribution ``dist`` as the image's Python finds it on start, or None."""
+    return next(iter(md.distributions(name=dist, path=START_PATH)), None)
+
+
 def version_of(dist):
-    try:
-        return md.version(dist)
-    except md.PackageNotFoundError:
-        return None
+    found = distribution(dist)
+    return found.version if found is not None else None
 
 
 @contextlib.contextmanager
@@ -134,7 +140,7 @@ def marker_environment():
 def installed_distributions():
     """Every distribution on sys.path, with its Requires-Dist and where its metadata is."""
     out = []
-    for d in md.distributions():
+    for d in md.distributions(path=START_PATH):
         name = d.metadata["Name"]
         if not name:
             continue
@@ -293,27 +299,88 @@ def _absent_top(error):
     return top if top and importlib.util.find_spec(top) is None else None
 
 
+IMPORTS: dict[str, tuple[str, str]] = {}  # entrypoint module -> (status, output)
+
+
+def import_entrypoint(module, design):
+    """(status, output) of importing ``module``; when it fails on an absent top-level
+    package, the import goes on past it in a forked copy of this process (stand-ins must
+    never serve a later check, and torch cannot be imported twice in one process), else in a
+    new interpreter."""
+    if module in IMPORTS:
+        return IMPORTS[module]
+    error = None
+    with captured() as buf:
+        try:
+            importlib.import_module(module)
+        except BaseException as e:
+            error = e
+            traceback.print_exc(limit=-6)
+    if error is None:
+        result = ("pass", "")
+    elif _absent_top(error) is None:
+        result = ("fail", buf.getvalue())
+    else:
+        forked = in_fork(lambda: import_past_absent(module, design), timeout=300)
+        result = tuple(forked) if forked else import_in_subprocess(module, design)
+    IMPORTS[module] = result
+    return result
+
+
+def entrypoints(plan):
+    return sorted(
+        {m for p in plan["profiles"] for c in p["commands"] for m in ENTRYPOINT_MODULES[c["role"]]}
+    )
+
+
 def check_imports(plan):
     design = [n.replace("-", "_") for n in plan.get("absent_by_design", [])]
-    for role in sorted({c["role"] for p in plan["profiles"] for c in p["commands"]}):
-        for module in ENTRYPOINT_MODULES[role]:
-            component = "vllm" if role == "vllm-serve" else "dynamo"
-            error = None
-            with captured() as buf:
-                try:
-                    importlib.import_module(module)
-                except BaseException as e:
-                    error = e
-                    traceback.print_exc(limit=-6)
-            if error is None:
-                record("imports", module, "pass", component, "")
-            elif _absent_top(error) is None:
-                record("imports", module, "fail", component, buf.getvalue())
-            else:
-                # Past the absent module, in a process of its own: stand-ins must never
-                # serve a later check, and torch cannot be imported twice in one process.
-                status, out = import_in_subprocess(module, design)
-                record("imports", module, status, component, out)
+    for module in entrypoints(plan):
+        component = "vllm" if module.startswith("vllm.") else "dynamo"
+        status, out = import_entrypoint(module, design)
+        record("imports", module, status, component, out)
+
+
+def in_fork(fn, timeout):
+    """``fn()`` in a forked copy of this process (what it imports or patches stays there);
+    its JSON-able result, or None when the copy died or ran out of ``timeout``."""
+    import select
+    import signal
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the copy: answer on the pipe, never return into the caller's stack
+        os.close(r)
+        try:
+            data = json.dumps({"ok": fn()}).encode()
+        except BaseException:
+            data = json.dumps({"error": traceback.format_exc(limit=-6)}).encode()
+        view = memoryview(data)
+        while view:
+            view = view[os.write(w, view) :]
+        os._exit(0)
+    os.close(w)
+    chunks, deadline = [], time.monotonic() + timeout
+    try:
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([r], [], [], left)[0]:
+                os.kill(pid, signal.SIGKILL)
+                return None
+            chunk = os.read(r, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    finally:
+        os.close(r)
+        os.waitpid(pid, 0)
+    try:
+        answer = json.loads(b"".join(chunks))
+    except ValueError:
+        return None
+    return answer.get("ok")
 
 
 def import_in_subprocess(module, design):
@@ -737,10 +804,10 @@ def read_patch_targets(plan):
 def _dist_files(dist):
     """The installed files of distribution ``dist`` worth searching (Python sources, shared
     libraries), or None when it is not installed."""
-    try:
-        files = md.files(dist) or []
-    except md.PackageNotFoundError:
+    found = distribution(dist)
+    if found is None:
         return None
+    files = found.files or []
     return [f for f in files if f.suffix == ".py" or ".so" in f.name]
 
 
@@ -893,15 +960,18 @@ def _serve_flags():
         return set()
 
 
-def check_env(plan):
-    registry = {}
+def _vllm_env_registry():
+    """vLLM's own table of the variables it reads (vllm.envs), or {} without vLLM."""
     try:
         with captured():
             envs = importlib.import_module("vllm.envs")
-        registry = dict.fromkeys(getattr(envs, "environment_variables", {}))
-        FACTS.setdefault("vllm", {})["env_vars"] = sorted(registry)
+        return dict.fromkeys(getattr(envs, "environment_variables", {}))
     except BaseException:
-        pass
+        return {}
+
+
+def env_search_plan(plan, registry):
+    """(names to search, per name the tiers of sources to search in order)."""
     env = plan.get("env", {})
     families = plan.get("env_families", {})
     default = plan.get("env_default_sources", [])
@@ -914,7 +984,37 @@ def check_env(plan):
             rest = [s for s in default if s not in hint]
             tiers[name] = [hint, rest] if hint else [rest]
     pending = sorted(n for n in env if n not in registry or env[n])
-    found, searched, tokens = _search(pending, tiers)
+    return pending, tiers
+
+
+SEARCHED: dict[tuple[str, str], tuple[object, list[str]]] = {}  # (name, tiers) -> (file, where)
+TOKENS: dict[str, str] = {}  # upper-case names the searched files mention -> a file
+
+
+def search_cached(names, tiers):
+    """``_search`` once per (name, tiers) in this process: a group's images share the files."""
+    key = {n: json.dumps(tiers[n]) for n in names}
+    misses = sorted({n for n in names if (n, key[n]) not in SEARCHED})
+    by_tiers = {}
+    for n in misses:
+        by_tiers.setdefault(key[n], []).append(n)
+    for group in by_tiers.values():
+        found, searched, tokens = _search(group, {n: tiers[n] for n in group})
+        for n in group:
+            SEARCHED[(n, key[n])] = (found.get(n), searched[n])
+        for token, path in tokens.items():
+            TOKENS.setdefault(token, path)
+    found = {n: SEARCHED[(n, key[n])][0] for n in names if SEARCHED[(n, key[n])][0]}
+    return found, {n: SEARCHED[(n, key[n])][1] for n in names}, TOKENS
+
+
+def check_env(plan):
+    registry = _vllm_env_registry()
+    if registry:
+        FACTS.setdefault("vllm", {})["env_vars"] = sorted(registry)
+    env = plan.get("env", {})
+    pending, tiers = env_search_plan(plan, registry)
+    found, searched, tokens = search_cached(pending, tiers)
     flags = None
     for name in sorted(env):
         declared = env[name]
@@ -947,27 +1047,29 @@ def check_env(plan):
         record("env", name, "fail", declared.split()[0] if declared else "image", message)
 
 
-def main():
-    if len(sys.argv) == 4 and sys.argv[1] == "--import-past-absent":
-        result = import_past_absent(sys.argv[2], json.loads(sys.argv[3]))
-        sys.stdout.write("\n" + MARK + json.dumps(result) + "\n")
-        sys.stdout.flush()
-        os._exit(0)
-    ap = argparse.ArgumentParser()
-    ap.add_argument("plan")
-    with open(ap.parse_args().plan) as f:
-        plan = json.load(f)
+CHECK_FUNCTIONS = (
+    ("versions", check_versions),
+    ("imports", check_imports),
+    ("args", check_args),
+    ("parsers", check_parsers),
+    ("tokenizer", check_tokenizer),
+    ("patches", read_patch_targets),
+    ("env", check_env),
+)
+
+
+def run_plan(plan, env=None):
+    """Every check of one image's plan; ``env`` (its environment) replaces this process's."""
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
+    RESULTS.clear()
+    FACTS.clear()
+    FACTS["versions"] = {}
+    TARGETS.clear()
     start = time.monotonic()
     timings = {}
-    for name, fn in (
-        ("versions", check_versions),
-        ("imports", check_imports),
-        ("args", check_args),
-        ("parsers", check_parsers),
-        ("tokenizer", check_tokenizer),
-        ("patches", read_patch_targets),
-        ("env", check_env),
-    ):
+    for name, fn in CHECK_FUNCTIONS:
         t = time.monotonic()
         try:
             fn(plan)
@@ -976,12 +1078,132 @@ def main():
         timings[name] = round(time.monotonic() - t, 3)
     FACTS["probe_seconds"] = round(time.monotonic() - start, 3)
     FACTS["probe_timings"] = timings
-    sys.stdout.write(
-        "\n"
-        + MARK
-        + json.dumps({"results": RESULTS, "facts": FACTS, "patch_targets": TARGETS})
-        + "\n"
+    return {"results": RESULTS, "facts": FACTS, "patch_targets": TARGETS}
+
+
+# --- one import for a group of images ---------------------------------------------------------
+# The host groups images whose files are the same (layers, and k3env's own layer's files but
+# its provenance record); they differ in their environment. The entrypoints are imported once
+# under the environment they all share, then each image's checks run in a forked copy with its
+# own environment. Each image's verdicts stand only with the evidence that the shared import is
+# the one it would have made: no name it sets differently was looked up during the import,
+# the interpreter starts the same under its environment, and k3env's files were not read.
+ENV_LOOKUPS: set[str] = set()
+OPENED_K3ENV: list[str] = []
+INTERPRETER = (
+    "import json, sys; print(json.dumps([repr(sys.flags), sys.path, sys.prefix, "
+    "sys.getfilesystemencoding(), sys.warnoptions, sorted(sys._xoptions)]))"
+)
+
+
+def track_environment():
+    """Record every name looked up in os.environ one at a time (``os.environ[name]``,
+    ``.get``, ``in``, ``os.getenv``), and every open of k3env's files in /etc/k3env."""
+    cls = type(os.environ)
+    getitem = cls.__getitem__
+
+    def __getitem__(self, key):
+        ENV_LOOKUPS.add(key.decode(errors="replace") if isinstance(key, bytes) else str(key))
+        return getitem(self, key)
+
+    cls.__getitem__ = __getitem__
+
+    def hook(event, args):
+        path = args[0] if event == "open" and args else None
+        if isinstance(path, str) and path.startswith("/etc/k3env"):
+            OPENED_K3ENV.append(path)
+
+    sys.addaudithook(hook)
+
+
+def interpreter_state(env):
+    import subprocess
+
+    proc = subprocess.run(
+        [sys.executable, "-c", INTERPRETER], env=env, capture_output=True, text=True, timeout=60
     )
+    return proc.stdout.strip() if proc.returncode == 0 else f"exit {proc.returncode}"
+
+
+def image_envs(payload):
+    """Each image's environment as its container would have it: the image's config and the
+    probe's own variables, over what the engine adds (HOSTNAME, HOME)."""
+    started = dict(os.environ)
+    first = payload["envs"][0]
+    extras = {k: v for k, v in started.items() if k not in first}
+    return [{**extras, **env} for env in payload["envs"]]
+
+
+def shared_reason(env, common, interpreters):
+    differing = sorted(n for n in set(env) | set(common) if env.get(n) != common.get(n))
+    looked = [n for n in differing if n in ENV_LOOKUPS]
+    if OPENED_K3ENV:
+        return differing, f"the shared import opened {OPENED_K3ENV[0]} (it differs per image)"
+    if looked:
+        return differing, (
+            f"the shared import looked up {', '.join(looked)}, which this image sets "
+            "differently from its group"
+        )
+    mine = interpreter_state(env) if differing else interpreters["common"]
+    if mine != interpreters["common"]:
+        return differing, "the interpreter starts differently under this image's environment"
+    return differing, None
+
+
+def run_group(payload, plan_path, restarted):
+    plans = payload["plans"]
+    envs = image_envs(payload)
+    common = {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs[1:])}
+    if dict(os.environ) != common and not restarted:  # again, under the shared environment
+        argv = [sys.executable, os.path.abspath(__file__), plan_path, "--restarted"]
+        os.execve(sys.executable, argv, common)
+    track_environment()
+    t = time.monotonic()
+    design = [n.replace("-", "_") for n in plans[0].get("absent_by_design", [])]
+    for module in sorted({m for plan in plans for m in entrypoints(plan)}):
+        import_entrypoint(module, design)
+    registry = _vllm_env_registry()
+    for plan in plans:  # the files are the same: search them once for every image's names
+        search_cached(*env_search_plan(plan, registry))
+    shared_seconds = round(time.monotonic() - t, 3)
+    interpreters = {"common": interpreter_state(common)}
+    out = []
+    for plan, env in zip(plans, envs, strict=True):
+        differing, reason = shared_reason(env, common, interpreters)
+        if reason is None:
+            answer = in_fork(lambda plan=plan, env=env: run_plan(plan, env), timeout=300)
+            if answer is None:
+                reason = "its forked check process died or ran out of time"
+        if reason is not None:
+            out.append({"unshared": reason})
+            continue
+        answer["facts"]["shared_import"] = {
+            "images": [p["image"] for p in plans],
+            "seconds": shared_seconds,
+            "env_differs": differing,
+            "env_looked_up": len(ENV_LOOKUPS),
+        }
+        out.append(answer)
+    return out
+
+
+def main():
+    if len(sys.argv) == 4 and sys.argv[1] == "--import-past-absent":
+        result = import_past_absent(sys.argv[2], json.loads(sys.argv[3]))
+        sys.stdout.write("\n" + MARK + json.dumps(result) + "\n")
+        sys.stdout.flush()
+        os._exit(0)
+    ap = argparse.ArgumentParser()
+    ap.add_argument("plan")
+    ap.add_argument("--restarted", action="store_true")
+    args = ap.parse_args()
+    with open(args.plan) as f:
+        payload = json.load(f)
+    if len(payload["plans"]) == 1:
+        out = [run_plan(payload["plans"][0])]
+    else:
+        out = run_group(payload, args.plan, args.restarted)
+    sys.stdout.write("\n" + MARK + json.dumps({"plans": out}) + "\n")
     sys.stdout.flush()
     os._exit(0)  # Dynamo's runtime threads must not hold the container open
 

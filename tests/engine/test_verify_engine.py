@@ -13,7 +13,14 @@ from typing import Any
 
 import pytest
 
-from k3env.checks.verify import COMPONENTS, ENV_DEFAULT_SOURCES, ENV_FAMILIES, run_probe
+from k3env.checks.verify import (
+    COMPONENTS,
+    ENV_DEFAULT_SOURCES,
+    ENV_FAMILIES,
+    ProbeOutput,
+    probe_env,
+    run_probe,
+)
 from k3env.cli import main
 from k3env.config.patchfile import Edit, PatchFile
 from k3env.engine.dockerd import DockerEngine
@@ -122,7 +129,8 @@ def twin_probe(engine: DockerEngine, dynamo_161_image: str) -> tuple[Verdicts, d
         versions={"vllm": "0.31.0", "dynamo": "1.6.1", "torch": "2.99.0"},
         tokenizer_candidates=["kimi_k2", "kimi_k3"],
     )
-    out = run_probe(engine, dynamo_161_image, "python3", p, timeout=300)
+    (out,) = run_probe(engine, dynamo_161_image, "python3", [p], [{}], timeout=300)
+    assert not isinstance(out, str)
     return results_by(out.rows), {**out.facts, "patch_targets": out.patch_targets}
 
 
@@ -269,7 +277,8 @@ def test_a_second_dynamo_release_answers_from_its_own_code(
         ],
         tokenizer_candidates=["kimi_k2", "kimi_k3"],
     )
-    out = run_probe(engine, old_dynamo_image, "python3", p, timeout=300)
+    (out,) = run_probe(engine, old_dynamo_image, "python3", [p], [{}], timeout=300)
+    assert not isinstance(out, str)
     r, facts = results_by(out.rows), out.facts
     assert facts["versions"]["dynamo-runtime"] == "1.2.1"
     tok = r[("k3", "tokenizer", "model_type kimi_k3")]
@@ -286,7 +295,8 @@ def test_worker_args_never_touch_the_model_path_on_dynamo_1_4_2(
     """Dynamo 1.4.2's worker parser builds the engine args, which resolve --model and ask the
     Hub for a path that is not on disk (HFValidationError '/model'): a false failure."""
     p = plan(profiles=[profile("w", ("dynamo-worker", WORKER))])
-    out = run_probe(engine, dynamo_142_image, "python3", p, timeout=300)
+    (out,) = run_probe(engine, dynamo_142_image, "python3", [p], [{}], timeout=300)
+    assert not isinstance(out, str)
     r = results_by(out.rows)[("w", "args", "commands[0] dynamo-worker")]
     assert out.facts["versions"]["dynamo"] == "1.4.2"
     assert r["status"] == "pass", r["output"]
@@ -320,3 +330,36 @@ def test_verify_cli_on_a_twin_image_writes_matrix_and_facts(
     facts = State().read_record("facts", image["image_id"])
     assert facts["versions"]["vllm"] == "0.31.0"
     assert facts["versions"]["aiperf"] == "0.13.0"  # baked from the lock's wheel
+
+
+def test_a_group_shares_one_import_and_each_image_keeps_its_own_environment(
+    engine: DockerEngine, dynamo_161_image: str
+) -> None:
+    inspected = engine.inspect(dynamo_161_image)
+    assert inspected is not None
+    env = probe_env(inspected.config.get("Env") or [])
+    p = plan(
+        profiles=[profile("good", ("vllm-serve", GOOD_SERVE), tool="kimi_k3", reasoning="kimi_k3")],
+        env={"PYTHONHASHSEED": None, "VLLM_SNAPSHOT_TIMEOUT_S": None, "HF_HOME": None},
+    )
+    plans = [{**p, "image": name} for name in ("same", "hash-seed", "hf-home")]
+    # huggingface_hub looks HF_HOME up while vLLM's CLI imports: an image that sets it
+    # differently cannot share that import; the interpreter's hash seed is no such lookup.
+    envs = [env, {**env, "PYTHONHASHSEED": "42"}, {**env, "HF_HOME": "/srv/hf"}]
+    same, seeded, hf_home = run_probe(engine, dynamo_161_image, "python3", plans, envs,
+                                      timeout=300)  # fmt: skip
+    assert isinstance(same, ProbeOutput) and isinstance(seeded, ProbeOutput)
+    assert isinstance(hf_home, str) and "looked up HF_HOME" in hf_home
+
+    def rows(out: ProbeOutput) -> list[tuple[str, str, str, str]]:
+        return [(r["check"], r["subject"], r["status"], r["output"]) for r in out.rows]
+
+    assert seeded.facts["shared_import"]["env_differs"] == ["PYTHONHASHSEED"]
+    assert seeded.facts["shared_import"]["images"] == ["same", "hash-seed", "hf-home"]
+    assert ("args", "commands[0] vllm-serve", "pass", "accepted\n") in rows(seeded)
+    assert rows(same) == rows(seeded)
+    # The same plan on its own, in its own container: the same verdicts.
+    (alone,) = run_probe(engine, dynamo_161_image, "python3", [plans[1]], [envs[1]], timeout=300)
+    assert not isinstance(alone, str)
+    assert rows(alone) == rows(seeded)
+    assert "shared_import" not in alone.facts
