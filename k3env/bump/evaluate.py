@@ -113,11 +113,7 @@ def evaluate(
         builds = list(zip(specs, build_all(builder, specs), strict=True))
     except K3envError as e:
         return Outcome(reports=(), preflight_errors={}, patches=fates, error=describe_error(e))
-    reports = (
-        verify_images(engine, state, lock, builds, twin=False)
-        if run_verify
-        else []
-    )
+    reports = verify_images(engine, state, lock, builds, twin=False) if run_verify else []
     pre = run_rules(contexts(lock, specs, cluster, state), RULES)
     errors = {spec.name: 0 for spec in specs}
     for f in pre.findings:
