@@ -342,7 +342,8 @@ def cmd_srt_validate(args: argparse.Namespace, log: Log) -> int:
         {"srt_slurm": m.as_json(), "recipes": [str(r) for r in recipes],
          "errors": [e.__dict__ for e in errors]},
         lambda: print(
-            "\n".join(f"{e.file}: {e.key or '(recipe)'}: {e.message}" for e in errors)
+            "\n".join(f"{e.file}: {e.key or '(recipe)'}: {e.message} [{e.stage}]"
+                      for e in errors)
             or f"{len(recipes)} recipe(s) valid for srt-slurm {m.version} + {list(m.patches)}"
         ),
     )  # fmt: skip

@@ -107,12 +107,19 @@ def output_or_none(argv: Sequence[str], log: Log) -> bytes | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
-def attempt(argv: Sequence[str], log: Log, *, cwd: Path | None = None) -> tuple[int, str]:
+def attempt(
+    argv: Sequence[str],
+    log: Log,
+    *,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+) -> tuple[int, str]:
     """Run ``argv`` whose failure is an answer, not an error: (exit code, stdout + stderr)."""
     log.command(list(argv))
     proc = subprocess.run(
         list(argv),
         cwd=cwd,
+        env=dict(env) if env is not None else None,
         check=False,
         text=True,
         stdout=subprocess.PIPE,

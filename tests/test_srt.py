@@ -66,8 +66,9 @@ def test_materialize_applies_patches_in_order_and_reuses_the_cache(
     first, _ = materialize(capsys)
     assert first["commit"] == upstream.v1036 and first["version"] == "v1.0.36"
     assert first["patches"] == ["PR #278", "direct vllm frontend: vLLM-native multi-node serve"]
-    src = Path(str(first["path"])) / "src/src/srtctl/core/schema.py"
-    assert '"vllm")' in src.read_text() and "agg_workers" in src.read_text()
+    src = Path(str(first["path"])) / "src/src/srtctl"
+    assert '"vllm")' in (src / "frontends/base.py").read_text()
+    assert "exactly one aggregate worker" in (src / "core/schema.py").read_text()
     python = str(first["python"])
     assert subprocess.run([python, "-c", "import srtctl.core.config"], check=False).returncode == 0
     # The srtctl the command prints runs from where the cache entry lives (its first line
@@ -101,8 +102,44 @@ def test_valid_generated_recipe_passes_and_unknown_field_is_reported(
             "file": str(bad.resolve()),
             "key": "benchmark.aiperf_server_metrics",
             "message": "Unknown field.",
+            "stage": "load",
         }
     ]
+
+
+def test_job_time_lookups_and_the_dry_run_catch_what_loading_does_not(
+    srt_repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipes = srt_repo / "recipes"
+    good = recipes / "f.yaml"
+    assert main(["srt", "recipe", "kimi-k3-direct-f", "--container", "reg/img@sha256:" + "0" * 64,
+                 "--out", str(good), "-q"]) == 0  # fmt: skip
+    text = good.read_text()
+    # Loads (benchmark.type is a free string in the schema); the job's runner lookup fails.
+    runner = recipes / "runner.yaml"
+    runner.write_text(text + 'benchmark:\n  type: "aiperf"\n')
+    # Loads; srtctl's dry-run cannot render the sbatch script's output path.
+    render = recipes / "render.yaml"
+    render.write_text(text + 'output:\n  log_dir: "./outputs/{job}/logs"\n')
+    # Two Dynamo install sources: srt-slurm's plain ValueError, in its own words.
+    two = recipes / "two.yaml"
+    two.write_text(text + 'dynamo:\n  hash: "abc"\n  wheel: "1.6.1"\n')
+    capsys.readouterr()
+    assert main(["srt", "validate", str(recipes), "--json", "-q"]) == 4
+    errors = {Path(e["file"]).name: e for e in json.loads(capsys.readouterr().out)["errors"]}
+    assert sorted(errors) == ["render.yaml", "runner.yaml", "two.yaml"]  # f.yaml is valid
+    assert errors["runner.yaml"]["stage"] == "job"
+    assert errors["runner.yaml"]["key"] == "benchmark.type"
+    assert errors["runner.yaml"]["message"].startswith("Unknown benchmark type: aiperf. Available:")
+    assert errors["render.yaml"]["stage"] == "dry-run"
+    assert errors["render.yaml"]["key"] == "output.log_dir"
+    assert "unknown placeholder 'job'" in errors["render.yaml"]["message"]
+    assert errors["two.yaml"] == {
+        "file": str(two.resolve()),
+        "key": "",
+        "message": "Cannot specify both Dynamo install sources: hash, wheel",
+        "stage": "load",
+    }
 
 
 def test_dynamo_recipe_asks_for_no_install_when_dynamo_is_baked(srt_repo: Path) -> None:

@@ -19,6 +19,7 @@ import os
 import re
 import shutil
 import sys
+import tempfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -285,18 +286,36 @@ def materialize(lock: Lock, state: State, log: Log, *, source: str | None = None
 
 
 # --- validate ------------------------------------------------------------------------------------
+# srtctl's own dry-run: loads the recipe and renders the sbatch script, without Slurm.
+DRY_RUN = ("-m", "srtctl.cli.submit", "dry-run", "-f")
+# srt-slurm names the field at the head of its cross-field messages ("frontend.type: vllm ...",
+# "dynamo.wheel must be ..."): the key path of an error that has none.
+_KEY_HEAD = re.compile(r"^([a-z_]+(?:\.[a-z_]+)+)\b")
+
+
 @dataclass(frozen=True, kw_only=True)
 class RecipeError:
     file: str
     key: str
     message: str
+    stage: str = "load"  # load (load_config) | job (a lookup the job makes) | dry-run (render)
+
+
+def _keyed(file: str, key: str, message: str, stage: str) -> RecipeError:
+    if not key or key == "_schema":
+        m = _KEY_HEAD.match(message)
+        key = m.group(1) if m else ""
+    return RecipeError(file=file, key=key, message=message, stage=stage)
 
 
 def validate(m: Materialized, recipes: list[Path], log: Log) -> list[RecipeError]:
-    """Each recipe through srt-slurm's own ``load_config``; errors with key paths."""
+    """Each recipe through srt-slurm's own ``load_config`` and the lookups its job makes by
+    the recipe's types (frontend, benchmark runner); then, for a recipe that passes those,
+    srtctl's dry-run (it renders the sbatch script). Errors with key paths."""
+    paths = [str(r.resolve()) for r in recipes]
     with resources.as_file(resources.files("k3env.probes") / "srt_validate.py") as script:
         out = run(
-            [str(m.python), str(script), *[str(r.resolve()) for r in recipes]],
+            [str(m.python), str(script), *paths],
             log,
             capture=True,
             what="srt-slurm load_config",
@@ -309,7 +328,28 @@ def validate(m: Materialized, recipes: list[Path], log: Log) -> list[RecipeError
             where=str(m.path),
             fix="check that the materialized srt-slurm has srtctl.core.config.load_config",
         ) from e
-    return [RecipeError(file=r["file"], key=r["key"], message=r["message"]) for r in rows]
+    errors = [_keyed(r["file"], r["key"], r["message"], r.get("stage", "load")) for r in rows]
+    failed = {e.file for e in errors}
+    # Rich wraps srtctl's output at 80 columns when it is not a terminal: one line a message.
+    env = {**os.environ, "COLUMNS": "10000"}
+    with tempfile.TemporaryDirectory(prefix="k3env-srt-dry-run-") as cwd:
+        for path in paths:
+            if path in failed:
+                continue
+            with log.step(f"srtctl dry-run {Path(path).name}"):
+                code, text = attempt([str(m.python), *DRY_RUN, path], log, cwd=Path(cwd), env=env)
+            if code != 0:
+                errors.append(_keyed(path, "", _dry_run_message(text, path), "dry-run"))
+    return errors
+
+
+def _dry_run_message(output: str, path: str) -> str:
+    """srtctl's ``Error: ...`` line (its own words), else the end of what it printed."""
+    for line in output.splitlines():
+        if line.strip().startswith("Error:"):
+            message = line.strip().removeprefix("Error:").strip()
+            return message.removeprefix(f"Invalid config in {path}: ")
+    return output.strip()[-1500:] or "srtctl dry-run failed and printed nothing"
 
 
 @dataclass(frozen=True, kw_only=True)

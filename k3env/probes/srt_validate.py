@@ -33,16 +33,54 @@ def load_config_function():
     return config.load_config
 
 
+def field(config, *keys):
+    """``config.a.b`` (srt-slurm's dataclasses) or ``config["a"]["b"]`` (a mapping)."""
+    for key in keys:
+        if config is None:
+            return None
+        config = config.get(key) if isinstance(config, dict) else getattr(config, key, None)
+    return config
+
+
+# What srt-slurm looks up only when the job runs (its dry-run does not): the frontend and the
+# benchmark runner, by the recipe's type, through srt-slurm's own registries.
+JOB_TIME = (
+    ("frontend.type", "srtctl.frontends.base", "get_frontend", "dynamo"),
+    ("benchmark.type", "srtctl.benchmarks.base", "get_runner", None),
+)
+
+
+def job_time_errors(path, config):
+    import importlib
+
+    errors = []
+    for key, module, function, default in JOB_TIME:
+        value = field(config, *key.split(".")) or default
+        if value is None or value == "manual":  # srt-slurm handles "manual" inline
+            continue
+        try:
+            lookup = getattr(importlib.import_module(module), function)
+        except (ImportError, AttributeError):
+            continue  # this srt-slurm has no such registry: nothing to ask
+        try:
+            lookup(value)
+        except Exception as e:
+            errors.append({"file": path, "key": key, "message": str(e), "stage": "job"})
+    return errors
+
+
 def main():
     errors = []
     try:
         load_config = load_config_function()
     except Exception:
-        print(json.dumps([{"file": "", "key": "", "message": traceback.format_exc(limit=-3)}]))
+        print(json.dumps([{"file": "", "key": "", "message": traceback.format_exc(limit=-3),
+                          "stage": "load"}]))  # fmt: skip
         return
     for path in sys.argv[1:]:
         try:
-            load_config(path)
+            config = load_config(path)
+            errors += job_time_errors(path, config)
         except Exception as e:
             # load_config wraps marshmallow's ValidationError ("Invalid config in PATH: ...");
             # the structured messages are on the wrapped exception.
@@ -52,9 +90,13 @@ def main():
                 messages = getattr(cause, "messages", None)
                 cause = cause.__cause__ or cause.__context__
             if messages:
-                errors += [{"file": path, "key": k, "message": m} for k, m in flatten(messages)]
+                errors += [
+                    {"file": path, "key": k, "message": m, "stage": "load"}
+                    for k, m in flatten(messages)
+                ]
             else:
-                errors.append({"file": path, "key": "", "message": f"{type(e).__name__}: {e}"})
+                message = str(e).removeprefix(f"Invalid config in {path}: ")
+                errors.append({"file": path, "key": "", "message": message, "stage": "load"})
     print(json.dumps(errors))
 
 
