@@ -407,6 +407,7 @@ def cmd_srt_recipe(args: argparse.Namespace, log: Log) -> int:
             precision="fp4" if model.get("moe_quant") == "mxfp4" else "bf16",
             dynamo_baked=bool((facts.get("versions") or {}).get("dynamo")),
             dynamo_commit=lock.dynamo.commit if lock.dynamo else None,
+            aiperf_version=lock.aiperf.version if lock.aiperf else None,
         )
     )
     header = (

@@ -7,6 +7,7 @@ import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -143,27 +144,54 @@ def test_job_time_lookups_and_the_dry_run_catch_what_loading_does_not(
 
 
 def test_dynamo_recipe_asks_for_no_install_when_dynamo_is_baked(srt_repo: Path) -> None:
+    import dataclasses
+
     from k3env.config.cluster import load_cluster
     from k3env.config.lock import load_lock
     from k3env.config.spec import load_spec
+    from k3env.errors import SpecError
     from k3env.handoff.recipe import recipe
 
     lock = load_lock(LOCK)
     spec = load_spec(srt_repo / "images/kimi-k3-dynamo.toml", lock)
+    assert spec.dynamo_install == "baked"
     cluster = load_cluster(srt_repo / "clusters/b200-dgxc.toml")
-    args = dict(container="c", model_path="/m", precision="fp4", dynamo_commit="a" * 40)
-    baked = recipe(spec, spec.profiles["agg"], cluster, {}, dynamo_baked=True, **args)  # type: ignore[arg-type]
+    args: dict[str, Any] = dict(container="c", model_path="/m", precision="fp4",
+                                dynamo_commit="a" * 40, aiperf_version="0.13.0")  # fmt: skip
+    baked = recipe(spec, spec.profiles["agg"], cluster, {}, dynamo_baked=True, **args)
     assert baked["dynamo"] == {"install": False} and baked["frontend"]["type"] == "dynamo"
     flags = baked["backend"]["vllm_config"]["aggregated"]
     assert flags["dyn-tool-call-parser"] == "kimi_k3" and "setup_script" not in baked
-    built = recipe(spec, spec.profiles["agg"], cluster, {}, dynamo_baked=False, **args)  # type: ignore[arg-type]
+    # The profile's benchmark, with the lock's pinned aiperf as its client.
+    assert baked["benchmark"] == {
+        "type": "mooncake-router",
+        "mooncake_workload": "toolagent",
+        "ttft_threshold_ms": 2000,
+        "itl_threshold_ms": 25,
+        "aiperf_package": "aiperf==0.13.0",
+    }
+    # Not in the image: never a silent fallback to a job-start build.
+    with pytest.raises(SpecError, match="verify found no Dynamo in its image"):
+        recipe(spec, spec.profiles["agg"], cluster, {}, dynamo_baked=False, **args)
+    # Only when the spec asks for it, and only with a resolved commit.
+    from_commit = dataclasses.replace(spec, dynamo_install="from-commit")
+    built = recipe(from_commit, spec.profiles["agg"], cluster, {}, dynamo_baked=False, **args)
     assert built["dynamo"] == {"hash": "a" * 40}
-    # Neither in the image nor resolvable to a commit: refused, never `hash: null`.
+    with pytest.raises(SpecError, match="commit is unresolved"):
+        recipe(from_commit, spec.profiles["agg"], cluster, {}, dynamo_baked=False,
+               **{**args, "dynamo_commit": None})  # fmt: skip
+
+
+def test_a_spec_with_an_unknown_dynamo_install_mode_is_refused(srt_repo: Path) -> None:
+    from k3env.config.lock import load_lock
+    from k3env.config.spec import load_spec
     from k3env.errors import SpecError
 
-    with pytest.raises(SpecError, match="carries no Dynamo"):
-        recipe(spec, spec.profiles["agg"], cluster, {}, dynamo_baked=False,
-               **{**args, "dynamo_commit": None})  # type: ignore[arg-type]  # fmt: skip
+    path = srt_repo / "images/kimi-k3-dynamo.toml"
+    path.write_text('dynamo_install = "at-job-start"\n' + path.read_text())
+    with pytest.raises(SpecError, match="unknown Dynamo install mode") as e:
+        load_spec(path, load_lock(LOCK))
+    assert e.value.where.endswith("dynamo_install")
 
 
 def test_patch_whose_sha256_differs_is_refused(

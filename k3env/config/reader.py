@@ -300,6 +300,22 @@ def env_table(t: Table) -> dict[str, str]:
     return out
 
 
+def free_table(t: Table, what: str) -> dict[str, Any]:
+    """A table whose keys belong to another tool's schema (checked there, e.g. by srt-slurm's
+    own loader): identifier keys, any TOML values, handed on as they are."""
+    if t.schema is not None:
+        t.schema.update(
+            propertyNames={"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}, additionalProperties=True
+        )
+        t.schema = None  # its keys are data, not schema
+    for key in t.keys():
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            raise t.fail(key, f"{key!r} is not a valid {what} key", "use srt-slurm's field names")
+        t._seen.add(key)
+    t.done()
+    return dict(t.data)
+
+
 def each_entry(table: Table, make: Callable[[str, Table], T]) -> dict[str, T]:
     """A table of named sub-tables (``[section.NAME]``), each built by ``make``."""
     out: dict[str, T] = {}

@@ -8,11 +8,12 @@ tokenizer ``model_type`` they rely on.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from k3env.config.lock import Lock
-from k3env.config.reader import NAME_RE, Table, each_entry, env_table, load_toml
+from k3env.config.reader import NAME_RE, Table, each_entry, env_table, free_table, load_toml
 from k3env.config.secrets import refuse_credentials
 from k3env.config.shapes import REPOSITORY_FIX, REPOSITORY_RE
 from k3env.errors import SpecError
@@ -36,6 +37,8 @@ class ServeProfile:
     tool_call_parser: str | None
     reasoning_parser: str | None
     commands: tuple[Command, ...]
+    # srt-slurm's benchmark: section for this profile (its field names; its loader checks them)
+    benchmark: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,6 +55,9 @@ class ImageSpec:
     env_readers: Mapping[str, str]  # env var -> what reads it, for vars no engine registry lists
     allow_credentials: tuple[str, ...]
     profiles: Mapping[str, ServeProfile]
+    # How a Dynamo frontend job gets Dynamo: baked in the image (components), or built from
+    # the lock's commit at job start, which only happens when the spec asks for it.
+    dynamo_install: str = "baked"
 
 
 def load_spec(path: Path, lock: Lock) -> ImageSpec:
@@ -97,9 +103,21 @@ def load_spec(path: Path, lock: Lock) -> ImageSpec:
         env_readers=readers,
         allow_credentials=allow,
         profiles=profiles,
+        dynamo_install=_dynamo_install(t),
     )
     t.done()
     return spec
+
+
+DYNAMO_INSTALLS = ("baked", "from-commit")
+
+
+def _dynamo_install(t: Table) -> str:
+    mode = str(t.string("dynamo_install", required=False, default="baked"))
+    if mode not in DYNAMO_INSTALLS:
+        raise t.fail("dynamo_install", f"unknown Dynamo install mode {mode!r}",
+                     f"use one of {list(DYNAMO_INSTALLS)}")  # fmt: skip
+    return mode
 
 
 def _names(
@@ -148,6 +166,19 @@ def load_specs(directory: Path, lock: Lock, only: tuple[str, ...] = ()) -> list[
     return specs
 
 
+def _benchmark(t: Table) -> dict[str, Any]:
+    if not t.has("benchmark"):
+        return {}
+    bench = t.table("benchmark")
+    if not isinstance(bench.data.get("type"), str):
+        raise bench.fail(
+            "type",
+            "a benchmark needs its srt-slurm type",
+            'set type = "mooncake-router" (or another srt-slurm benchmark type)',
+        )
+    return free_table(bench, "benchmark")
+
+
 def _profile(name: str, t: Table) -> ServeProfile:
     commands = []
     for c in t.tables("commands"):
@@ -168,6 +199,7 @@ def _profile(name: str, t: Table) -> ServeProfile:
         tool_call_parser=t.string("tool_call_parser", required=False),
         reasoning_parser=t.string("reasoning_parser", required=False),
         commands=tuple(commands),
+        benchmark=_benchmark(t),
     )
     t.done()
     return profile

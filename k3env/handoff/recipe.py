@@ -54,6 +54,7 @@ def recipe(
     precision: str,
     dynamo_baked: bool,
     dynamo_commit: str | None,
+    aiperf_version: str | None = None,
 ) -> dict[str, Any]:
     roles = {c.role for c in profile.commands}
     engine = next((c for c in profile.commands if c.role in ("vllm-serve", "dynamo-worker")), None)
@@ -81,20 +82,40 @@ def recipe(
         },
     }
     if frontend == "dynamo":
-        # Baked into the image: nothing to build on the nodes at job start.
-        if dynamo_baked:
-            out["dynamo"] = {"install": False}
-        elif dynamo_commit is None:
-            raise SpecError(
-                f"{spec.name} runs the Dynamo frontend but its image carries no Dynamo, and the "
-                "lock's Dynamo commit is unresolved: srt-slurm would have nothing to install",
-                where=f"{spec.path}: components",
-                fix='bake it (components = ["dynamo"] in the spec, then `k3env verify` the image) '
-                "or resolve dynamo.commit in the lock",
-            )
-        else:
-            out["dynamo"] = {"hash": dynamo_commit}
+        out["dynamo"] = _dynamo_install(spec, dynamo_baked, dynamo_commit)
+    if profile.benchmark:
+        # The benchmark client is the lock's pinned aiperf (baked in the image when the spec
+        # lists it): srt-slurm's AIPerf runners install aiperf_package, which is then there.
+        bench = dict(profile.benchmark)
+        if aiperf_version and "aiperf_package" not in bench:
+            bench["aiperf_package"] = f"aiperf=={aiperf_version}"
+        out["benchmark"] = bench
     return out
+
+
+def _dynamo_install(spec: ImageSpec, baked: bool, commit: str | None) -> dict[str, Any]:
+    """srt-slurm's ``dynamo:`` section: no install when Dynamo is baked; a build of the lock's
+    commit at job start only when the spec asks for it (``dynamo_install = "from-commit"``)."""
+    if spec.dynamo_install == "from-commit":
+        if commit is None:
+            raise SpecError(
+                f"{spec.name} asks for Dynamo built from the lock's commit at job start, but "
+                "the lock's Dynamo commit is unresolved",
+                where=f"{spec.path}: dynamo_install",
+                fix="resolve it (`k3env bump dynamo TAG`), or bake Dynamo "
+                '(components = ["dynamo"], dynamo_install = "baked")',
+            )
+        return {"hash": commit}
+    if not baked:
+        raise SpecError(
+            f"{spec.name} runs the Dynamo frontend but verify found no Dynamo in its image; "
+            "srt-slurm would install one at every job start, which happens only when the spec "
+            'asks for it (dynamo_install = "from-commit")',
+            where=f"{spec.path}: components",
+            fix='bake it (components = ["dynamo"], then `k3env verify` the image), or set '
+            'dynamo_install = "from-commit"',
+        )
+    return {"install": False}
 
 
 def to_yaml(data: Mapping[str, Any], indent: int = 0) -> str:
