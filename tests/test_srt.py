@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,21 @@ def upstream(tmp_path_factory: pytest.TempPathFactory) -> Upstream:
 
 
 @pytest.fixture(scope="session")
+def srtctl_requirements(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The stand-in srtctl's closure (pyyaml, and setuptools, its build backend) pinned with
+    hashes, as the lock's requirements file pins the real one's."""
+    out = tmp_path_factory.mktemp("srtctl-req") / "requirements.txt"
+    src = out.with_name("requirements.in")
+    src.write_text("pyyaml>=6\nsetuptools>=61\n")
+    subprocess.run(
+        [sys.executable, "-m", "uv", "pip", "compile", str(src), "--generate-hashes",
+         "--quiet", "--no-header", "--python-version", "3.11", "-o", str(out)],
+        check=True,
+    )  # fmt: skip
+    return out.read_text()
+
+
+@pytest.fixture(scope="session")
 def srt_state(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One k3env state dir for the module: the materialized cache is shared between tests."""
     return tmp_path_factory.mktemp("srt-state")
@@ -35,7 +51,11 @@ def srt_state(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def srt_repo(
-    repo: Path, upstream: Upstream, srt_state: Path, monkeypatch: pytest.MonkeyPatch
+    repo: Path,
+    upstream: Upstream,
+    srt_state: Path,
+    srtctl_requirements: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[Path]:
     """The real lock with [srt_slurm] pointed at the local upstream and its format-patches."""
     monkeypatch.setenv("K3ENV_STATE_DIR", str(srt_state))
@@ -49,6 +69,7 @@ def srt_repo(
     text = text.replace("cb651682117df129162cd276cf567ec70dc57b36", upstream.v1036)
     text = text.replace("6fd6000035c8d698d08a2807fcc93b462f658dd6", upstream.pr278)
     LOCK.write_text(text)
+    (repo / "pins/srtctl.requirements.txt").write_text(srtctl_requirements)
     assert main(["lock", "--update-hashes", "-q"]) == 0
     yield repo
 
@@ -245,6 +266,33 @@ def test_bad_input_leaves_nothing_behind(
     assert message in capsys.readouterr().err
     after = set(State().path("srt").glob("*")) if State().path("srt").exists() else set()
     assert after == before
+
+
+def test_srtctl_gets_the_pinned_closure_and_an_edit_to_it_is_found(
+    srt_repo: Path, srtctl_requirements: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    first, _ = materialize(capsys)
+    python = str(first["python"])
+    listed = subprocess.run([python, "-m", "pip", "list", "--format", "json"],
+                            capture_output=True, text=True, check=True).stdout  # fmt: skip
+    installed = {d["name"].lower(): d["version"] for d in json.loads(listed)}
+    for line in srtctl_requirements.splitlines():
+        if "==" in line and not line.startswith((" ", "#")):
+            name, version = line.split(" ")[0].split("==")
+            assert installed[name.lower()] == version, name
+    # An edit to the installed srtctl (not to the checkout) is found on the next use.
+    site = next(Path(python).parent.parent.glob("lib/python3*/site-packages"))
+    config = site / "srtctl/core/config.py"
+    original = config.read_text()
+    config.write_text(original.replace("def load_config(path):", "def load_config(path):  #"))
+    try:
+        assert main(["srt", "materialize"]) == 2
+        err = capsys.readouterr().err
+        assert "srtctl's environment changed since k3env installed it" in err
+        assert "srtctl/core/config.py" in err
+    finally:
+        config.write_text(original)
+    materialize(capsys)
 
 
 def test_dirty_cache_is_an_error(srt_repo: Path, capsys: pytest.CaptureFixture[str]) -> None:

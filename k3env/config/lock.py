@@ -194,6 +194,10 @@ class SrtSlurmPin:
     version: str
     commit: str
     patches: tuple[SrtPatchPin, ...]
+    # srtctl's dependency closure (pinned versions, each with --hash), installed with
+    # --require-hashes; None: not pinned (pip resolves srt-slurm's ranges that day)
+    requirements: str | None = None
+    requirements_sha256: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -618,8 +622,20 @@ def _srt(t: Table, unresolved: list[Unresolved]) -> SrtSlurmPin:
             )
         )
         p.done()
+    requirements = _relative_file(t, "requirements") if t.has("requirements") else None
+    req_sha = t.matching(
+        "requirements_sha256", SHA256_RE, _SHA_FIX, required=False, allow_unresolved=True
+    )
+    if requirements is not None and req_sha is None:
+        unresolved.append(
+            Unresolved(
+                key="srt_slurm.requirements_sha256",
+                hint=f"k3env lock --update-hashes ({requirements})",
+            )
+        )
     t.done()
-    return SrtSlurmPin(git=git, version=version, commit=commit, patches=tuple(patches))
+    return SrtSlurmPin(git=git, version=version, commit=commit, patches=tuple(patches),
+                       requirements=requirements, requirements_sha256=req_sha)  # fmt: skip
 
 
 def _relative_file(t: Table, key: str) -> str:
@@ -710,6 +726,9 @@ def pinned_files(lock: Lock) -> list[tuple[str, str, str | None]]:
     if lock.srt_slurm:
         for p in lock.srt_slurm.patches:
             out.append((f"srt_slurm.patches[{p.index}].sha256", p.file, p.sha256))
+        if lock.srt_slurm.requirements:
+            out.append(("srt_slurm.requirements_sha256", lock.srt_slurm.requirements,
+                        lock.srt_slurm.requirements_sha256))  # fmt: skip
     if lock.twin:
         out.append(
             ("twin.requirements_sha256", lock.twin.requirements, lock.twin.requirements_sha256)

@@ -28,13 +28,16 @@ from typing import Any
 from k3env.config.lock import Lock, SrtPatchPin, SrtSlurmPin, verify_pinned_file
 from k3env.config.shapes import require_git_source
 from k3env.errors import ConfigError, LockError, PatchError, ToolError
-from k3env.hashing import canonical_sha256
+from k3env.hashing import canonical_sha256, file_sha256
 from k3env.log import Log
 from k3env.runner import attempt, require_tool, run, run_streaming
 from k3env.state import State
 
-SRT_FORMAT = 2  # 2: venv scripts point at the cache entry, not the build directory
+# 2: venv scripts point at the cache entry, not the build directory
+# 3: srtctl's dependencies from the lock's hashed requirements; the venv's files recorded
+SRT_FORMAT = 3
 MARKER = "k3env-materialized.json"
+VENV_MANIFEST = "k3env-venv.json"  # sha256 of each file of srtctl's environment
 # Fixed identity and dates for the commits k3env makes: the same inputs give the same HEAD.
 _GIT_ENV = {
     "GIT_AUTHOR_NAME": "k3env",
@@ -94,8 +97,45 @@ def cache_key(srt: SrtSlurmPin) -> str:
             "version": srt.version,
             "commit": srt.commit,
             "patches": [p.sha256 for p in srt.patches],
+            "requirements": srt.requirements_sha256,
         }
     )
+
+
+def _requirements(lock: Lock, srt: SrtSlurmPin) -> Path | None:
+    """The lock's hashed requirements for srtctl (checked), or None when it pins none."""
+    if srt.requirements is None:
+        return None
+    if srt.requirements_sha256 is None:
+        raise LockError(
+            f"srtctl's requirements file {srt.requirements} is unresolved (no sha256 pinned)",
+            where=f"{lock.path}: srt_slurm.requirements_sha256",
+            fix="`k3env lock --update-hashes`",
+        )
+    return verify_pinned_file(
+        lock,
+        srt.requirements,
+        srt.requirements_sha256,
+        key="srt_slurm.requirements",
+        label="",
+        what="requirements file",
+        sha_key="srt_slurm.requirements_sha256",
+    )
+
+
+def venv_files(venv: Path) -> dict[str, str]:
+    """sha256 of every file in srtctl's environment (bytecode caches aside: the interpreter
+    writes them as it runs), by path relative to the environment; symlinks by target."""
+    out = {}
+    for path in sorted(venv.rglob("*")):
+        if "__pycache__" in path.parts:
+            continue
+        rel = path.relative_to(venv).as_posix()
+        if path.is_symlink():
+            out[rel] = "-> " + os.readlink(path)
+        elif path.is_file():
+            out[rel] = file_sha256(path)
+    return out
 
 
 def _git(args: list[str], log: Log, *, cwd: Path | None = None, what: str) -> str:
@@ -122,6 +162,18 @@ def _check_cache(final: Path, log: Log) -> dict[str, Any]:
             + (f": {status.strip().splitlines()[:5]}" if status.strip() else f"; HEAD is {head}")
             + ")",
             where=str(final),
+            fix=fix,
+        )
+    recorded = json.loads((final / VENV_MANIFEST).read_text())
+    if canonical_sha256(recorded) != record.get("venv_sha256"):
+        raise ConfigError("the srtctl environment's record was edited", where=str(final), fix=fix)
+    now = venv_files(final / "venv")
+    changed = sorted(k for k in set(now) | set(recorded) if now.get(k) != recorded.get(k))
+    if changed:
+        raise ConfigError(
+            f"srtctl's environment changed since k3env installed it ({len(changed)} file(s): "
+            f"{', '.join(changed[:5])})",
+            where=str(final / "venv"),
             fix=fix,
         )
     return record
@@ -163,6 +215,7 @@ def _relocate_venv(built: Path, final: Path) -> None:
 def materialize(lock: Lock, state: State, log: Log, *, source: str | None = None) -> Materialized:
     srt = _pin(lock)
     patches = _patch_files(lock, srt)
+    requirements = _requirements(lock, srt)
     key = cache_key(srt)
     final = state.path("srt", key[:20])
     origin = require_git_source(source, "--source") if source else srt.git
@@ -244,30 +297,45 @@ def materialize(lock: Lock, state: State, log: Log, *, source: str | None = None
             pkg = tmp / "pkg"
             shutil.copytree(src, pkg, ignore=shutil.ignore_patterns(".git"))
             run([sys.executable, "-m", "venv", str(tmp / "venv")], log, what="venv")
-            run(
-                [
-                    str(tmp / "venv/bin/python"),
-                    "-m",
-                    "pip",
-                    "install",
-                    "--quiet",
-                    "--disable-pip-version-check",
-                    str(pkg),
-                ],
-                log,
-                capture=True,
-                what="pip install srtctl",
-            )
+            pip = [str(tmp / "venv/bin/python"), "-m", "pip", "install", "--quiet",
+                   "--disable-pip-version-check"]  # fmt: skip
+            if requirements is None:
+                log.info(
+                    "    warning: srtctl's dependencies are not pinned (no "
+                    "srt_slurm.requirements in the lock): pip resolves srt-slurm's version "
+                    "ranges as of today"
+                )
+                run([*pip, str(pkg)], log, capture=True, what="pip install srtctl")
+            else:
+                # The pinned closure by hash, wheels only; then srtctl itself, built with the
+                # pinned backend from that closure, resolving nothing.
+                run([*pip, "--require-hashes", "--no-deps", "--only-binary", ":all:",
+                     "-r", str(requirements)], log, capture=True,
+                    what="pip install srtctl's pinned requirements")  # fmt: skip
+                run([*pip, "--no-deps", "--no-index", "--no-build-isolation", str(pkg)], log,
+                    capture=True, what="pip install srtctl")  # fmt: skip
+                code, broken = attempt([str(tmp / "venv/bin/python"), "-m", "pip", "check"], log)
+                if code != 0:
+                    raise LockError(
+                        f"srtctl's pinned requirements do not satisfy srt-slurm {srt.version}: "
+                        f"{broken.strip()[-1500:]}",
+                        where=f"{lock.path}: srt_slurm.requirements",
+                        fix="regenerate the requirements from srt-slurm's pyproject.toml "
+                        "dependencies (the command is in the file's header)",
+                    )
             shutil.rmtree(pkg)
             # pip writes the venv's absolute path into each script's first line (and venv
             # into activate): point them at where the cache entry will live.
             _relocate_venv(tmp / "venv", final / "venv")
+        manifest = venv_files(tmp / "venv")
+        (tmp / VENV_MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
         record = {
             "source": origin,
             "version": srt.version,
             "commit": srt.commit,
             "head": head,
             "patches": applied,
+            "venv_sha256": canonical_sha256(manifest),
         }
         (tmp / MARKER).write_text(json.dumps(record, indent=2))
         os.rename(tmp, final)
