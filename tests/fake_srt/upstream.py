@@ -242,6 +242,9 @@ srun --container-image={container} ...
 """
 
 
+# The render fails on an unknown placeholder in output.log_dir: the stand-in's own render-time
+# failure (srt-slurm's real dry-run renders a jinja template). What k3env relies on is
+# srtctl's contract on any failure: an `Error: ...` line on stdout and exit 1.
 def render(config):
     resources = config.get("resources") or {}
     nodes = resources.get("agg_nodes") or 1
