@@ -616,11 +616,11 @@ def cmd_bump(args: argparse.Namespace, log: Log) -> int:
     with log.step("before: build, verify, preflight on the current lock"):
         before = evaluate(lock, load_specs(args.images, lock), engine=engine, state=state,
                           log=log, cluster=cluster, run_verify=not args.skip_verify,
-                          srt_source=args.source)  # fmt: skip
+                          srt_source=args.source, twin=args.twin)  # fmt: skip
     with log.step("after: build, verify, preflight on the bumped lock"):
         after = evaluate(new_lock, load_specs(args.images, new_lock), engine=engine, state=state,
                          log=log, cluster=cluster, run_verify=not args.skip_verify,
-                         srt_source=args.source)  # fmt: skip
+                         srt_source=args.source, twin=args.twin)  # fmt: skip
     text = body(new_lock, args.pin, changes, before, after)
     written = finish(lock, changes_wanted, after, args.keep_failing)
     if args.body:
@@ -847,6 +847,11 @@ def parser() -> argparse.ArgumentParser:
     )
     bump.add_argument("value", nargs="?", help="tag, tag@digest, commit or version")
     bump.add_argument("--images", type=Path, default=DEFAULT_IMAGES, help="image spec directory")
+    bump.add_argument(
+        "--twin",
+        action="store_true",
+        help="build, verify and test patches over each base's CPU twin (the offline default)",
+    )
     bump.add_argument("--cluster", type=Path, default=DEFAULT_CLUSTER, help="cluster profile")
     bump.add_argument(
         "--source", help="git URL or mirror to resolve an srt-slurm or Dynamo tag (or commit)"
@@ -945,16 +950,22 @@ DESCRIPTIONS = {
     "srt materialize": (
         "Clone the pinned srt-slurm (its git URL, or a local mirror), check the tag is the pinned"
         " commit, verify each PR patch's sha256 and apply them in order (`git apply --check` "
-        "first: a conflict names the patch, file and hunk), install `srtctl` into its own venv; "
-        "cached by version + commit + patch hashes, built in a temp dir renamed at the end"
+        "first: a conflict names the patch, file and hunk), install `srtctl` into its own venv "
+        "from the lock's hashed requirements (`--require-hashes`, then `pip check`); cached by "
+        "version + commit + patch and requirement hashes, built in a temp dir renamed at the end;"
+        " every file of the venv is recorded and an edit to it is an error on the next use"
     ),
     "srt recipe": (
         "An srt-slurm recipe from a serve profile: the image by pushed digest, `vllm_config` "
-        "engine flags, env, frontend type, no Dynamo install when it is baked, no `setup_script`"
+        "engine flags, env, frontend type, the profile's `benchmark:` with the lock's aiperf as "
+        "`aiperf_package`, `dynamo: {install: false}` when Dynamo is baked (a job-start build "
+        'only with `dynamo_install = "from-commit"` in the spec), no `setup_script`'
     ),
     "srt validate": (
         "Load recipes with the materialized srt-slurm's own `load_config` (its marshmallow "
-        "schema); each error with file, key path and srt-slurm's message"
+        "schema), ask its job-time registries for the recipe's frontend and benchmark types "
+        "(`get_frontend`, `get_runner`), then run `srtctl dry-run` (renders the sbatch script); "
+        "each error with file, key path, srt-slurm's message and the stage that found it"
     ),
     "bump": (
         "Change one pin (`bases.NAME TAG` resolves and records the digest; `dynamo TAG|COMMIT` "
@@ -963,7 +974,8 @@ DESCRIPTIONS = {
         " leaves differ), rebuild, verify and preflight before and after, report each container "
         "patch as applies / upstream (drop it) / conflicts, and write a PR title and markdown "
         "body; the lock is replaced atomically only when everything passes (or `--keep-failing`);"
-        " `--commit` makes a local branch and commit, never a push. `.github/workflows/pin-"
+        " `--commit` makes a local branch and commit, never a push; `--twin` builds, verifies and"
+        " tests patches over the CPU twins (the offline default). `.github/workflows/pin-"
         "bump.yml` runs it for each pin `k3env outdated` finds, one PR each"
     ),
     "verify": (

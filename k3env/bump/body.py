@@ -69,6 +69,12 @@ def body(
     else:
         lines.append("No container patch applies to the bumped pins.")
     lines += ["", "### Compat matrix (before → after)", ""]
+    if after.twin:
+        lines += [
+            "Built and verified over each base's CPU twin (`--twin`): the real vLLM base is "
+            "not resolvable here; the twin carries the same vLLM release, CPU torch stands in.",
+            "",
+        ]
     old, new = before.matrix(), after.matrix()
     lines += [
         "| image | " + " | ".join(CHECKS) + " | preflight |",
@@ -127,6 +133,7 @@ def as_json(
             "patches": [p.__dict__ for p in after.patches],
             "error": after.error,
         },
+        "twin": after.twin,
         "failed": after.failed,
         "lock_written": written,
         "body": text,

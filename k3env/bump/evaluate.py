@@ -10,15 +10,16 @@ from k3env.checks.preflight import contexts, run_rules
 from k3env.checks.rules import RULES
 from k3env.checks.verify import CHECKS, ImageReport, verify_images
 from k3env.config.cluster import Cluster
-from k3env.config.lock import Lock, verify_patch_file
+from k3env.config.lock import BasePin, Lock, verify_patch_file
 from k3env.config.patchfile import load_patch_file
 from k3env.config.spec import ImageSpec
 from k3env.engine.protocol import Engine
 from k3env.errors import K3envError, PatchError
 from k3env.handoff.srt import patch_fates
-from k3env.image.bases import registry_base
+from k3env.image.bases import ResolvedBase, registry_base
 from k3env.image.build import build_all, make_builder, read_base_files, resolve_modules
 from k3env.image.patches import ALREADY_PRESENT, apply_patch
+from k3env.image.twin import twin_base
 from k3env.log import Log
 from k3env.state import State
 
@@ -39,6 +40,7 @@ class Outcome:
     preflight_errors: Mapping[str, int]  # image -> errors
     patches: Sequence[PatchFate]
     error: str | None = None  # a build that failed outright
+    twin: bool = False  # built and verified over the CPU twins (the offline default)
 
     def matrix(self) -> dict[str, dict[str, str]]:
         return {r.image: {c: r.status(c) for c in CHECKS} for r in self.reports}
@@ -67,15 +69,26 @@ def evaluate(
     cluster: Cluster,
     run_verify: bool,
     srt_source: str | None = None,
+    twin: bool = False,
 ) -> Outcome:
-    """Build every image on ``lock``, verify and preflight it, and test each container patch."""
+    """Build every image on ``lock``, verify and preflight it, and test each container patch.
+    ``twin``: over each base's CPU twin (the offline default), patches tested on the twin."""
     fates: list[PatchFate] = []
-    resolve = registry_base(engine, log)
+    registry = registry_base(engine, log)
+
+    def resolve(pin: BasePin) -> ResolvedBase:
+        return twin_base(lock, engine, state, log, pin) if pin.kind == "twin" else registry(pin)
+
     for name, pin in lock.container_patches.items():
         patch = load_patch_file(pin, verify_patch_file(lock, pin))
         for base_name in pin.bases:
             base_pin = lock.bases[base_name]
-            if base_pin.kind != "registry" or base_pin.digest is None:
+            if twin and base_pin.kind != "twin" and base_pin.twin is not None:
+                base_pin = lock.bases[base_pin.twin]
+            here = base_pin.kind == "twin" or (
+                base_pin.kind == "registry" and base_pin.digest is not None
+            )
+            if not here:
                 fates.append(PatchFate(name=name, base=base_name, status="skipped",
                                        detail="base not resolvable here"))  # fmt: skip
                 continue
@@ -109,14 +122,15 @@ def evaluate(
             fates.append(PatchFate(name="srt-slurm patches", base=lock.srt_slurm.version,
                                    status="skipped", detail=describe_error(e)))  # fmt: skip
     try:
-        builder = make_builder(lock, engine, state, log, False)
+        builder = make_builder(lock, engine, state, log, twin)
         builds = list(zip(specs, build_all(builder, specs), strict=True))
     except K3envError as e:
-        return Outcome(reports=(), preflight_errors={}, patches=fates, error=describe_error(e))
+        return Outcome(reports=(), preflight_errors={}, patches=fates, error=describe_error(e),
+                       twin=twin)  # fmt: skip
     reports = verify_images(engine, state, lock, builds, twin=False) if run_verify else []
     pre = run_rules(contexts(lock, specs, cluster, state), RULES)
     errors = {spec.name: 0 for spec in specs}
     for f in pre.findings:
         if f.severity == "error":
             errors[f.image] = errors.get(f.image, 0) + 1
-    return Outcome(reports=reports, preflight_errors=errors, patches=fates)
+    return Outcome(reports=reports, preflight_errors=errors, patches=fates, twin=twin)
