@@ -71,8 +71,10 @@ def body(
     lines += ["", "### Compat matrix (before → after)", ""]
     if after.twin:
         lines += [
-            "Built and verified over each base's CPU twin (`--twin`): the real vLLM base is "
-            "not resolvable here; the twin carries the same vLLM release, CPU torch stands in.",
+            "Built and verified over each base's CPU twin (`--twin`): the real base is not "
+            "resolvable here. The twin carries the lock's `[twin]` release of vLLM from PyPI "
+            "with CPU torch, not the real base's build; container patches written for the real "
+            "base are not judged on it.",
             "",
         ]
     old, new = before.matrix(), after.matrix()
