@@ -103,20 +103,27 @@ def test_materialize_applies_patches_in_order_and_reuses_the_cache(
     assert "git clone" not in err  # the second materialize does not clone
 
 
+def generated_recipe(srt_repo: Path) -> Path:
+    """`k3env srt recipe` of variant F (with its profile's benchmark) in recipes/f.yaml."""
+    good = srt_repo / "recipes" / "f.yaml"
+    assert main(["srt", "recipe", "kimi-k3-direct-f", "--container", "reg/img@sha256:" + "0" * 64,
+                 "--out", str(good), "-q"]) == 0  # fmt: skip
+    assert 'benchmark:\n  type: "mooncake-router"\n' in good.read_text()
+    return good
+
+
 def test_valid_generated_recipe_passes_and_unknown_field_is_reported(
     srt_repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     recipes = srt_repo / "recipes"
-    good = recipes / "f.yaml"
-    assert main(["srt", "recipe", "kimi-k3-direct-f", "--container", "reg/img@sha256:" + "0" * 64,
-                 "--out", str(good), "-q"]) == 0  # fmt: skip
+    good = generated_recipe(srt_repo)
     capsys.readouterr()
     assert main(["srt", "validate", str(good), "-q"]) == 0
     assert "1 recipe(s) valid for srt-slurm v1.0.36" in capsys.readouterr().out
     bad = recipes / "bad.yaml"
-    bad.write_text(
-        good.read_text() + 'benchmark:\n  type: "aiperf"\n  aiperf_server_metrics: true\n'
-    )
+    # The field the bring-up's recipe carried, which v1.0.36 does not know.
+    workload = '  mooncake_workload: "toolagent"'
+    bad.write_text(good.read_text().replace(workload, "  aiperf_server_metrics: true"))
     assert main(["srt", "validate", str(recipes), "--json", "-q"]) == 4
     out = json.loads(capsys.readouterr().out)
     assert out["errors"] == [
@@ -133,13 +140,10 @@ def test_job_time_lookups_and_the_dry_run_catch_what_loading_does_not(
     srt_repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     recipes = srt_repo / "recipes"
-    good = recipes / "f.yaml"
-    assert main(["srt", "recipe", "kimi-k3-direct-f", "--container", "reg/img@sha256:" + "0" * 64,
-                 "--out", str(good), "-q"]) == 0  # fmt: skip
-    text = good.read_text()
+    text = generated_recipe(srt_repo).read_text()
     # Loads (benchmark.type is a free string in the schema); the job's runner lookup fails.
     runner = recipes / "runner.yaml"
-    runner.write_text(text + 'benchmark:\n  type: "aiperf"\n')
+    runner.write_text(text.replace('type: "mooncake-router"', 'type: "aiperf"'))
     # Loads; srtctl's dry-run cannot render the sbatch script's output path.
     render = recipes / "render.yaml"
     render.write_text(text + 'output:\n  log_dir: "./outputs/{job}/logs"\n')
