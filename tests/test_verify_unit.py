@@ -414,6 +414,13 @@ def test_images_with_the_same_files_share_one_container_and_an_unshared_one_runs
         ]
         return RunResult(exit_code=0, stdout=MARK + json.dumps({"plans": answers}), stderr="")
 
+    def probe_shared(
+        image: str, argv: list[str], env: dict[str, str], mounts: dict[str, str]
+    ) -> RunResult:
+        facts = {"versions": {}, "shared_import": {"images": ["x", "y"]}}
+        one = {"results": [], "facts": facts, "patch_targets": {}}
+        return RunResult(exit_code=0, stdout=MARK + json.dumps({"plans": [one]}), stderr="")
+
     fake_engine.on_run(probe)
     reports = verify_images(fake_engine, State(tmp_path / "a"), lock, pairs, twin=False, workers=1)
     # One container of the first image for both plans, each with its own environment; the
@@ -429,3 +436,14 @@ def test_images_with_the_same_files_share_one_container_and_an_unshared_one_runs
     verify_images(fake_engine, State(tmp_path / "b"), lock, pairs, twin=False, workers=1,
                   share=False)  # fmt: skip
     assert sorted(r[1] for r in runs) == [[first.name], [second.name]]
+    # A verdict recorded from a shared import does not answer --isolated; its own does.
+    shared = State(tmp_path / "c")
+    fake_engine.on_run(probe_shared)
+    verify_images(fake_engine, shared, lock, pairs[:1], twin=False, workers=1)
+    runs.clear()
+    fake_engine.on_run(probe)
+    verify_images(fake_engine, shared, lock, pairs[:1], twin=False, workers=1, share=False)
+    assert [r[1] for r in runs] == [[first.name]]
+    runs.clear()
+    verify_images(fake_engine, shared, lock, pairs[:1], twin=False, workers=1, share=False)
+    assert runs == []  # its own verdict, recorded, answers

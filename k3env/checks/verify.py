@@ -465,7 +465,8 @@ def verify_images(
             {"image": build.image_id, "plan": plan, "probe": _probe_sha256(), "env": PROBE_ENV}
         )
         recorded = state.read_record("verify", key)
-        if isinstance(recorded, dict):
+        # --isolated asks for an image's own import: a recorded shared verdict does not do.
+        if isinstance(recorded, dict) and (share or "shared_import" not in recorded["facts"]):
             outputs[i] = (ProbeOutput(**recorded), True)
             continue
         inspected = engine.inspect(build.image_id)
