@@ -233,3 +233,20 @@ def test_the_body_never_says_all_checks_pass_over_checks_that_did_not_run() -> N
     )
     assert "All checks pass" not in text
     assert "verify did not run (--skip-verify)" in text
+
+
+def test_a_lock_whose_patch_file_was_edited_since_is_an_outcome_not_a_crash(
+    fake_engine: FakeEngine, bases: dict[str, Published], cluster: Cluster, tmp_path: Path
+) -> None:
+    """`bump container_patches.NAME` after editing the file: the lock before the bump pins
+    bytes that are gone. Its state is "did not build", with the reason; the bump goes on."""
+    from k3env.bump.body import body
+
+    project = project_over(tmp_path, bases, patch_bases=("testbase",))
+    patch = tmp_path / "patches/container/int64.toml"
+    patch.write_text(patch.read_text() + "# reviewed again\n")
+    before = judge(fake_engine, project, cluster, verify=False)
+    assert before.error is not None and "the lock pins" in before.error
+    assert before.failed and before.reports == ()
+    text = body(project.lock(), "container_patches.int64", [], before, before)
+    assert "**The lock before the bump did not build:**" in text

@@ -90,6 +90,8 @@ def body(
         pa, pb = before.preflight_errors.get(image, 0), after.preflight_errors.get(image, 0)
         cells.append(f"**{pa} → {pb} errors**" if pa != pb else f"{pb} errors")
         lines.append(f"| `{image}` | " + " | ".join(cells) + " |")
+    if before.error:
+        lines += ["", f"**The lock before the bump did not build:** {before.error}"]
     if after.error:
         lines += ["", f"**The bumped lock did not build:** {after.error}"]
     failures = [f for r in after.reports for f in r.failed]

@@ -79,8 +79,18 @@ def evaluate(
     def resolve(pin: BasePin) -> ResolvedBase:
         return twin_base(lock, engine, state, log, pin) if pin.kind == "twin" else registry(pin)
 
+    try:
+        patch_files = {
+            name: load_patch_file(pin, verify_patch_file(lock, pin))
+            for name, pin in lock.container_patches.items()
+        }
+    except K3envError as e:
+        # The lock before `bump container_patches.NAME`: its patch file was edited since (the
+        # bytes it pinned are gone). A state that cannot be built, said so; never a crash.
+        return Outcome(reports=(), preflight_errors={}, patches=(), error=describe_error(e),
+                       twin=twin)  # fmt: skip
     for name, pin in lock.container_patches.items():
-        patch = load_patch_file(pin, verify_patch_file(lock, pin))
+        patch = patch_files[name]
         for base_name in pin.bases:
             base_pin = lock.bases[base_name]
             # A patch is tested on the bases it was written for, never on a twin in their
