@@ -138,7 +138,7 @@ def evaluate(
     except K3envError as e:
         return Outcome(reports=(), preflight_errors={}, patches=fates, error=describe_error(e),
                        twin=twin)  # fmt: skip
-    reports = verify_images(engine, state, lock, builds, twin=False) if run_verify else []
+    reports = verify_images(engine, state, lock, builds, twin=twin) if run_verify else []
     pre = run_rules(contexts(lock, specs, cluster, state), RULES)
     errors = {spec.name: 0 for spec in specs}
     for f in pre.findings:
