@@ -6,7 +6,7 @@ import pytest
 
 from k3env.config.lock import load_lock
 from k3env.config.spec import load_spec, load_specs
-from k3env.errors import SpecError
+from k3env.errors import SecretError, SpecError
 
 from .conftest import REPO, replace_in
 
@@ -32,12 +32,23 @@ def test_all_shipped_specs_load() -> None:
         ('base = "vllm-kimi-k3"', 'base = "nope"', "base 'nope' is not pinned"),
         ('role = "vllm-serve"', 'role = "sglang"', "unknown role"),
         ('description = "Kimi', 'descripton = "Kimi', "unknown key"),
+        ('type = "mooncake-router"', 'kind = "mooncake-router"', "needs its srt-slurm type"),
+        (
+            "ttft_threshold_ms = 2000",
+            "ttft_threshold_ms = 2026-11-30T00:00:00Z",
+            r"benchmark.ttft_threshold_ms is not a plain value",
+        ),
+        (
+            "itl_threshold_ms = 25",
+            'itl_threshold_ms = 25\nenv = { HF_TOKEN = "hf_abcdefghijklmnopqrstuvwxyz1234" }',
+            "refusing benchmark.env.HF_TOKEN",
+        ),
     ],
 )
 def test_bad_spec(repo: Path, old: str, new: str, message: str) -> None:
     spec = Path("images/kimi-k3-direct-d.toml")
     replace_in(spec, old, new)
     lock = load_lock(Path("pins/k3.lock.toml"))
-    with pytest.raises(SpecError, match=message) as e:
+    with pytest.raises((SpecError, SecretError), match=message) as e:
         load_spec(spec, lock)
     assert "images/kimi-k3-direct-d.toml" in str(e.value)

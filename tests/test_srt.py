@@ -207,6 +207,31 @@ def test_dynamo_recipe_asks_for_no_install_when_dynamo_is_baked(srt_repo: Path) 
                **{**args, "dynamo_commit": None})  # fmt: skip
 
 
+def test_a_benchmark_whose_image_has_no_aiperf_is_refused_unless_it_names_its_client(
+    srt_repo: Path,
+) -> None:
+    import dataclasses
+
+    from k3env.config.cluster import load_cluster
+    from k3env.config.lock import load_lock
+    from k3env.config.spec import load_spec
+    from k3env.errors import SpecError
+    from k3env.handoff.recipe import recipe
+
+    spec = load_spec(srt_repo / "images/kimi-k3-direct-d.toml", load_lock(LOCK))
+    bare = dataclasses.replace(spec, components=())
+    cluster = load_cluster(srt_repo / "clusters/b200-dgxc.toml")
+    args: dict[str, Any] = dict(container="c", model_path="/m", precision="fp4",
+                                dynamo_baked=False, dynamo_commit=None,
+                                aiperf_version="0.13.0")  # fmt: skip
+    with pytest.raises(SpecError, match="carries no aiperf"):
+        recipe(bare, spec.profiles["agg"], cluster, {}, **args)
+    own = dataclasses.replace(
+        spec.profiles["agg"], benchmark={**spec.profiles["agg"].benchmark, "aiperf_package": "x"}
+    )
+    assert recipe(bare, own, cluster, {}, **args)["benchmark"]["aiperf_package"] == "x"
+
+
 def test_a_spec_with_an_unknown_dynamo_install_mode_is_refused(srt_repo: Path) -> None:
     from k3env.config.lock import load_lock
     from k3env.config.spec import load_spec

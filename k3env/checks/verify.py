@@ -294,7 +294,8 @@ def run_probe(
     try:
         with resources.as_file(resources.files("k3env.probes") / "probe.py") as probe:
             shutil.copy(probe, workdir / "probe.py")
-        (workdir / "plan.json").write_text(json.dumps({"plans": plans, "envs": envs}))
+        payload = {"plans": plans, "envs": envs, "timeout": timeout}
+        (workdir / "plan.json").write_text(json.dumps(payload))
         workdir.chmod(0o755)
         result = engine.run(
             image,
@@ -456,6 +457,7 @@ def verify_images(
     log = log or Log(quiet=True)
     start = time.monotonic()
     outputs: dict[int, tuple[ProbeOutput, bool]] = {}
+    finished: dict[int, float] = {}  # when each image's verdicts were in
     jobs: dict[int, _Job] = {}
     for i, (spec, build) in enumerate(pairs):
         base_pin = select_base(lock, spec, twin)  # the base the builder used
@@ -468,6 +470,7 @@ def verify_images(
         # --isolated asks for an image's own import: a recorded shared verdict does not do.
         if isinstance(recorded, dict) and (share or "shared_import" not in recorded["facts"]):
             outputs[i] = (ProbeOutput(**recorded), True)
+            finished[i] = time.monotonic()
             continue
         inspected = engine.inspect(build.image_id)
         env = probe_env((inspected.config.get("Env") or []) if inspected else [])
@@ -475,7 +478,15 @@ def verify_images(
                        env=env)  # fmt: skip
     groups: dict[Any, list[int]] = {}
     for i, job in jobs.items():
-        group = (job.python, files_key(engine, job.build.image_id)) if share else i
+        # The same files, interpreter and entrypoints to import (and the same modules the
+        # twin leaves out): one import serves them all.
+        imports = sorted({c["role"] for p in job.plan["profiles"] for c in p["commands"]})
+        group = (
+            (job.python, files_key(engine, job.build.image_id), tuple(imports),
+             tuple(job.plan["absent_by_design"]))
+            if share
+            else i
+        )  # fmt: skip
         groups.setdefault(group, []).append(i)
 
     def probe(members: list[int]) -> list[ProbeOutput | str]:
@@ -489,13 +500,23 @@ def verify_images(
                 first.python,
                 [jobs[i].plan for i in members],
                 [jobs[i].env for i in members],
-                timeout=timeout * len(members),
+                # The shared import, then each member's checks, each within ``timeout``.
+                timeout=timeout * (len(members) + (len(members) > 1)),
             )
+
+    def probe_or_alone(members: list[int]) -> list[ProbeOutput | str]:
+        """A group whose container failed as a whole: each member probed on its own."""
+        try:
+            return probe(members)
+        except EngineError as e:
+            if len(members) == 1:
+                raise
+            return [f"the group's container failed: {e.message[:300]}" for _ in members]
 
     cores = workers or max(1, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=cores) as pool:
         running: dict[Future[list[ProbeOutput | str]], list[int]] = {
-            pool.submit(probe, members): members
+            pool.submit(probe_or_alone, members): members
             for members in sorted(groups.values(), key=len, reverse=True)
         }
         while running:
@@ -509,8 +530,19 @@ def verify_images(
                         continue
                     state.write_record(dataclasses.asdict(out), "verify", jobs[i].key)
                     outputs[i] = (out, False)
+                    finished[i] = time.monotonic()
     return [
-        _report(engine, state, lock, spec, build, *outputs[i], twin=twin, log=log, start=start)
+        _report(
+            engine,
+            state,
+            lock,
+            spec,
+            build,
+            *outputs[i],
+            twin=twin,
+            log=log,
+            seconds=finished[i] - start,
+        )
         for i, (spec, build) in enumerate(pairs)
     ]
 
@@ -526,7 +558,7 @@ def _report(
     *,
     twin: bool,
     log: Log,
-    start: float,
+    seconds: float,
 ) -> ImageReport:
     facts = out.facts
     results = tuple(
@@ -551,7 +583,7 @@ def _report(
         image_id=build.image_id,
         results=results,
         facts=facts,
-        seconds=time.monotonic() - start,
+        seconds=seconds,
         cached=cached,
     )
 

@@ -7,6 +7,7 @@ tokenizer ``model_type`` they rely on.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,9 +15,9 @@ from typing import Any
 
 from k3env.config.lock import Lock
 from k3env.config.reader import NAME_RE, Table, each_entry, env_table, free_table, load_toml
-from k3env.config.secrets import refuse_credentials
+from k3env.config.secrets import credential_reason, refuse_credentials
 from k3env.config.shapes import REPOSITORY_FIX, REPOSITORY_RE
-from k3env.errors import SpecError
+from k3env.errors import SecretError, SpecError
 from k3env.hashing import canonical_sha256
 
 ROLES = ("vllm-serve", "dynamo-frontend", "dynamo-worker")
@@ -166,7 +167,14 @@ def load_specs(directory: Path, lock: Lock, only: tuple[str, ...] = ()) -> list[
     return specs
 
 
+_SCALARS = (str, int, float, bool)
+_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+
+
 def _benchmark(t: Table) -> dict[str, Any]:
+    """srt-slurm's ``benchmark:`` section, in its field names (its loader judges them): plain
+    values, lists of them, or tables of them (``env``, ``aiperf_args``); a credential in its
+    ``env`` is refused as in ``[env]``."""
     if not t.has("benchmark"):
         return {}
     bench = t.table("benchmark")
@@ -176,7 +184,37 @@ def _benchmark(t: Table) -> dict[str, Any]:
             "a benchmark needs its srt-slurm type",
             'set type = "mooncake-router" (or another srt-slurm benchmark type)',
         )
-    return free_table(bench, "benchmark")
+    data = free_table(bench, "benchmark")
+
+    def plain(value: Any) -> bool:
+        return isinstance(value, _SCALARS) or (
+            isinstance(value, list) and all(isinstance(v, _SCALARS) for v in value)
+        )
+
+    for key, value in data.items():
+        nested = value.items() if isinstance(value, dict) else [(None, value)]
+        for sub, v in nested:
+            if not plain(v) or (
+                sub is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_-]*$", sub)
+            ):
+                where = f"{key}.{sub}" if sub is not None else key
+                raise bench.fail(
+                    where,
+                    f"benchmark.{where} is not a plain value (a string, number, boolean or "
+                    "a list of them) under a plain key",
+                    "write it as srt-slurm's recipe field takes it",
+                )
+        if key == "env" and isinstance(value, dict):
+            for name, v in value.items():
+                reason = credential_reason(name, str(v))
+                if reason:
+                    raise SecretError(
+                        f"refusing benchmark.env.{name}: {reason}; it would be written into "
+                        "every recipe generated from here",
+                        where=bench.where(f"env.{name}"),
+                        fix="pass it at run time (srun --export, a Slurm env file)",
+                    )
+    return data
 
 
 def _profile(name: str, t: Table) -> ServeProfile:

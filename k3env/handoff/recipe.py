@@ -84,13 +84,28 @@ def recipe(
     if frontend == "dynamo":
         out["dynamo"] = _dynamo_install(spec, dynamo_baked, dynamo_commit)
     if profile.benchmark:
-        # The benchmark client is the lock's pinned aiperf (baked in the image when the spec
-        # lists it): srt-slurm's AIPerf runners install aiperf_package, which is then there.
-        bench = dict(profile.benchmark)
-        if aiperf_version and "aiperf_package" not in bench:
-            bench["aiperf_package"] = f"aiperf=={aiperf_version}"
-        out["benchmark"] = bench
+        out["benchmark"] = _benchmark(spec, profile, aiperf_version)
     return out
+
+
+def _benchmark(spec: ImageSpec, profile: ServeProfile, aiperf: str | None) -> dict[str, Any]:
+    """The profile's benchmark with its client: the lock's aiperf, baked in the image (srt-
+    slurm's AIPerf runners install ``aiperf_package``, which is then already there). A
+    benchmark whose image has no aiperf would install one at every job start, by version
+    only: an error, unless the profile names its own ``aiperf_package``."""
+    bench = dict(profile.benchmark)
+    if "aiperf_package" in bench:
+        return bench
+    if "aiperf" not in spec.components or aiperf is None:
+        raise SpecError(
+            f"{spec.name} profile {profile.name} runs a benchmark, but its image carries no "
+            "aiperf: srt-slurm would install one at every job start",
+            where=f"{spec.path}: components",
+            fix='bake the lock\'s aiperf (components = ["aiperf"]), or set '
+            "benchmark.aiperf_package in the profile",
+        )
+    bench["aiperf_package"] = f"aiperf=={aiperf}"
+    return bench
 
 
 def _dynamo_install(spec: ImageSpec, baked: bool, commit: str | None) -> dict[str, Any]:

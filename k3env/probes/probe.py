@@ -321,10 +321,22 @@ def import_entrypoint(module, design):
     elif _absent_top(error) is None:
         result = ("fail", buf.getvalue())
     else:
-        forked = in_fork(lambda: import_past_absent(module, design), timeout=300)
-        result = tuple(forked) if forked else import_in_subprocess(module, design)
+        forked, _ = in_fork(lambda: past_absent_tracked(module, design), timeout=TIMEOUT[0])
+        if forked is not None:
+            result = tuple(forked["result"])
+            ENV_LOOKUPS.update(forked["lookups"])
+            OPENED_K3ENV.extend(forked["opened"])
+        else:
+            result = import_in_subprocess(module, design)
+            UNTRACKED.append(f"{module} went on past an absent module in a new interpreter")
     IMPORTS[module] = result
     return result
+
+
+def past_absent_tracked(module, design):
+    """``import_past_absent`` in a forked copy, with what it looked up in the environment."""
+    result = import_past_absent(module, design)
+    return {"result": result, "lookups": sorted(ENV_LOOKUPS), "opened": OPENED_K3ENV}
 
 
 def entrypoints(plan):
@@ -342,45 +354,63 @@ def check_imports(plan):
 
 
 def in_fork(fn, timeout):
-    """``fn()`` in a forked copy of this process (what it imports or patches stays there);
-    its JSON-able result, or None when the copy died or ran out of ``timeout``."""
-    import select
+    """``fn()`` in a forked copy of this process (what it imports or patches stays there):
+    ``(result, None)``, or ``(None, why)`` when the copy failed, died or ran out of
+    ``timeout``. The answer is length-prefixed (a process the copy left behind cannot hold
+    the reply open) and the copy runs in its own process group (killed whole on timeout)."""
+    import selectors
     import signal
+    import struct
 
     sys.stdout.flush()
     sys.stderr.flush()
     r, w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the copy: answer on the pipe, never return into the caller's stack
-        os.close(r)
         try:
-            data = json.dumps({"ok": fn()}).encode()
-        except BaseException:
-            data = json.dumps({"error": traceback.format_exc(limit=-6)}).encode()
-        view = memoryview(data)
-        while view:
-            view = view[os.write(w, view) :]
-        os._exit(0)
+            os.close(r)
+            os.setpgid(0, 0)
+            try:
+                data = json.dumps({"ok": fn()}).encode()
+            except BaseException:
+                data = json.dumps({"error": traceback.format_exc(limit=-6)}).encode()
+            view = memoryview(struct.pack(">Q", len(data)) + data)
+            while view:
+                view = view[os.write(w, view) :]
+        finally:
+            os._exit(0)
     os.close(w)
-    chunks, deadline = [], time.monotonic() + timeout
+    buf, need = bytearray(), None
+    deadline = time.monotonic() + timeout
+    sel = selectors.DefaultSelector()
+    sel.register(r, selectors.EVENT_READ)
+    why = None
     try:
-        while True:
+        while need is None or len(buf) < need + 8:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([r], [], [], left)[0]:
-                os.kill(pid, signal.SIGKILL)
-                return None
+            if left <= 0 or not sel.select(left):
+                why = f"no answer within {timeout:.0f} s"
+                break
             chunk = os.read(r, 1 << 20)
             if not chunk:
+                why = "it exited without an answer"
                 break
-            chunks.append(chunk)
+            buf += chunk
+            if need is None and len(buf) >= 8:
+                need = struct.unpack(">Q", bytes(buf[:8]))[0]
     finally:
+        sel.close()
         os.close(r)
-        os.waitpid(pid, 0)
-    try:
-        answer = json.loads(b"".join(chunks))
-    except ValueError:
-        return None
-    return answer.get("ok")
+        with contextlib.suppress(OSError):
+            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    if why is not None:
+        return None, why
+    answer = json.loads(bytes(buf[8 : 8 + need]))
+    if "error" in answer:
+        return None, answer["error"]
+    return answer["ok"], None
 
 
 def import_in_subprocess(module, design):
@@ -1058,11 +1088,8 @@ CHECK_FUNCTIONS = (
 )
 
 
-def run_plan(plan, env=None):
-    """Every check of one image's plan; ``env`` (its environment) replaces this process's."""
-    if env is not None:
-        os.environ.clear()
-        os.environ.update(env)
+def run_plan(plan):
+    """Every check of one image's plan."""
     RESULTS.clear()
     FACTS.clear()
     FACTS["versions"] = {}
@@ -1085,28 +1112,53 @@ def run_plan(plan, env=None):
 # The host groups images whose files are the same (layers, and k3env's own layer's files but
 # its provenance record); they differ in their environment. The entrypoints are imported once
 # under the environment they all share, then each image's checks run in a forked copy with its
-# own environment. Each image's verdicts stand only with the evidence that the shared import is
-# the one it would have made: no name it sets differently was looked up during the import,
-# the interpreter starts the same under its environment, and k3env's files were not read.
+# own values of the names that differ. An image's verdicts stand on the shared import only with
+# the evidence that it is the import the image would have made: no name it sets differently
+# was looked up (or set) during the import, none is read from C when a process starts, the
+# interpreter starts the same under its environment, and k3env's files were not read.
+TIMEOUT = [300.0]  # seconds a forked copy may take (the host's --timeout)
 ENV_LOOKUPS: set[str] = set()
+ENV_WRITES: set[str] = set()
 OPENED_K3ENV: list[str] = []
+UNTRACKED: list[str] = []  # imports whose lookups could not be seen (a new interpreter)
+# Read from C when a process starts (the interpreter, the dynamic loader, the C library, the
+# OpenMP / MKL runtimes as they load), never through os.environ: not shareable.
+START_FAMILIES = ("LD_", "PYTHON", "LC_", "LANG", "MALLOC_", "GLIBC_TUNABLES", "OMP_", "KMP_",
+                  "MKL_", "GOMP_")  # fmt: skip
+# What the engine gives a container whose image does not set it.
+ENGINE_DEFAULTS = ("HOME", "PATH", "HOSTNAME")
+# Unset (or "random"), the interpreter draws a random hash seed: a fixed seed is one draw.
+HASH_SEED = "PYTHONHASHSEED"
 INTERPRETER = (
     "import json, sys; print(json.dumps([repr(sys.flags), sys.path, sys.prefix, "
     "sys.getfilesystemencoding(), sys.warnoptions, sorted(sys._xoptions)]))"
 )
 
 
+def _name(key):
+    return key.decode(errors="replace") if isinstance(key, bytes) else str(key)
+
+
 def track_environment():
     """Record every name looked up in os.environ one at a time (``os.environ[name]``,
-    ``.get``, ``in``, ``os.getenv``), and every open of k3env's files in /etc/k3env."""
+    ``.get``, ``in``, ``os.getenv``), every name set or removed, and every open of k3env's
+    files in /etc/k3env."""
     cls = type(os.environ)
-    getitem = cls.__getitem__
+    getitem, setitem, delitem = cls.__getitem__, cls.__setitem__, cls.__delitem__
 
     def __getitem__(self, key):
-        ENV_LOOKUPS.add(key.decode(errors="replace") if isinstance(key, bytes) else str(key))
+        ENV_LOOKUPS.add(_name(key))
         return getitem(self, key)
 
-    cls.__getitem__ = __getitem__
+    def __setitem__(self, key, value):
+        ENV_WRITES.add(_name(key))
+        return setitem(self, key, value)
+
+    def __delitem__(self, key):
+        ENV_WRITES.add(_name(key))
+        return delitem(self, key)
+
+    cls.__getitem__, cls.__setitem__, cls.__delitem__ = __getitem__, __setitem__, __delitem__
 
     def hook(event, args):
         path = args[0] if event == "open" and args else None
@@ -1119,44 +1171,104 @@ def track_environment():
 def interpreter_state(env):
     import subprocess
 
-    proc = subprocess.run(
-        [sys.executable, "-c", INTERPRETER], env=env, capture_output=True, text=True, timeout=60
-    )
+    try:
+        proc = subprocess.run([sys.executable, "-c", INTERPRETER], env=env,
+                              capture_output=True, text=True, timeout=60)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return "no answer within 60 s"
     return proc.stdout.strip() if proc.returncode == 0 else f"exit {proc.returncode}"
 
 
-def image_envs(payload):
-    """Each image's environment as its container would have it: the image's config and the
-    probe's own variables, over what the engine adds (HOSTNAME, HOME)."""
+def group_envs(payload):
+    """(each image's environment as its container would have it, the one they share). The
+    engine's own names (HOSTNAME, and HOME and PATH where the image sets none) come from this
+    container; the shared environment takes the one fixed hash seed any image sets."""
     started = dict(os.environ)
-    first = payload["envs"][0]
-    extras = {k: v for k, v in started.items() if k not in first}
-    return [{**extras, **env} for env in payload["envs"]]
+    raw = payload["envs"]
+    extras = {k: v for k, v in started.items() if k not in raw[0]}
+    envs = [{**extras, **env} for env in raw]
+    common = {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs[1:])}
+    seeds = {e.get(HASH_SEED) for e in envs} - {None, "random"}
+    if len(seeds) == 1:
+        common[HASH_SEED] = seeds.pop()
+    return envs, common
 
 
-def shared_reason(env, common, interpreters):
-    differing = sorted(n for n in set(env) | set(common) if env.get(n) != common.get(n))
-    looked = [n for n in differing if n in ENV_LOOKUPS]
-    if OPENED_K3ENV:
-        return differing, f"the shared import opened {OPENED_K3ENV[0]} (it differs per image)"
-    if looked:
-        return differing, (
+def differing_names(env, common):
+    out = []
+    for n in sorted(set(env) | set(common)):
+        if env.get(n) == common.get(n):
+            continue
+        if n == HASH_SEED and env.get(n) in (None, "random"):
+            continue  # the shared interpreter's fixed seed is one draw of this image's random
+        out.append(n)
+    return out
+
+
+def shared_reason(raw, raw_first, env, common, interpreters):
+    """(the names this image sets differently from the shared environment, and why it cannot
+    share the import, or None)."""
+    differing = differing_names(env, common)
+    unknown = [n for n in ENGINE_DEFAULTS if n not in raw and n in raw_first]
+    start = [n for n in differing if n.startswith(START_FAMILIES)]
+    looked = [n for n in differing if n in ENV_LOOKUPS or n in ENV_WRITES]
+    if unknown:
+        why = f"the engine would give it its own {', '.join(unknown)}, not known in this container"
+    elif start:
+        why = f"it sets {', '.join(start)} differently, read from C when a process starts"
+    elif looked:
+        why = (
             f"the shared import looked up {', '.join(looked)}, which this image sets "
             "differently from its group"
         )
-    mine = interpreter_state(env) if differing else interpreters["common"]
-    if mine != interpreters["common"]:
-        return differing, "the interpreter starts differently under this image's environment"
-    return differing, None
+    elif differing and UNTRACKED:
+        why = f"the shared import's lookups are not all known: {UNTRACKED[0]}"
+    elif OPENED_K3ENV:
+        why = f"the shared import opened {OPENED_K3ENV[0]} (it differs per image)"
+    elif differing and interpreter_state(env) != interpreters["common"]:
+        why = "the interpreter starts differently under this image's environment"
+    else:
+        why = None
+    return differing, why
 
 
-def run_group(payload, plan_path, restarted):
+def mapped_c_strings(names):
+    """Which of ``names`` a shared library mapped into this process has as a C string: code
+    that may read them from C, which the lookups above cannot see (evidence, said in facts)."""
+    if not names:
+        return {}
+    try:
+        with open("/proc/self/maps") as f:
+            libs = sorted({line.split()[-1] for line in f if ".so" in line and "/" in line})
+    except OSError:
+        return {}
+    found = {}
+    for lib in libs:
+        data = _read(lib)
+        if data is None:
+            continue
+        for n in names:
+            if n not in found and data.find(n.encode() + b"\0") >= 0:
+                found[n] = lib
+    return found
+
+
+def run_in_env(plan, env, common):
+    """``run_plan`` with this image's values of the names that differ from the shared
+    environment; everything else stays as the shared import left it."""
+    for n in differing_names(env, common):
+        if n in env:
+            os.environ[n] = env[n]
+        else:
+            os.environ.pop(n, None)
+    return run_plan(plan)
+
+
+def run_group(payload, state_path):
     plans = payload["plans"]
-    envs = image_envs(payload)
-    common = {k: v for k, v in envs[0].items() if all(e.get(k) == v for e in envs[1:])}
-    if dict(os.environ) != common and not restarted:  # again, under the shared environment
-        argv = [sys.executable, os.path.abspath(__file__), plan_path, "--restarted"]
-        os.execve(sys.executable, argv, common)
+    with open(state_path) as f:
+        envs, common = json.load(f)
+    raw = payload["envs"]
     track_environment()
     t = time.monotonic()
     design = [n.replace("-", "_") for n in plans[0].get("absent_by_design", [])]
@@ -1168,12 +1280,15 @@ def run_group(payload, plan_path, restarted):
     shared_seconds = round(time.monotonic() - t, 3)
     interpreters = {"common": interpreter_state(common)}
     out = []
-    for plan, env in zip(plans, envs, strict=True):
-        differing, reason = shared_reason(env, common, interpreters)
-        if reason is None:
-            answer = in_fork(lambda plan=plan, env=env: run_plan(plan, env), timeout=300)
-            if answer is None:
-                reason = "its forked check process died or ran out of time"
+    for i, (plan, env) in enumerate(zip(plans, envs, strict=True)):
+        try:
+            differing, reason = shared_reason(raw[i], raw[0], env, common, interpreters)
+            if reason is None:
+                answer, why = in_fork(lambda p=plan, e=env: run_in_env(p, e, common), TIMEOUT[0])
+                if answer is None:
+                    reason = f"its forked check process failed: {why[-1500:]}"
+        except BaseException:
+            reason = "the group probe failed for it: " + traceback.format_exc(limit=-4)
         if reason is not None:
             out.append({"unshared": reason})
             continue
@@ -1182,6 +1297,8 @@ def run_group(payload, plan_path, restarted):
             "seconds": shared_seconds,
             "env_differs": differing,
             "env_looked_up": len(ENV_LOOKUPS),
+            # Evidence, not a pass: C code that could read a name it sets differently.
+            "c_strings": mapped_c_strings(differing),
         }
         out.append(answer)
     return out
@@ -1195,14 +1312,24 @@ def main():
         os._exit(0)
     ap = argparse.ArgumentParser()
     ap.add_argument("plan")
-    ap.add_argument("--restarted", action="store_true")
+    ap.add_argument("--group-state", help="(internal) the group's environments, restarted")
     args = ap.parse_args()
     with open(args.plan) as f:
         payload = json.load(f)
+    TIMEOUT[0] = float(payload.get("timeout", 300))
     if len(payload["plans"]) == 1:
         out = [run_plan(payload["plans"][0])]
+    elif args.group_state is None:
+        # Start again under the environment the group shares, the environments computed
+        # here (from what the engine gave this container) carried over.
+        envs, common = group_envs(payload)
+        fd, state = tempfile.mkstemp(prefix="k3env-group-", suffix=".json")
+        with os.fdopen(fd, "w") as f:
+            json.dump([envs, common], f)
+        argv = [sys.executable, os.path.abspath(__file__), args.plan, "--group-state", state]
+        os.execve(sys.executable, argv, common)
     else:
-        out = run_group(payload, args.plan, args.restarted)
+        out = run_group(payload, args.group_state)
     sys.stdout.write("\n" + MARK + json.dumps({"plans": out}) + "\n")
     sys.stdout.flush()
     os._exit(0)  # Dynamo's runtime threads must not hold the container open

@@ -342,22 +342,38 @@ def test_a_group_shares_one_import_and_each_image_keeps_its_own_environment(
         profiles=[profile("good", ("vllm-serve", GOOD_SERVE), tool="kimi_k3", reasoning="kimi_k3")],
         env={"PYTHONHASHSEED": None, "VLLM_SNAPSHOT_TIMEOUT_S": None, "HF_HOME": None},
     )
-    plans = [{**p, "image": name} for name in ("same", "hash-seed", "hf-home")]
-    # huggingface_hub looks HF_HOME up while vLLM's CLI imports: an image that sets it
-    # differently cannot share that import; the interpreter's hash seed is no such lookup.
-    envs = [env, {**env, "PYTHONHASHSEED": "42"}, {**env, "HF_HOME": "/srv/hf"}]
-    same, seeded, hf_home = run_probe(engine, dynamo_161_image, "python3", plans, envs,
-                                      timeout=300)  # fmt: skip
+    names = ("same", "hash-seed", "alloc-conf", "hf-home", "loader")
+    plans = [{**p, "image": name} for name in names]
+    envs = [
+        env,
+        # Unset, the hash seed is drawn at random: the group's interpreter starts with 42,
+        # one of those draws.
+        {**env, "PYTHONHASHSEED": "42"},
+        # Looked up by nothing while vLLM's CLI imports (libc10 has it as a C string: said).
+        {**env, "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+        # huggingface_hub looks HF_HOME up while vLLM's CLI imports.
+        {**env, "HF_HOME": "/srv/hf"},
+        # The dynamic loader reads it when the process starts, from C.
+        {**env, "LD_LIBRARY_PATH": "/opt/elsewhere"},
+    ]
+    same, seeded, alloc, hf_home, loader = run_probe(
+        engine, dynamo_161_image, "python3", plans, envs, timeout=300
+    )
     assert isinstance(same, ProbeOutput) and isinstance(seeded, ProbeOutput)
+    assert isinstance(alloc, ProbeOutput)
     assert isinstance(hf_home, str) and "looked up HF_HOME" in hf_home
+    assert isinstance(loader, str) and "LD_LIBRARY_PATH differently, read from C" in loader
 
     def rows(out: ProbeOutput) -> list[tuple[str, str, str, str]]:
         return [(r["check"], r["subject"], r["status"], r["output"]) for r in out.rows]
 
-    assert seeded.facts["shared_import"]["env_differs"] == ["PYTHONHASHSEED"]
-    assert seeded.facts["shared_import"]["images"] == ["same", "hash-seed", "hf-home"]
+    assert seeded.facts["shared_import"]["env_differs"] == []
+    assert seeded.facts["shared_import"]["images"] == list(names)
+    shared = alloc.facts["shared_import"]
+    assert shared["env_differs"] == ["PYTORCH_CUDA_ALLOC_CONF"]
+    assert "libc10" in shared["c_strings"]["PYTORCH_CUDA_ALLOC_CONF"]
     assert ("args", "commands[0] vllm-serve", "pass", "accepted\n") in rows(seeded)
-    assert rows(same) == rows(seeded)
+    assert rows(same) == rows(seeded) == rows(alloc)
     # The same plan on its own, in its own container: the same verdicts.
     (alone,) = run_probe(engine, dynamo_161_image, "python3", [plans[1]], [envs[1]], timeout=300)
     assert not isinstance(alone, str)
