@@ -336,15 +336,19 @@ def cmd_srt_validate(args: argparse.Namespace, log: Log) -> int:
     if missing:
         raise ConfigError(f"recipe(s) not found: {missing}", where="k3env srt validate", fix="")
     m = materialize(load_lock(args.lock), State(), log, source=args.source)
-    errors = validate(m, recipes, log)
+    result = validate(m, recipes, log)
+    errors = result.errors
+    for note in result.not_checked:
+        log.info(f"    not checked: {note}")
     _emit(
         args,
         {"srt_slurm": m.as_json(), "recipes": [str(r) for r in recipes],
-         "errors": [e.__dict__ for e in errors]},
+         "errors": [e.__dict__ for e in errors], "not_checked": result.not_checked},
         lambda: print(
             "\n".join(f"{e.file}: {e.key or '(recipe)'}: {e.message} [{e.stage}]"
                       for e in errors)
             or f"{len(recipes)} recipe(s) valid for srt-slurm {m.version} + {list(m.patches)}"
+            + "".join(f"\n  not checked: {n}" for n in result.not_checked)
         ),
     )  # fmt: skip
     if errors:

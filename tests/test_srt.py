@@ -322,6 +322,18 @@ def test_srtctl_gets_the_pinned_closure_and_an_edit_to_it_is_found(
     finally:
         config.write_text(original)
     materialize(capsys)
+    # Bytecode runs without its source being read: an edited .pyc is found too; one Python
+    # writes later for a module pip did not compile is not an edit.
+    (pyc,) = (site / "srtctl/core/__pycache__").glob("config.*.pyc")
+    data = pyc.read_bytes()
+    pyc.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    try:
+        assert main(["srt", "materialize"]) == 2
+        assert "__pycache__/config." in capsys.readouterr().err
+    finally:
+        pyc.write_bytes(data)
+    (site / "srtctl/__pycache__/later.cpython-311.pyc").write_bytes(b"written at run time")
+    materialize(capsys)
 
 
 def test_dirty_cache_is_an_error(srt_repo: Path, capsys: pytest.CaptureFixture[str]) -> None:

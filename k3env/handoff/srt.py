@@ -35,7 +35,8 @@ from k3env.state import State
 
 # 2: venv scripts point at the cache entry, not the build directory
 # 3: srtctl's dependencies from the lock's hashed requirements; the venv's files recorded
-SRT_FORMAT = 3
+# 4: the record includes bytecode caches
+SRT_FORMAT = 4
 MARKER = "k3env-materialized.json"
 VENV_MANIFEST = "k3env-venv.json"  # sha256 of each file of srtctl's environment
 # Fixed identity and dates for the commits k3env makes: the same inputs give the same HEAD.
@@ -124,18 +125,25 @@ def _requirements(lock: Lock, srt: SrtSlurmPin) -> Path | None:
 
 
 def venv_files(venv: Path) -> dict[str, str]:
-    """sha256 of every file in srtctl's environment (bytecode caches aside: the interpreter
-    writes them as it runs), by path relative to the environment; symlinks by target."""
+    """sha256 of every file in srtctl's environment (bytecode caches included: Python runs a
+    ``.pyc`` whose source is unchanged without reading the source), by path relative to the
+    environment; symlinks by target."""
     out = {}
     for path in sorted(venv.rglob("*")):
-        if "__pycache__" in path.parts:
-            continue
         rel = path.relative_to(venv).as_posix()
         if path.is_symlink():
             out[rel] = "-> " + os.readlink(path)
         elif path.is_file():
             out[rel] = file_sha256(path)
     return out
+
+
+def venv_changes(recorded: dict[str, str], now: dict[str, str]) -> list[str]:
+    """Files changed, removed or added since the install; a bytecode cache Python wrote later
+    for a module pip did not compile is the one addition allowed."""
+    changed = [k for k in recorded if now.get(k) != recorded[k]]
+    added = [k for k in now if k not in recorded and "__pycache__" not in k.split("/")]
+    return sorted(changed + added)
 
 
 def _git(args: list[str], log: Log, *, cwd: Path | None = None, what: str) -> str:
@@ -164,11 +172,15 @@ def _check_cache(final: Path, log: Log) -> dict[str, Any]:
             where=str(final),
             fix=fix,
         )
-    recorded = json.loads((final / VENV_MANIFEST).read_text())
+    try:
+        recorded = json.loads((final / VENV_MANIFEST).read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"the srtctl environment's record cannot be read ({e})", where=str(final), fix=fix
+        ) from e
     if canonical_sha256(recorded) != record.get("venv_sha256"):
         raise ConfigError("the srtctl environment's record was edited", where=str(final), fix=fix)
-    now = venv_files(final / "venv")
-    changed = sorted(k for k in set(now) | set(recorded) if now.get(k) != recorded.get(k))
+    changed = venv_changes(recorded, venv_files(final / "venv"))
     if changed:
         raise ConfigError(
             f"srtctl's environment changed since k3env installed it ({len(changed)} file(s): "
@@ -358,7 +370,8 @@ def materialize(lock: Lock, state: State, log: Log, *, source: str | None = None
 DRY_RUN = ("-m", "srtctl.cli.submit", "dry-run", "-f")
 # srt-slurm names the field at the head of its cross-field messages ("frontend.type: vllm ...",
 # "dynamo.wheel must be ..."): the key path of an error that has none.
-_KEY_HEAD = re.compile(r"^([a-z_]+(?:\.[a-z_]+)+)\b")
+_KEY_HEAD = re.compile(r"^([a-z_][a-z0-9_]*(?:\.[a-z_][a-z0-9_]*)+):? ")
+_NOT_A_KEY = re.compile(r"\.(?:ya?ml|json|py|toml|sh)$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -372,43 +385,53 @@ class RecipeError:
 def _keyed(file: str, key: str, message: str, stage: str) -> RecipeError:
     if not key or key == "_schema":
         m = _KEY_HEAD.match(message)
-        key = m.group(1) if m else ""
+        key = m.group(1) if m and not _NOT_A_KEY.search(m.group(1)) else ""
     return RecipeError(file=file, key=key, message=message, stage=stage)
 
 
-def validate(m: Materialized, recipes: list[Path], log: Log) -> list[RecipeError]:
+@dataclass(frozen=True, kw_only=True)
+class Validation:
+    errors: list[RecipeError]
+    not_checked: list[str]  # what this srt-slurm could not be asked (it has no such function)
+
+
+def validate(m: Materialized, recipes: list[Path], log: Log) -> Validation:
     """Each recipe through srt-slurm's own ``load_config`` and the lookups its job makes by
     the recipe's types (frontend, benchmark runner); then, for a recipe that passes those,
-    srtctl's dry-run (it renders the sbatch script). Errors with key paths."""
+    srtctl's dry-run (it renders the sbatch script). Errors with key paths.
+
+    Both run in one fresh directory with no ``SRTSLURM_CONFIG``: srt-slurm reads a site
+    ``srtslurm.yaml`` from the working directory and two above it, and the verdict must not
+    depend on one that happens to be there."""
     paths = [str(r.resolve()) for r in recipes]
-    with resources.as_file(resources.files("k3env.probes") / "srt_validate.py") as script:
-        out = run(
-            [str(m.python), str(script), *paths],
-            log,
-            capture=True,
-            what="srt-slurm load_config",
-        )
-    try:
-        rows = json.loads(out.strip().splitlines()[-1])
-    except (ValueError, IndexError) as e:
-        raise ToolError(
-            f"srt-slurm's validation printed no verdict: {out[-2000:]}",
-            where=str(m.path),
-            fix="check that the materialized srt-slurm has srtctl.core.config.load_config",
-        ) from e
-    errors = [_keyed(r["file"], r["key"], r["message"], r.get("stage", "load")) for r in rows]
-    failed = {e.file for e in errors}
+    env = {k: v for k, v in os.environ.items() if k != "SRTSLURM_CONFIG"}
     # Rich wraps srtctl's output at 80 columns when it is not a terminal: one line a message.
-    env = {**os.environ, "COLUMNS": "10000"}
-    with tempfile.TemporaryDirectory(prefix="k3env-srt-dry-run-") as cwd:
+    env["COLUMNS"] = "10000"
+    errors: list[RecipeError] = []
+    with tempfile.TemporaryDirectory(prefix="k3env-srt-validate-") as tmp:
+        cwd = Path(tmp) / "a" / "b"  # its parents are ours, and empty
+        cwd.mkdir(parents=True)
+        with resources.as_file(resources.files("k3env.probes") / "srt_validate.py") as script:
+            code, out = attempt([str(m.python), str(script), *paths], log, cwd=cwd, env=env)
+        try:
+            verdict = json.loads(out.strip().splitlines()[-1])
+            rows, not_checked = verdict["errors"], verdict["not_checked"]
+        except (ValueError, IndexError, KeyError, TypeError) as e:
+            raise ToolError(
+                f"srt-slurm's validation printed no verdict (exit {code}): {out[-2000:]}",
+                where=str(m.path),
+                fix="check that the materialized srt-slurm has srtctl.core.config.load_config",
+            ) from e
+        errors = [_keyed(r["file"], r["key"], r["message"], r.get("stage", "load")) for r in rows]
+        failed = {e.file for e in errors}
         for path in paths:
             if path in failed:
                 continue
             with log.step(f"srtctl dry-run {Path(path).name}"):
-                code, text = attempt([str(m.python), *DRY_RUN, path], log, cwd=Path(cwd), env=env)
+                code, text = attempt([str(m.python), *DRY_RUN, path], log, cwd=cwd, env=env)
             if code != 0:
                 errors.append(_keyed(path, "", _dry_run_message(text, path), "dry-run"))
-    return errors
+    return Validation(errors=errors, not_checked=list(not_checked))
 
 
 def _dry_run_message(output: str, path: str) -> str:

@@ -50,6 +50,9 @@ JOB_TIME = (
 )
 
 
+NOT_CHECKED: list[str] = []
+
+
 def job_time_errors(path, config):
     import importlib
 
@@ -61,7 +64,10 @@ def job_time_errors(path, config):
         try:
             lookup = getattr(importlib.import_module(module), function)
         except (ImportError, AttributeError):
-            continue  # this srt-slurm has no such registry: nothing to ask
+            note = f"{key}: this srt-slurm has no {module}.{function} to ask"
+            if note not in NOT_CHECKED:
+                NOT_CHECKED.append(note)
+            continue
         try:
             lookup(value)
         except Exception as e:
@@ -74,8 +80,9 @@ def main():
     try:
         load_config = load_config_function()
     except Exception:
-        print(json.dumps([{"file": "", "key": "", "message": traceback.format_exc(limit=-3),
-                          "stage": "load"}]))  # fmt: skip
+        failure = {"file": "", "key": "", "message": traceback.format_exc(limit=-3),
+                   "stage": "load"}  # fmt: skip
+        print(json.dumps({"errors": [failure], "not_checked": []}))
         return
     for path in sys.argv[1:]:
         try:
@@ -97,7 +104,7 @@ def main():
             else:
                 message = str(e).removeprefix(f"Invalid config in {path}: ")
                 errors.append({"file": path, "key": "", "message": message, "stage": "load"})
-    print(json.dumps(errors))
+    print(json.dumps({"errors": errors, "not_checked": NOT_CHECKED}))
 
 
 if __name__ == "__main__":
