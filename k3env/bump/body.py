@@ -147,7 +147,11 @@ def as_json(
 def _verdict(before: Outcome, after: Outcome) -> str:
     """The last line: never "All checks pass" over checks that did not run."""
     if after.failed:
-        same = before.failed and before.matrix() == after.matrix()
+        same = (
+            before.failed
+            and before.matrix() == after.matrix()
+            and (before.error is None) == (after.error is None)
+        )
         return "**Not mergeable: checks fail after the bump.**" + (
             " The lock before the bump failed the same way." if same else ""
         )
