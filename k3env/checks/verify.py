@@ -25,7 +25,7 @@ from k3env.config.lock import BasePin, Lock, verify_patch_file
 from k3env.config.patchfile import load_patch_file
 from k3env.config.spec import ImageSpec
 from k3env.config.twinreq import pinned_versions
-from k3env.engine.protocol import Engine
+from k3env.engine.protocol import BaseImage, Engine
 from k3env.errors import EngineError
 from k3env.hashing import canonical_sha256, digest_hex, sha256_digest
 from k3env.image.bases import select_base
@@ -345,12 +345,11 @@ def run_probe(
     )
 
 
-def files_key(engine: Engine, image_id: str) -> tuple[Any, ...]:
+def files_key(engine: Engine, image_id: str, image: BaseImage | None) -> tuple[Any, ...]:
     """What an image's files are, for grouping: its layers; for an image k3env built, the
     layers below its own and that layer's files as its provenance lists them (the record's
     sha256 is checked against the image's label). Images with the same key differ only in
-    their config (Env) and their provenance record."""
-    image = engine.inspect(image_id)
+    their config (Env) and their provenance record. ``image``: its inspection."""
     if image is None:
         return ("image", image_id)
     labels = image.config.get("Labels") or {}
@@ -433,6 +432,7 @@ class _Job:
     plan: dict[str, Any]
     key: str
     env: dict[str, str]
+    image: BaseImage | None  # its inspection (config, layers)
 
 
 def verify_images(
@@ -475,14 +475,14 @@ def verify_images(
         inspected = engine.inspect(build.image_id)
         env = probe_env((inspected.config.get("Env") or []) if inspected else [])
         jobs[i] = _Job(spec=spec, build=build, python=base_pin.python, plan=plan, key=key,
-                       env=env)  # fmt: skip
+                       env=env, image=inspected)  # fmt: skip
     groups: dict[Any, list[int]] = {}
     for i, job in jobs.items():
         # The same files, interpreter and entrypoints to import (and the same modules the
         # twin leaves out): one import serves them all.
         imports = sorted({c["role"] for p in job.plan["profiles"] for c in p["commands"]})
         group = (
-            (job.python, files_key(engine, job.build.image_id), tuple(imports),
+            (job.python, files_key(engine, job.build.image_id, job.image), tuple(imports),
              tuple(job.plan["absent_by_design"]))
             if share
             else i
@@ -533,7 +533,6 @@ def verify_images(
                     finished[i] = time.monotonic()
     return [
         _report(
-            engine,
             state,
             lock,
             spec,
@@ -548,7 +547,6 @@ def verify_images(
 
 
 def _report(
-    engine: Engine,
     state: State,
     lock: Lock,
     spec: ImageSpec,

@@ -300,16 +300,17 @@ def env_table(t: Table) -> dict[str, str]:
     return out
 
 
+FIELD_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")  # a field name of another tool's schema
+
+
 def free_table(t: Table, what: str) -> dict[str, Any]:
     """A table whose keys belong to another tool's schema (checked there, e.g. by srt-slurm's
     own loader): identifier keys, any TOML values, handed on as they are."""
     if t.schema is not None:
-        t.schema.update(
-            propertyNames={"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"}, additionalProperties=True
-        )
+        t.schema.update(propertyNames={"pattern": FIELD_RE.pattern}, additionalProperties=True)
         t.schema = None  # its keys are data, not schema
     for key in t.keys():
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+        if not FIELD_RE.match(key):
             raise t.fail(key, f"{key!r} is not a valid {what} key", "use srt-slurm's field names")
         t._seen.add(key)
     t.done()

@@ -194,9 +194,7 @@ def _benchmark(t: Table) -> dict[str, Any]:
     for key, value in data.items():
         nested = value.items() if isinstance(value, dict) else [(None, value)]
         for sub, v in nested:
-            if not plain(v) or (
-                sub is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_-]*$", sub)
-            ):
+            if not plain(v) or (sub is not None and not _KEY.match(sub)):
                 where = f"{key}.{sub}" if sub is not None else key
                 raise bench.fail(
                     where,

@@ -1168,15 +1168,24 @@ def track_environment():
     sys.addaudithook(hook)
 
 
+INTERPRETERS: dict[str, str] = {}  # an environment (as JSON) -> how the interpreter starts
+
+
 def interpreter_state(env):
+    """How the interpreter starts under ``env`` (flags, path, prefix, encoding, options)."""
     import subprocess
 
+    key = json.dumps(env, sort_keys=True)
+    if key in INTERPRETERS:
+        return INTERPRETERS[key]
     try:
         proc = subprocess.run([sys.executable, "-c", INTERPRETER], env=env,
                               capture_output=True, text=True, timeout=60)  # fmt: skip
     except subprocess.TimeoutExpired:
         return "no answer within 60 s"
-    return proc.stdout.strip() if proc.returncode == 0 else f"exit {proc.returncode}"
+    state = proc.stdout.strip() if proc.returncode == 0 else f"exit {proc.returncode}"
+    INTERPRETERS[key] = state
+    return state
 
 
 def group_envs(payload):
@@ -1205,7 +1214,7 @@ def differing_names(env, common):
     return out
 
 
-def shared_reason(raw, raw_first, env, common, interpreters):
+def shared_reason(raw, raw_first, env, common):
     """(the names this image sets differently from the shared environment, and why it cannot
     share the import, or None)."""
     differing = differing_names(env, common)
@@ -1225,7 +1234,7 @@ def shared_reason(raw, raw_first, env, common, interpreters):
         why = f"the shared import's lookups are not all known: {UNTRACKED[0]}"
     elif OPENED_K3ENV:
         why = f"the shared import opened {OPENED_K3ENV[0]} (it differs per image)"
-    elif differing and interpreter_state(env) != interpreters["common"]:
+    elif differing and interpreter_state(env) != interpreter_state(common):
         why = "the interpreter starts differently under this image's environment"
     else:
         why = None
@@ -1235,22 +1244,24 @@ def shared_reason(raw, raw_first, env, common, interpreters):
 def mapped_c_strings(names):
     """Which of ``names`` a shared library mapped into this process has as a C string: code
     that may read them from C, which the lookups above cannot see (evidence, said in facts)."""
-    if not names:
-        return {}
-    try:
-        with open("/proc/self/maps") as f:
-            libs = sorted({line.split()[-1] for line in f if ".so" in line and "/" in line})
-    except OSError:
-        return {}
-    found = {}
-    for lib in libs:
-        data = _read(lib)
-        if data is None:
-            continue
-        for n in names:
-            if n not in found and data.find(n.encode() + b"\0") >= 0:
-                found[n] = lib
-    return found
+    todo = [n for n in names if n not in C_STRINGS]
+    if todo:
+        try:
+            with open("/proc/self/maps") as f:
+                libs = sorted({line.split()[-1] for line in f if ".so" in line and "/" in line})
+        except OSError:
+            libs = []
+        for lib in libs:
+            data = _read(lib)
+            for n in todo:
+                if data is not None and n not in C_STRINGS and data.find(n.encode() + b"\0") >= 0:
+                    C_STRINGS[n] = lib
+        for n in todo:
+            C_STRINGS.setdefault(n, None)
+    return {n: C_STRINGS[n] for n in names if C_STRINGS[n]}
+
+
+C_STRINGS: dict[str, str | None] = {}  # name -> a mapped library that has it (once a group)
 
 
 def run_in_env(plan, env, common):
@@ -1278,11 +1289,10 @@ def run_group(payload, state_path):
     for plan in plans:  # the files are the same: search them once for every image's names
         search_cached(*env_search_plan(plan, registry))
     shared_seconds = round(time.monotonic() - t, 3)
-    interpreters = {"common": interpreter_state(common)}
     out = []
     for i, (plan, env) in enumerate(zip(plans, envs, strict=True)):
         try:
-            differing, reason = shared_reason(raw[i], raw[0], env, common, interpreters)
+            differing, reason = shared_reason(raw[i], raw[0], env, common)
             if reason is None:
                 answer, why = in_fork(lambda p=plan, e=env: run_in_env(p, e, common), TIMEOUT[0])
                 if answer is None:
