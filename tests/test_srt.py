@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -334,6 +335,29 @@ def test_srtctl_gets_the_pinned_closure_and_an_edit_to_it_is_found(
         pyc.write_bytes(data)
     (site / "srtctl/__pycache__/later.cpython-311.pyc").write_bytes(b"written at run time")
     materialize(capsys)
+
+
+def test_a_pinned_closure_that_does_not_satisfy_srtctl_is_refused(
+    srt_repo: Path, srtctl_requirements: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """srtctl needs pyyaml; a requirements file without it installs (--no-deps) and then
+    fails pip's own check, naming what is missing. Nothing is left in the cache."""
+    blocks = srtctl_requirements.split("\n")
+    kept, skipping = [], False
+    for line in blocks:
+        if line and not line.startswith((" ", "#")):
+            skipping = line.lower().startswith("pyyaml==")
+        if not skipping:
+            kept.append(line)
+    (srt_repo / "pins/srtctl.requirements.txt").write_text("\n".join(kept))
+    assert main(["lock", "--update-hashes", "-q"]) == 0
+    capsys.readouterr()
+    assert main(["srt", "materialize"]) == 2
+    err = capsys.readouterr().err
+    assert "srtctl's pinned requirements do not satisfy srt-slurm v1.0.36" in err
+    assert "pyyaml" in err.lower() and "srt_slurm.requirements" in err
+    entries = list((Path(os.environ["K3ENV_STATE_DIR"]) / "srt").iterdir())
+    assert not [e for e in entries if e.name.endswith(".partial")]
 
 
 def test_dirty_cache_is_an_error(srt_repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
