@@ -241,13 +241,17 @@ def _builds(
 
 def cmd_push(args: argparse.Namespace, log: Log) -> int:
     from k3env.handoff.enroot import cluster_commands
-    from k3env.handoff.push import push_image
+    from k3env.handoff.push import publish_images, push_image
 
     _lock, specs, engine, state, builds = _builds(args, log)
     pushed = []
     for build in builds:
-        with log.step(f"push {build.reference} to {args.registry}"):
-            pushed.append(push_image(engine, state, build, args.registry, log))
+        if args.via_engine:
+            with log.step(f"push {build.reference} to {args.registry} (through the engine)"):
+                pushed.append(push_image(engine, state, build, args.registry, log))
+        else:
+            with log.step(f"publish {build.reference} to {args.registry} (registry API)"):
+                pushed += publish_images(state, [build], args.registry, log)
     _emit(
         args,
         {"images": [p.as_json() for p in pushed]},
@@ -780,6 +784,11 @@ def parser() -> argparse.ArgumentParser:
     _image_args(push, twin="the images built over the twin")
     push.add_argument(
         "--registry", default="127.0.0.1:5000", help="registry host[:port] (default: %(default)s)"
+    )
+    push.add_argument(
+        "--via-engine",
+        action="store_true",
+        help="push through the engine (`docker push`, its credentials) instead of the registry API",
     )
     push.set_defaults(func=cmd_push)
 

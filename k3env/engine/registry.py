@@ -8,14 +8,18 @@ the realm it names. Loopback registries are spoken to over http, every other ove
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from k3env.errors import CheckFailed, EngineError, LockError
+from k3env.hashing import sha256_digest
 
 ACCEPT = ", ".join(
     (
@@ -161,3 +165,178 @@ def list_tags(repository: str) -> list[str]:
         raise EngineError(
             f"cannot list tags: {e}", where=url, fix="check the network / registry"
         ) from e
+
+
+# --- publishing: blobs, manifests and indexes through the registry API --------------------
+def _base_url(repository: str) -> tuple[str, str]:
+    host, repo = split_repository(repository)
+    return f"{_scheme(host)}://{host}", repo
+
+
+def _send(
+    method: str,
+    url: str,
+    *,
+    headers: dict[str, str] | None = None,
+    body: bytes | Path | None = None,
+    progress: Callable[[int], None] | None = None,
+) -> tuple[int, Any, bytes]:
+    """One request over ``http.client``: (status, headers, body). A file body is streamed in
+    1 MiB blocks (``progress`` gets the bytes sent so far). No token dance: publishing goes to
+    registries that take anonymous pushes (a loopback registry, a site mirror)."""
+    parts = urllib.parse.urlsplit(url)
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = cls(parts.netloc, timeout=120, blocksize=1 << 20)
+    path = parts.path + (f"?{parts.query}" if parts.query else "")
+    headers = dict(headers or {})
+    try:
+        if isinstance(body, Path):
+            size = body.stat().st_size
+            headers["Content-Length"] = str(size)
+            conn.putrequest(method, path, skip_accept_encoding=True)
+            for k, v in headers.items():
+                conn.putheader(k, v)
+            conn.endheaders()
+            sent = 0
+            with body.open("rb") as f:
+                while block := f.read(1 << 22):
+                    conn.send(block)
+                    sent += len(block)
+                    if progress:
+                        progress(sent)
+        else:
+            if body is not None or method in ("POST", "PUT"):
+                headers["Content-Length"] = str(len(body or b""))
+            conn.request(method, path, body=body, headers=headers)
+        response = conn.getresponse()
+        data = response.read()
+        return response.status, response.headers, data
+    except OSError as e:
+        raise EngineError(
+            f"cannot reach the registry: {e}", where=url, fix="check the network / registry"
+        ) from e
+    finally:
+        conn.close()
+
+
+def _refused(status: int, data: bytes, what: str, url: str) -> EngineError:
+    detail = data.decode("utf-8", "replace").strip()[:400]
+    if status in (401, 403):
+        return EngineError(
+            f"the registry refused {what} (HTTP {status}): it wants credentials",
+            where=url,
+            fix="publish to a registry that takes k3env's anonymous pushes (a site mirror), "
+            "or push through the engine: `k3env push --via-engine` (docker login first)",
+        )
+    return EngineError(f"the registry refused {what} (HTTP {status}): {detail}", where=url,
+                       fix="check the registry's log")  # fmt: skip
+
+
+def blob_exists(repository: str, digest: str) -> bool:
+    base, repo = _base_url(repository)
+    status, _h, _b = _send("HEAD", f"{base}/v2/{repo}/blobs/{digest}")
+    return status == 200
+
+
+def mount_blob(repository: str, digest: str, source: str) -> bool:
+    """Ask the registry to link ``digest`` from ``source`` (a repository on the same host)
+    into ``repository`` without sending it; whether it did."""
+    base, repo = _base_url(repository)
+    _src_host, src_repo = split_repository(source)
+    query = urllib.parse.urlencode({"mount": digest, "from": src_repo})
+    url = f"{base}/v2/{repo}/blobs/uploads/?{query}"
+    status, headers, data = _send("POST", url)
+    if status == 201:
+        return True
+    if status == 202:  # the registry opened an upload instead: close it, send the bytes
+        location = headers.get("Location")
+        if location:
+            _send("DELETE", urllib.parse.urljoin(url, location))
+        return False
+    raise _refused(status, data, f"a mount of {digest[:19]}", url)
+
+
+def put_blob(
+    repository: str, digest: str, source: Path, progress: Callable[[int], None] | None = None
+) -> None:
+    """Upload ``source`` as ``digest`` (one monolithic PUT); the registry checks the digest."""
+    base, repo = _base_url(repository)
+    url = f"{base}/v2/{repo}/blobs/uploads/"
+    status, headers, data = _send("POST", url)
+    location = headers.get("Location")
+    if status != 202 or not location:
+        raise _refused(status, data, "an upload", url)
+    target = urllib.parse.urljoin(url, location)
+    target += ("&" if "?" in target else "?") + urllib.parse.urlencode({"digest": digest})
+    status, _headers, data = _send(
+        "PUT", target, headers={"Content-Type": "application/octet-stream"}, body=source,
+        progress=progress,
+    )  # fmt: skip
+    if status != 201:
+        raise _refused(status, data, f"blob {digest[:19]}", url)
+
+
+def read_blob(repository: str, digest: str, into: Path) -> None:
+    """A blob of ``repository`` into the file ``into`` (streamed; an anonymous token when
+    the registry asks for one)."""
+    base, repo = _base_url(repository)
+    url = f"{base}/v2/{repo}/blobs/{digest}"
+    headers: dict[str, str] = {}
+    for _ in range(2):
+        try:
+            request = urllib.request.Request(url, headers=headers)
+            with urllib.request.urlopen(request, timeout=120) as r, into.open("wb") as f:
+                while block := r.read(1 << 22):
+                    f.write(block)
+            return
+        except urllib.error.HTTPError as e:
+            token = _token(e.headers.get("WWW-Authenticate", "")) if e.code == 401 else None
+            if token and not headers:
+                headers["Authorization"] = f"Bearer {token}"
+                continue
+            raise EngineError(
+                f"cannot read blob {digest[:19]} of {repository} (HTTP {e.code})",
+                where=url, fix="check that the image is still in its registry",
+            ) from e  # fmt: skip
+        except OSError as e:
+            raise EngineError(
+                f"cannot read blob {digest[:19]} of {repository}: {e}",
+                where=url, fix="check the network / registry",
+            ) from e  # fmt: skip
+
+
+def copy_blob(source: str, repository: str, digest: str, into: Path) -> None:
+    """A blob of another registry, through ``into`` (a file), into ``repository``."""
+    read_blob(source, digest, into)
+    put_blob(repository, digest, into)
+
+
+def get_manifest(repository: str, reference: str) -> tuple[str, str, bytes]:
+    """(digest, media type, body) of a manifest or index, by tag or digest."""
+    digest, body = _manifest(repository, reference, "GET")
+    try:
+        media_type = str(json.loads(body).get("mediaType") or "")
+    except (ValueError, AttributeError) as e:
+        raise EngineError(
+            "the registry sent a manifest that is not JSON", where=f"{repository}@{reference}",
+            fix="check the registry",
+        ) from e  # fmt: skip
+    return digest, media_type, body
+
+
+def put_manifest(repository: str, reference: str, body: bytes, media_type: str) -> str:
+    """Store a manifest or index under ``reference`` (a tag or its digest); its digest, which
+    must be the sha256 of ``body``."""
+    base, repo = _base_url(repository)
+    url = f"{base}/v2/{repo}/manifests/{reference}"
+    status, headers, data = _send("PUT", url, headers={"Content-Type": media_type}, body=body)
+    if status != 201:
+        raise _refused(status, data, f"manifest {reference}", url)
+    digest = str(headers.get("Docker-Content-Digest") or "")
+    expected = sha256_digest(body)
+    if digest and digest != expected:
+        raise EngineError(
+            f"the registry stored manifest {reference} as {digest}, not {expected}",
+            where=url, fix="the registry rewrote the manifest: use another registry",
+        )  # fmt: skip
+    return expected

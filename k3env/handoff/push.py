@@ -3,11 +3,13 @@ the cluster imports exactly what was built and verified."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from k3env.engine.protocol import Engine
 from k3env.engine.registry import refuse_to_move
+from k3env.handoff.publish import index_tag, publish
 from k3env.image.build import BuildResult
 from k3env.log import Log
 from k3env.state import State
@@ -21,6 +23,8 @@ class Pushed:
     digest: str  # manifest digest in the registry
     layers_sent: int
     layers_skipped: int
+    platform: str | None = None  # os/architecture of the manifest ``digest`` names
+    index: str | None = None  # the OCI index the tag names, when it covers more platforms
 
     @property
     def by_digest(self) -> str:
@@ -60,6 +64,34 @@ def push_image(engine: Engine, state: State, build: BuildResult, registry: str, 
     return pushed
 
 
+def publish_images(
+    state: State, builds: Sequence[BuildResult], registry: str, log: Log
+) -> list[Pushed]:
+    """Publish one spec's images (one per platform) straight to the registry: one image
+    under its own tag as an OCI manifest; several under one tag as an OCI index. Each
+    image's record names its own platform's manifest digest (what enroot imports)."""
+    first = builds[0]
+    repository = f"{registry}/{first.reference.rsplit(':', 1)[0]}"
+    tags = [b.reference.rsplit(":", 1)[1] for b in builds]
+    tag = tags[0] if len(builds) == 1 else index_tag(tags)
+    published = publish(state, repository, tag, [b.image_id for b in builds], log)
+    out = []
+    for build, platform in zip(builds, published.platforms, strict=True):
+        pushed = Pushed(
+            image=build.image,
+            image_id=build.image_id,
+            reference=published.reference,
+            digest=platform.digest,
+            layers_sent=published.sent,
+            layers_skipped=published.present + published.mounted,
+            platform=platform.platform,
+            index=published.digest if len(builds) > 1 else None,
+        )
+        state.write_record(pushed.as_json(), "pushed", build.image_id)
+        out.append(pushed)
+    return out
+
+
 def pushed_record(state: State, image_id: str) -> dict[str, Any] | None:
     record = state.read_record("pushed", image_id)
     return record if isinstance(record, dict) else None
@@ -70,4 +102,4 @@ def last_push(state: State, image_id: str) -> Pushed | None:
     record = pushed_record(state, image_id)
     if record is None:
         return None
-    return Pushed(**{k: record[k] for k in Pushed.__dataclass_fields__})
+    return Pushed(**{k: record[k] for k in Pushed.__dataclass_fields__ if k in record})

@@ -24,6 +24,7 @@ from k3env.engine.protocol import Engine, ImageFile
 from k3env.errors import EngineError, PatchError
 from k3env.hashing import canonical_sha256, digest_hex, file_sha256, sha256_digest
 from k3env.image.bases import ResolvedBase, registry_base, select_base
+from k3env.image.blobs import keep_config, keep_layer, kept_image
 from k3env.image.components import COMPONENTS_FORMAT, Baked, bake
 from k3env.image.envpolicy import baked_env, merge_env
 from k3env.image.install import load_checked
@@ -272,7 +273,11 @@ class Builder:
             )
 
         existing = self.engine.lookup(reference)
-        if existing is not None and existing.labels.get(f"{LABEL_PREFIX}.inputs") == inputs:
+        if (
+            existing is not None
+            and existing.labels.get(f"{LABEL_PREFIX}.inputs") == inputs
+            and kept_image(self.state, existing.id)
+        ):
             self.log.info(f"    {spec.name}: cache hit {reference}")
             return result(existing.id, True, _cached_patches(existing.labels, spec, skipped))
 
@@ -303,6 +308,9 @@ class Builder:
             created_by=f"k3env build {spec.name} (inputs {inputs[:20]})",
             comment=f"k3env {__version__}",
         )
+        # The registry form is kept beside the engine's: a publish sends these very bytes.
+        keep_layer(self.state, assembled.layer_tar, assembled.diff_id)
+        keep_config(self.state, assembled.config_json)
         archive = docker_archive(assembled, under.image.diff_ids)
         load_checked(self.engine, archive, assembled.image_id, reference, self.log)
         return result(assembled.image_id, False, results)

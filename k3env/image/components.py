@@ -26,6 +26,7 @@ from k3env.engine.protocol import BaseImage, Engine
 from k3env.files import write_atomic
 from k3env.hashing import canonical_sha256
 from k3env.image.bases import ResolvedBase
+from k3env.image.blobs import keep_config, keep_layer, kept_image
 from k3env.image.install import add_whiteouts, install_tree, load_checked
 from k3env.image.layer import archive_file, epoch_of, image_config, tree_layer
 from k3env.image.wheels import download_wheels
@@ -86,7 +87,7 @@ def bake(
     key = components_key(base, pins)
     reference = f"{REPOSITORY}:{key[:20]}"
     found = engine.lookup(reference)
-    if found is not None and found.labels.get(LABEL) == key:
+    if found is not None and found.labels.get(LABEL) == key and kept_image(state, found.id):
         image = engine.inspect(found.id)
         assert image is not None
         return _over(base, reference, image), _baked(key, reference, found.id, pins, found.labels)
@@ -126,6 +127,8 @@ def bake(
         )
         config_json = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
         image_id = archive_file(config_json, layer, [*base.image.diff_ids, diff_id], archive)
+        keep_layer(state, layer, diff_id)
+        keep_config(state, config_json)
         load_checked(engine, archive, image_id, reference, log)
     image = engine.inspect(image_id)
     assert image is not None

@@ -1,0 +1,358 @@
+"""Publish derived images straight to a registry: blobs, configs, OCI manifests and (for
+more than one platform) an OCI image index, through the registry API, never through the
+engine.
+
+Each image's own layers and config are the bytes the build kept (``image.blobs``); its base
+layers are named by the base's manifest in its registry, checked against the image: the base
+manifest's config is the base image ID the image's labels name, and its diff IDs are the first
+ones of the image's. A base layer the target repository lacks is mounted from the base's
+repository (same registry) or copied (another registry); a kept layer it lacks is uploaded.
+The index lists each platform's manifest; enroot and pyxis import the per-platform digest.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from k3env.engine import registry
+from k3env.errors import CheckFailed, EngineError, LockError, StateError
+from k3env.hashing import canonical_sha256, sha256_digest
+from k3env.image.blobs import LAYER_MEDIA_TYPE, Blob, kept_config, kept_layer
+from k3env.log import Log
+from k3env.state import State
+
+MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+INDEX = "application/vnd.oci.image.index.v1+json"
+_DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+_DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
+_BASE_NAME = "org.opencontainers.image.base.name"
+_BASE_DIGEST = "org.opencontainers.image.base.digest"
+_BASE_ID = "io.k3env.base.id"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Layer:
+    """One layer of a manifest: where its bytes come from."""
+
+    digest: str
+    size: int
+    media_type: str
+    kept: Blob | None  # k3env's own layer; None: a base layer, in ``source``
+    source: str  # the repository that holds a base layer
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlatformImage:
+    platform: str  # os/architecture[/variant]
+    image_id: str
+    digest: str  # the platform's manifest digest
+    size: int
+    body: bytes = field(repr=False)
+    layers: tuple[Layer, ...] = field(repr=False)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"platform": self.platform, "image_id": self.image_id, "digest": self.digest}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Published:
+    repository: str  # REGISTRY/REPO
+    tag: str
+    digest: str  # what the tag names: the index, or the one manifest
+    media_type: str
+    platforms: tuple[PlatformImage, ...]
+    sent: int  # blobs uploaded
+    mounted: int  # blobs linked from another repository of the registry
+    present: int  # blobs the repository had
+    bytes_sent: int
+    seconds: float
+
+    @property
+    def reference(self) -> str:
+        return f"{self.repository}:{self.tag}"
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "reference": self.reference,
+            "digest": self.digest,
+            "media_type": self.media_type,
+            "platforms": [p.as_json() for p in self.platforms],
+            "blobs": {"sent": self.sent, "mounted": self.mounted, "present": self.present},
+            "bytes_sent": self.bytes_sent,
+            "seconds": round(self.seconds, 3),
+        }
+
+
+def platform_of(config: dict[str, Any]) -> str:
+    parts = [str(config.get("os") or "linux"), str(config.get("architecture") or "")]
+    if config.get("variant"):
+        parts.append(str(config["variant"]))
+    return "/".join(parts)
+
+
+def _platform_json(platform: str) -> dict[str, str]:
+    parts = platform.split("/")
+    out = {"os": parts[0], "architecture": parts[1]}
+    if len(parts) > 2:
+        out["variant"] = parts[2]
+    return out
+
+
+def _json(doc: object) -> bytes:
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def _base_manifest(name: str, digest: str, platform: str) -> tuple[str, dict[str, Any]]:
+    """The base's manifest for ``platform`` (through its index when it has one):
+    (its repository, the manifest)."""
+    repository = name.split("@", 1)[0]
+    last = repository.rsplit("/", 1)[-1]
+    if ":" in last:
+        repository = repository.rsplit(":", 1)[0]
+    _d, media_type, body = registry.get_manifest(repository, digest)
+    doc = json.loads(body)
+    if media_type in (INDEX, _DOCKER_LIST) or "manifests" in doc:
+        match = [
+            m
+            for m in doc.get("manifests") or []
+            if platform_of(m.get("platform") or {}) == platform
+        ]
+        if not match:
+            raise CheckFailed(
+                f"the base index {repository}@{digest[:19]} has no {platform} manifest",
+                where=f"{repository}@{digest}",
+                fix="pin a base that is built for this platform",
+            )
+        _d, _t, body = registry.get_manifest(repository, str(match[0]["digest"]))
+        doc = json.loads(body)
+    return repository, doc
+
+
+def plan_image(state: State, image_id: str) -> PlatformImage:
+    """An image's OCI manifest from what the build kept and its base's manifest."""
+    config_blob = kept_config(state, image_id)
+    if config_blob is None:
+        raise StateError(
+            f"the registry form of image {image_id[:19]} is not kept on this host",
+            where=str(state.path("configs")),
+            fix="run `k3env build` for it again (a cache hit rebuilds what is not kept: the "
+            "same bytes)",
+        )
+    config = json.loads(config_blob.path.read_bytes())
+    platform = platform_of(config)
+    diff_ids: list[str] = list(config["rootfs"]["diff_ids"])
+    labels = (config.get("config") or {}).get("Labels") or {}
+    own: list[Blob] = []
+    while diff_ids and (blob := kept_layer(state, diff_ids[-1])) is not None:
+        own.insert(0, blob)
+        diff_ids.pop()
+    layers: list[Layer] = []
+    if diff_ids:
+        name, digest = labels.get(_BASE_NAME), labels.get(_BASE_DIGEST)
+        if not name or not digest:
+            raise CheckFailed(
+                f"image {image_id[:19]} names no base in a registry, and {len(diff_ids)} of "
+                "its layers are not k3env's",
+                where=image_id, fix="build it with k3env over a base pinned by digest",
+            )  # fmt: skip
+        source, base = _base_manifest(str(name), str(digest), platform)
+        base_config = base.get("config") or {}
+        if base_config.get("digest") != labels.get(_BASE_ID):
+            raise CheckFailed(
+                f"the base {source}@{str(digest)[:19]} is image "
+                f"{str(base_config.get('digest'))[:19]} for {platform}; image {image_id[:19]} "
+                f"was built over {str(labels.get(_BASE_ID))[:19]}",
+                where=f"{source}@{digest}",
+                fix="the registry's base moved: build again over the pinned digest",
+            )
+        _d, _t, base_config_body = _config_of(source, str(base_config["digest"]))
+        base_diff_ids = json.loads(base_config_body)["rootfs"]["diff_ids"]
+        base_layers = base.get("layers") or []
+        if base_diff_ids != diff_ids or len(base_layers) != len(diff_ids):
+            raise CheckFailed(
+                f"the layers of {source}@{str(digest)[:19]} are not the first layers of image "
+                f"{image_id[:19]}",
+                where=f"{source}@{digest}",
+                fix="build the image again (its base layers are not the pinned base's)",
+            )
+        for entry in base_layers:
+            media_type = str(entry.get("mediaType") or LAYER_MEDIA_TYPE)
+            if media_type == "application/vnd.docker.image.rootfs.diff.tar.gzip":
+                media_type = LAYER_MEDIA_TYPE  # the same bytes, named the OCI way
+            layers.append(
+                Layer(digest=str(entry["digest"]), size=int(entry["size"]),
+                      media_type=media_type, kept=None, source=source)
+            )  # fmt: skip
+    layers += [
+        Layer(digest=b.digest, size=b.size, media_type=b.media_type, kept=b, source="") for b in own
+    ]
+    manifest = {
+        "schemaVersion": 2,
+        "mediaType": MANIFEST,
+        "config": {
+            "mediaType": config_blob.media_type,
+            "digest": config_blob.digest,
+            "size": config_blob.size,
+        },
+        "layers": [{"mediaType": x.media_type, "digest": x.digest, "size": x.size} for x in layers],
+    }
+    body = _json(manifest)
+    return PlatformImage(
+        platform=platform, image_id=image_id, digest=sha256_digest(body), size=len(body),
+        body=body, layers=tuple(layers),
+    )  # fmt: skip
+
+
+def _config_of(repository: str, digest: str) -> tuple[str, str, bytes]:
+    with tempfile.TemporaryDirectory(prefix="k3env-config-") as tmp:
+        path = Path(tmp) / "config.json"
+        registry.read_blob(repository, digest, path)
+        data = path.read_bytes()
+    if sha256_digest(data) != digest:
+        raise EngineError(
+            f"the registry sent config {digest[:19]} with other bytes",
+            where=repository, fix="check the registry",
+        )  # fmt: skip
+    return digest, "", data
+
+
+def index_body(images: Sequence[PlatformImage]) -> bytes:
+    return _json(
+        {
+            "schemaVersion": 2,
+            "mediaType": INDEX,
+            "manifests": [
+                {
+                    "mediaType": MANIFEST,
+                    "digest": p.digest,
+                    "size": p.size,
+                    "platform": _platform_json(p.platform),
+                }
+                for p in sorted(images, key=lambda p: p.platform)
+            ],
+        }
+    )
+
+
+def index_tag(tags: Sequence[str]) -> str:
+    """The tag of an index over images tagged ``tags`` (each its own inputs hash)."""
+    return canonical_sha256(sorted(tags))[:20]
+
+
+def publish(
+    state: State,
+    repository: str,
+    tag: str,
+    image_ids: Sequence[str],
+    log: Log,
+    *,
+    index: bool | None = None,
+) -> Published:
+    """Send what ``repository`` lacks of ``image_ids``, then their manifests, then the tag:
+    an index when there is more than one image (or ``index=True``), else the one manifest.
+    The tag is written last and is never moved off other bytes."""
+    start = time.monotonic()
+    images = [plan_image(state, i) for i in image_ids]
+    platforms = [p.platform for p in images]
+    if len(set(platforms)) != len(platforms):
+        raise CheckFailed(
+            f"two images for one platform: {sorted(platforms)}",
+            where=repository, fix="publish one image per platform",
+        )  # fmt: skip
+    as_index = len(images) > 1 if index is None else index
+    if as_index:
+        body, media_type = index_body(images), INDEX
+    else:
+        body, media_type = images[0].body, MANIFEST
+    digest = sha256_digest(body)
+    _refuse_to_move(repository, tag, digest, images)
+    sent = mounted = present = bytes_sent = 0
+    seen: set[str] = set()
+    with tempfile.TemporaryDirectory(prefix="k3env-publish-") as tmp:
+        for image in images:
+            config = kept_config(state, image.image_id)
+            assert config is not None
+            blobs = [(x.digest, x) for x in image.layers] + [(config.digest, None)]
+            for blob_digest, layer in blobs:
+                if blob_digest in seen:
+                    continue
+                seen.add(blob_digest)
+                if registry.blob_exists(repository, blob_digest):
+                    present += 1
+                    continue
+                if layer is not None and layer.kept is None:
+                    if _same_registry(layer.source, repository) and registry.mount_blob(
+                        repository, blob_digest, layer.source
+                    ):
+                        mounted += 1
+                        continue
+                    with log.step(f"copy base layer {blob_digest[7:19]} from {layer.source}"):
+                        registry.copy_blob(
+                            layer.source, repository, blob_digest, Path(tmp) / "blob"
+                        )
+                    sent += 1
+                    bytes_sent += layer.size
+                    continue
+                path = layer.kept.path if layer is not None and layer.kept else config.path
+                size = path.stat().st_size
+                with log.step(f"send {blob_digest[7:19]} ({size / 1e6:.1f} MB)"):
+                    registry.put_blob(repository, blob_digest, path, _progress(log, size))
+                sent += 1
+                bytes_sent += size
+        for image in images if as_index else ():
+            registry.put_manifest(repository, image.digest, image.body, MANIFEST)
+        registry.put_manifest(repository, tag, body, media_type)
+    return Published(
+        repository=repository, tag=tag, digest=digest, media_type=media_type,
+        platforms=tuple(images), sent=sent, mounted=mounted, present=present,
+        bytes_sent=bytes_sent, seconds=time.monotonic() - start,
+    )  # fmt: skip
+
+
+def _same_registry(a: str, b: str) -> bool:
+    return registry.split_repository(a)[0] == registry.split_repository(b)[0]
+
+
+def _progress(log: Log, size: int) -> Callable[[int], None]:
+    def report(sent: int) -> None:
+        log.live(f"      {sent / 1e6:.0f} / {size / 1e6:.0f} MB")
+
+    return report
+
+
+def _refuse_to_move(
+    repository: str, tag: str, digest: str, images: Sequence[PlatformImage]
+) -> None:
+    """A tag names the content hash of the inputs: another image under it means the same
+    inputs built other bytes. The same images under another manifest form (docker's) is not
+    a move."""
+    try:
+        current, media_type, body = registry.get_manifest(repository, tag)
+    except LockError:  # no such tag
+        return
+    if current == digest:
+        return
+    doc = json.loads(body)
+    if media_type in (INDEX, _DOCKER_LIST) or "manifests" in doc:
+        named = sorted(str(m.get("digest")) for m in doc.get("manifests") or [])
+        ours = sorted(p.digest for p in images)
+        what = f"an index of {[n[:19] for n in named]}"
+        if named == ours:
+            return
+    else:
+        config = str((doc.get("config") or {}).get("digest"))
+        what = f"image {config[:19]}"
+        if len(images) == 1 and config == images[0].image_id:
+            return
+    raise CheckFailed(
+        f"{repository}:{tag} already names {what}, not what these inputs built",
+        where=f"{repository}:{tag}",
+        fix="do not overwrite it: find what differs (the same inputs built different bytes "
+        "here); pull the registry's image by digest to build on the same bytes",
+    )

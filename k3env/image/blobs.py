@@ -1,0 +1,150 @@
+"""The registry form of what k3env writes: each layer it assembles, gzip-compressed once,
+kept by diff ID, and each image config it writes, kept by image ID, so that a publish sends
+the very bytes that were built and verified without asking the engine for them.
+
+A layer is compressed when it is made (deterministic: zlib's gzip wrapper, no name, mtime 0,
+level 6; the same tar gives the same blob with the same zlib), and its record names the
+compressed digest and size. Base layers are never kept here: they are in a registry already,
+named by the base's own manifest.
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from k3env.errors import StateError
+from k3env.files import write_atomic
+from k3env.hashing import HashingWriter, digest_hex, sha256_digest
+from k3env.state import State
+
+LAYER_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
+CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
+LEVEL = 6
+_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True, kw_only=True)
+class Blob:
+    """A blob the registry will hold: its digest, size, media type and where it is here."""
+
+    digest: str
+    size: int
+    media_type: str
+    path: Path
+
+
+def _layer_path(state: State, diff_id: str) -> Path:
+    return state.path("layers", f"{digest_hex(diff_id)}.tar.gz")
+
+
+def keep_layer(state: State, layer: Path | bytes, diff_id: str) -> Blob:
+    """Compress ``layer`` (a tar file or its bytes, whose sha256 is ``diff_id``) into the
+    state, checking the diff ID on the way; the blob's record is written last."""
+    found = kept_layer(state, diff_id)
+    if found is not None:
+        return found
+    target = _layer_path(state, diff_id)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + ".partial")
+    try:
+        with partial.open("wb") as out:
+            sink = HashingWriter(out)
+            plain = HashingWriter(_Null())
+            z = zlib.compressobj(LEVEL, zlib.DEFLATED, 31)
+            for chunk in _chunks(layer):
+                plain.write(chunk)
+                sink.write(z.compress(chunk))
+            sink.write(z.flush())
+        if plain.digest != diff_id:
+            raise StateError(
+                f"a layer changed while it was kept: sha256 {plain.digest}, expected {diff_id}",
+                where=str(layer) if isinstance(layer, Path) else "the assembled layer",
+                fix="build again",
+            )
+        partial.replace(target)
+    except OSError as e:
+        partial.unlink(missing_ok=True)
+        raise StateError(
+            f"cannot keep a layer: {e.strerror}",
+            where=str(target),
+            fix="free disk space or point K3ENV_STATE_DIR at a writable directory",
+        ) from e
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    state.write_record({"digest": sink.digest, "size": sink.size}, "layers", diff_id)
+    return Blob(digest=sink.digest, size=sink.size, media_type=LAYER_MEDIA_TYPE, path=target)
+
+
+def kept_layer(state: State, diff_id: str) -> Blob | None:
+    """The kept blob of ``diff_id``, or ``None`` (never kept, or its file is gone or cut)."""
+    record = state.read_record("layers", diff_id)
+    path = _layer_path(state, diff_id)
+    if not isinstance(record, dict) or not path.is_file():
+        return None
+    if path.stat().st_size != record.get("size"):
+        return None
+    return Blob(
+        digest=str(record["digest"]),
+        size=int(record["size"]),
+        media_type=LAYER_MEDIA_TYPE,
+        path=path,
+    )
+
+
+def keep_config(state: State, config_json: bytes) -> Blob:
+    """Keep an image config k3env wrote, by its digest (the image ID)."""
+    digest = sha256_digest(config_json)
+    path = state.path("configs", f"{digest_hex(digest)}.json")
+    if not path.is_file() or path.read_bytes() != config_json:
+        try:
+            write_atomic(path, config_json)
+        except OSError as e:
+            raise StateError(
+                f"cannot keep an image config: {e.strerror}",
+                where=str(path),
+                fix="free disk space or point K3ENV_STATE_DIR at a writable directory",
+            ) from e
+    return Blob(digest=digest, size=len(config_json), media_type=CONFIG_MEDIA_TYPE, path=path)
+
+
+def kept_config(state: State, image_id: str) -> Blob | None:
+    """The config of ``image_id`` as k3env wrote it, checked against the ID."""
+    path = state.path("configs", f"{digest_hex(image_id)}.json")
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if sha256_digest(data) != image_id:
+        return None
+    return Blob(digest=image_id, size=len(data), media_type=CONFIG_MEDIA_TYPE, path=path)
+
+
+def kept_image(state: State, image_id: str) -> bool:
+    """Whether the registry form of an image k3env wrote is kept: its config and its own
+    (last) layer. When it is not, the builder makes them again (the same bytes, checked by
+    image ID) rather than asking the engine for them."""
+    config = kept_config(state, image_id)
+    if config is None:
+        return False
+    diff_ids = json.loads(config.path.read_bytes())["rootfs"]["diff_ids"]
+    return kept_layer(state, diff_ids[-1]) is not None
+
+
+class _Null:
+    def write(self, data: bytes) -> int:
+        return len(data)
+
+
+def _chunks(layer: Path | bytes) -> Iterator[bytes]:
+    if isinstance(layer, bytes):
+        for i in range(0, len(layer), _CHUNK):
+            yield layer[i : i + _CHUNK]
+        return
+    with layer.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            yield chunk
