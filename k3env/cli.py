@@ -171,7 +171,7 @@ def cmd_twin(args: argparse.Namespace, log: Log) -> int:
     if args.resolve:
         return _resolve_twin(args, lock, log)
     engine = _engine()
-    reference, digest = ensure_twin(lock, engine, State(), log)
+    reference, digest = ensure_twin(lock, engine, State(), log, args.platform)
     image = engine.inspect(reference)
     payload = {"reference": reference, "digest": digest, "image_id": image.id if image else None}
     _emit(args, payload, lambda: print(f"{reference}@{digest}"))
@@ -185,20 +185,24 @@ def _resolve_twin(args: argparse.Namespace, lock: Lock, log: Log) -> int:
     from k3env.image.twin import resolve_debian
     from k3env.image.twinresolve import resolve_twin
 
-    resolved = resolve_twin(lock, log, find_links=args.find_links, index_url=args.index_url)
     assert lock.twin is not None
-    files = {"requirements": (lock.twin.requirements, resolved.text)}
-    if lock.twin.debian:
-        files["debian"] = (lock.twin.debian, resolve_debian(lock, log))
+    twin = lock.twin.for_platform(args.platform)
+    resolved = resolve_twin(
+        lock, log, find_links=args.find_links, index_url=args.index_url, platform=args.platform
+    )
+    files = {"requirements": (twin.requirements, resolved.text)}
+    if twin.debian:
+        files["debian"] = (twin.debian, resolve_debian(lock, log, args.platform))
     # The files first, then their hashes: an interruption between leaves a mismatch that
     # `k3env lock --check` reports, never a lock that vouches for a file it has not seen.
     hashes = {}
     for key, (rel, text) in files.items():
         write_atomic(lock.resolve_path(rel), text.encode())
-        hashes[f"twin.{key}_sha256"] = digest_hex(sha256_digest(text.encode()))
+        hashes[f"{twin.key}.{key}_sha256"] = digest_hex(sha256_digest(text.encode()))
     changes = set_leaves(args.lock, hashes)
     payload = {
-        "files": {rel: hashes[f"twin.{key}_sha256"] for key, (rel, _) in files.items()},
+        "platform": args.platform,
+        "files": {rel: hashes[f"{twin.key}.{key}_sha256"] for key, (rel, _) in files.items()},
         "packages": resolved.packages,
         "components": resolved.components,
         "changes": [c.__dict__ for c in changes],
@@ -207,13 +211,9 @@ def _resolve_twin(args: argparse.Namespace, lock: Lock, log: Log) -> int:
         args,
         payload,
         lambda: print(
-            f"{lock.twin.requirements if lock.twin else ''}: {resolved.packages} pinned wheels "
+            f"{twin.requirements}: {resolved.packages} pinned wheels "
             f"(+{resolved.components} baked as components)"
-            + (
-                f"; {lock.twin.debian}: the Debian package set"
-                if lock.twin and lock.twin.debian
-                else ""
-            )
+            + (f"; {twin.debian}: the Debian package set" if twin.debian else "")
             + f"; sha256 recorded in {args.lock}"
         ),
     )
@@ -686,6 +686,33 @@ def _image_args(p: argparse.ArgumentParser, *, twin: str | None) -> None:
         p.add_argument("--twin", action="store_true", help=twin)
 
 
+def _platforms(text: str) -> list[str]:
+    """``--platform linux/amd64,linux/arm64`` (argparse type)."""
+    from k3env.config.shapes import PLATFORM_FIX, PLATFORM_RE
+
+    out = [p.strip() for p in text.split(",") if p.strip()]
+    for p in out:
+        if not PLATFORM_RE.match(p):
+            raise argparse.ArgumentTypeError(f"{p!r} is not a platform: {PLATFORM_FIX}")
+    return out
+
+
+def _platform_arg(p: argparse.ArgumentParser, *, many: bool) -> None:
+    from k3env.config.shapes import DEFAULT_PLATFORM
+
+    if many:
+        p.add_argument(
+            "--platform", type=_platforms, default=[DEFAULT_PLATFORM], metavar="OS/ARCH[,...]",
+            help="the platforms to build for, comma-separated (default: %(default)s); another "
+            "architecture's containers run under qemu-user emulation",
+        )  # fmt: skip
+    else:
+        p.add_argument(
+            "--platform", default=DEFAULT_PLATFORM, choices=["linux/amd64", "linux/arm64"],
+            help="the twin's platform (default: %(default)s)",
+        )  # fmt: skip
+
+
 def parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
@@ -776,6 +803,7 @@ def parser() -> argparse.ArgumentParser:
         help="with --resolve: also look for wheels here (e.g. the CPU torch build)",
     )
     twin.add_argument("--index-url", help="with --resolve: the package index (default: uv's)")
+    _platform_arg(twin, many=False)
     twin.set_defaults(func=cmd_twin)
 
     push = sub.add_parser(

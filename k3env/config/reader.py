@@ -189,12 +189,13 @@ class Table:
             value, file=self.file, path=_join(self.path, key), error=self.error, schema=node
         )
 
-    def entry(self, name: str) -> Table:
-        """The sub-table ``name`` of a table of named entries (see :func:`each_entry`)."""
+    def entry(self, name: str, *, names: re.Pattern[str] = NAME_RE) -> Table:
+        """The sub-table ``name`` of a table of named entries (see :func:`each_entry`), whose
+        names match ``names``."""
         node = None
         if self.schema is not None:
             pattern = self.schema.setdefault("patternProperties", {})
-            node = pattern.setdefault(NAME_RE.pattern, {"type": "object"})
+            node = pattern.setdefault(names.pattern, {"type": "object"})
             self.schema["additionalProperties"] = False
         self._seen.add(name)
         value = self.data[name]

@@ -19,6 +19,12 @@ _DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 _DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
 REPOSITORY_RE = re.compile(rf"^(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*$")
 TAG_RE = re.compile(r"^[\w][\w.-]{0,127}$")
+# An OCI platform as the index names it: os/architecture[/variant].
+PLATFORM_RE = re.compile(r"^linux/(amd64|arm64)(/v8)?$")
+PLATFORM_FIX = 'write "linux/amd64" or "linux/arm64"'
+DEFAULT_PLATFORM = "linux/amd64"
+# A platform's CPU architecture as `uname -m` says it, and as wheel tags name it.
+MACHINES = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
 # A git tag as srt-slurm releases them (v1.0.36); a lock may declare its own pattern.
 DEFAULT_RELEASE_TAG_RE = re.compile(r"^v[0-9]+(\.[0-9]+)*$")
 # What a git ref name may hold and still be one safe argv word (git check-ref-format, minus

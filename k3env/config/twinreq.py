@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from k3env.config.lock import Lock
+from k3env.config.lock import Lock, TwinPin
 from k3env.versions import requirement_name, satisfies
 
 
@@ -36,15 +36,24 @@ def pinned_versions(path: Path) -> dict[str, str]:
 
 
 def twin_disagreements(lock: Lock) -> list[str]:
-    """Each way the twin's requirements file and the lock's pins disagree (empty: agree)."""
-    twin = lock.twin
-    if twin is None:
+    """Each way a twin's requirements file and the lock's pins disagree (empty: agree), for
+    every platform the lock pins a twin for."""
+    if lock.twin is None:
         return []
+    out = []
+    for twin in (lock.twin, *lock.twin.platforms.values()):
+        out += _disagreements(lock, twin)
+    return out
+
+
+def _disagreements(lock: Lock, twin: TwinPin) -> list[str]:
     path = lock.resolve_path(twin.requirements)
+    again = "" if twin.key == "twin" else f" --platform {twin.platform}"
+    table = "[twin]" if twin.key == "twin" else f'[twin.platforms."{twin.platform}"]'
     if not path.is_file():
-        return [f"{twin.requirements} is missing: run `k3env twin --resolve`"]
+        return [f"{twin.requirements} is missing: run `k3env twin --resolve{again}`"]
     pinned = pinned_versions(path)
-    fix = "regenerate it with `k3env twin --resolve`"
+    fix = f"regenerate it with `k3env twin --resolve{again}`"
     out = []
     for component in lock.components.values():
         for w in component.wheels:
@@ -58,12 +67,12 @@ def twin_disagreements(lock: Lock) -> list[str]:
         assert name is not None
         have = pinned.get(name)
         if have is None:
-            out.append(f"[twin].requires has {line!r}, {twin.requirements} lacks {name}: {fix}")
+            out.append(f"{table}.requires has {line!r}, {twin.requirements} lacks {name}: {fix}")
         elif not satisfies(line, have):
-            out.append(f"[twin].requires has {line!r}, {twin.requirements} pins {have}: {fix}")
+            out.append(f"{table}.requires has {line!r}, {twin.requirements} pins {have}: {fix}")
     for name in twin.omit:
         canonical = requirement_name(name)
         if canonical in pinned:
             have = pinned[canonical]
-            out.append(f"[twin].omit leaves out {name}, {twin.requirements} pins {have}: {fix}")
+            out.append(f"{table}.omit leaves out {name}, {twin.requirements} pins {have}: {fix}")
     return out

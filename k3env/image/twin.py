@@ -30,6 +30,7 @@ from pathlib import Path
 
 from k3env import __version__
 from k3env.config.lock import BasePin, Lock, TwinPin, verify_pinned_file
+from k3env.config.shapes import DEFAULT_PLATFORM, MACHINES
 from k3env.engine.protocol import BaseImage, Engine
 from k3env.engine.registry import manifest_exists, refuse_to_move
 from k3env.errors import EngineError, LockError
@@ -72,6 +73,7 @@ class TwinPlan:
     epoch: int  # every mtime in the twin is clamped to this instant
     stage1_ref: str
     reference: str  # REGISTRY/REPOSITORY:TAG
+    platform: str = DEFAULT_PLATFORM
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,11 +88,13 @@ class Deb:
         return f"{self.package} {self.version} {self.arch} {self.sha256}"
 
 
-def _pinned_file(lock: Lock, rel: str, sha: str | None, key: str) -> Path:
+def _pinned_file(lock: Lock, twin: TwinPin, key: str) -> Path:
+    rel, sha = getattr(twin, key), getattr(twin, f"{key}_sha256")
+    again = "" if twin.platform == DEFAULT_PLATFORM else f" --platform {twin.platform}"
     return verify_pinned_file(
-        lock, rel, sha, key=f"twin.{key}", label="", what="twin file",
-        sha_key=f"twin.{key}_sha256",
-        restore="regenerate it with `k3env twin --resolve`, or fix the path",
+        lock, rel, sha, key=f"{twin.key}.{key}", label="", what="twin file",
+        sha_key=f"{twin.key}.{key}_sha256",
+        restore=f"regenerate it with `k3env twin --resolve{again}`, or fix the path",
     )  # fmt: skip
 
 
@@ -100,11 +104,13 @@ def epoch_of(twin: TwinPin) -> int:
     return int(datetime.fromisoformat(twin.resolved_before.replace("Z", "+00:00")).timestamp())
 
 
-def plan(lock: Lock) -> TwinPlan:
-    twin = _pin(lock)
-    req = _pinned_file(lock, twin.requirements, twin.requirements_sha256, "requirements")
-    debian = _pinned_file(lock, twin.debian, twin.debian_sha256, "debian") if twin.debian else None
+def plan(lock: Lock, platform: str = DEFAULT_PLATFORM) -> TwinPlan:
+    twin = _pin(lock, platform)
+    req = _pinned_file(lock, twin, "requirements")
+    debian = _pinned_file(lock, twin, "debian") if twin.debian else None
     epoch = epoch_of(twin)
+    # The default platform's hashes predate platforms: they stay what they were.
+    on = {} if platform == DEFAULT_PLATFORM else {"platform": platform}
     stage1 = canonical_sha256(
         {
             "format": STAGE1_FORMAT,
@@ -113,6 +119,7 @@ def plan(lock: Lock) -> TwinPlan:
             "packages": twin.debian_packages,
             "debs": file_sha256(debian) if debian else None,
             "epoch": epoch,
+            **on,
         }
     )
     inputs = canonical_sha256(
@@ -121,6 +128,7 @@ def plan(lock: Lock) -> TwinPlan:
             "stage1": stage1,
             "requirements": file_sha256(req),
             "epoch": epoch,
+            **on,
         }
     )
     return TwinPlan(
@@ -130,13 +138,19 @@ def plan(lock: Lock) -> TwinPlan:
         epoch=epoch,
         stage1_ref=f"{STAGE1_REPOSITORY}:{stage1[:20]}",
         reference=f"{twin.registry}/{twin.repository}:{inputs[:20]}",
+        platform=platform,
     )
 
 
-def _pin(lock: Lock) -> TwinPin:
+def _pin(lock: Lock, platform: str = DEFAULT_PLATFORM) -> TwinPin:
     if lock.twin is None:
         raise LockError("the lock has no [twin]", where=str(lock.path), fix="add [twin]")
-    return lock.twin
+    return lock.twin.for_platform(platform)
+
+
+def _arch(platform: str) -> str:
+    """Debian's name of the platform's architecture (``dpkg --print-architecture``)."""
+    return platform.split("/")[1]
 
 
 def _date(epoch: int) -> str:
@@ -204,9 +218,11 @@ def _debootstrap_env(epoch: int) -> dict[str, str]:
 
 
 def _debootstrap_argv(twin: TwinPin, root: Path, *extra: str) -> list[str]:
+    foreign = [] if twin.platform == DEFAULT_PLATFORM else [f"--arch={_arch(twin.platform)}"]
     return [
         require_tool("debootstrap", "debootstrap"),
         "--variant=minbase",
+        *foreign,
         f"--include={','.join(twin.debian_packages)}",
         *extra,
         twin.debian_suite,
@@ -215,10 +231,10 @@ def _debootstrap_argv(twin: TwinPin, root: Path, *extra: str) -> list[str]:
     ]
 
 
-def resolve_debian(lock: Lock, log: Log) -> str:
+def resolve_debian(lock: Lock, log: Log, platform: str = DEFAULT_PLATFORM) -> str:
     """The Debian package set of the twin as the mirror serves it now: `debootstrap
     --download-only`, each ``.deb`` by sha256. Returns the file's text."""
-    twin = _pin(lock)
+    twin = _pin(lock, platform)
     with tempfile.TemporaryDirectory(prefix="k3env-debs-") as tmp:
         root = Path(tmp) / "root"
         with log.step(f"download the Debian package set ({twin.debian_suite}, minbase)"):
@@ -240,14 +256,18 @@ def ensure_stage1(lock: Lock, p: TwinPlan, engine: Engine, log: Log) -> str:
     image = engine.inspect(p.stage1_ref)
     if image is not None:
         return image.id
-    twin = _pin(lock)
+    twin = _pin(lock, p.platform)
     with tempfile.TemporaryDirectory(prefix="k3env-twin-") as tmp:
         root = Path(tmp) / "rootfs"
         with log.step(
-            f"debootstrap {twin.debian_suite} (minbase + {', '.join(twin.debian_packages)})"
+            f"debootstrap {twin.debian_suite} {p.platform} (minbase + "
+            f"{', '.join(twin.debian_packages)})"
         ):
-            run(_debootstrap_argv(twin, root), log, capture=True, what="debootstrap",
-                env=_debootstrap_env(p.epoch))  # fmt: skip
+            if p.platform == DEFAULT_PLATFORM:
+                run(_debootstrap_argv(twin, root), log, capture=True, what="debootstrap",
+                    env=_debootstrap_env(p.epoch))  # fmt: skip
+            else:
+                _foreign_debootstrap(twin, root, p, log)
         fetched = debs_in(root / "var/cache/apt/archives")
         if p.debian is not None:
             diff = moved(read_debian_list(p.debian), fetched)
@@ -271,7 +291,7 @@ def ensure_stage1(lock: Lock, p: TwinPlan, engine: Engine, log: Log) -> str:
             diff_id = tree_layer(root, layer, mtime=p.epoch)
             created = _date(p.epoch)
             config = {
-                "architecture": "amd64",
+                "architecture": _arch(p.platform),
                 "os": "linux",
                 "created": created,
                 "config": {"Env": [PATH_ENV], "Cmd": ["bash"]},
@@ -289,14 +309,36 @@ def ensure_stage1(lock: Lock, p: TwinPlan, engine: Engine, log: Log) -> str:
         return load_checked(engine, archive, image_id, p.stage1_ref, log)
 
 
+def _foreign_debootstrap(twin: TwinPin, root: Path, p: TwinPlan, log: Log) -> None:
+    """Another architecture: debootstrap's first stage unpacks, the second runs the target's
+    own programs in a chroot, through the kernel's binfmt_misc handler (qemu-user)."""
+    machine = MACHINES[p.platform]
+    handler = Path(f"/proc/sys/fs/binfmt_misc/qemu-{machine}")
+    if not handler.is_file() or "enabled" not in handler.read_text():
+        raise EngineError(
+            f"this host cannot run {p.platform} programs: no binfmt_misc handler for {machine}",
+            where=str(handler),
+            fix="apt-get install qemu-user-static binfmt-support (scripts/host-setup.sh does, "
+            "and mounts /proc/sys/fs/binfmt_misc)",
+        )
+    env = _debootstrap_env(p.epoch)
+    run(_debootstrap_argv(twin, root, "--foreign"), log, capture=True,
+        what="debootstrap (first stage)", env=env)  # fmt: skip
+    run(["chroot", str(root), "/debootstrap/debootstrap", "--second-stage"], log,
+        capture=True, what=f"debootstrap --second-stage (under {machine} emulation)",
+        env=env)  # fmt: skip
+
+
 def _json(config: object) -> bytes:
     return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
 
 
 # --- stage 2 ------------------------------------------------------------------------------
-def build_twin(lock: Lock, engine: Engine, state: State, log: Log) -> str:
+def build_twin(
+    lock: Lock, engine: Engine, state: State, log: Log, platform: str = DEFAULT_PLATFORM
+) -> str:
     """The twin's image ID in ``engine``, both stages built where missing; nothing pushed."""
-    p = plan(lock)
+    p = plan(lock, platform)
     found = engine.lookup(p.reference)
     if found is not None and found.labels.get(LABEL) == p.inputs:
         return found.id
@@ -308,7 +350,7 @@ def _stage2(lock: Lock, p: TwinPlan, engine: Engine, state: State, log: Log) -> 
     stage1 = engine.inspect(stage1_id)
     if stage1 is None:
         raise EngineError("stage 1 vanished", where=p.stage1_ref, fix="run `k3env twin` again")
-    wheelhouse = download_wheels(p.requirements, state, log)
+    wheelhouse = download_wheels(p.requirements, state, log, p.platform)
     with tempfile.TemporaryDirectory(prefix="k3env-twin-") as tmp:
         req, out, meta = (Path(tmp) / d for d in ("req", "out", "meta"))
         for d in (req, out, meta):
@@ -360,9 +402,11 @@ def _stage2_config(stage1: BaseImage, diff_id: str, p: TwinPlan) -> dict[str, ob
     }
 
 
-def ensure_twin(lock: Lock, engine: Engine, state: State, log: Log) -> tuple[str, str]:
+def ensure_twin(
+    lock: Lock, engine: Engine, state: State, log: Log, platform: str = DEFAULT_PLATFORM
+) -> tuple[str, str]:
     """The twin's (image reference, registry digest), building and pushing what is missing."""
-    p = plan(lock)
+    p = plan(lock, platform)
     record = state.read_record("twin", p.inputs)
     found = engine.lookup(p.reference)
     built = found is not None and found.labels.get(LABEL) == p.inputs
@@ -374,7 +418,7 @@ def ensure_twin(lock: Lock, engine: Engine, state: State, log: Log) -> tuple[str
     ):
         return p.reference, str(record["digest"])
     if not built:
-        build_twin(lock, engine, state, log)
+        build_twin(lock, engine, state, log, platform)
     repository, tag = p.reference.rsplit(":", 1)
     image = engine.lookup(p.reference)
     if image is not None:
@@ -385,8 +429,15 @@ def ensure_twin(lock: Lock, engine: Engine, state: State, log: Log) -> tuple[str
     return p.reference, digest
 
 
-def twin_base(lock: Lock, engine: Engine, state: State, log: Log, pin: BasePin) -> ResolvedBase:
-    reference, digest = ensure_twin(lock, engine, state, log)
+def twin_base(
+    lock: Lock,
+    engine: Engine,
+    state: State,
+    log: Log,
+    pin: BasePin,
+    platform: str = DEFAULT_PLATFORM,
+) -> ResolvedBase:
+    reference, digest = ensure_twin(lock, engine, state, log, platform)
     image = engine.inspect(reference)
     if image is None:
         raise EngineError("twin image vanished", where=reference, fix="run `k3env twin` again")

@@ -16,9 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k3env.config.lock import Lock
+from k3env.config.shapes import DEFAULT_PLATFORM
 from k3env.config.twinreq import parse_pinned
 from k3env.errors import LockError
-from k3env.image.wheels import TWIN_PLATFORM, TWIN_PYTHON
+from k3env.image.wheels import TWIN_PYTHON, uv_platform
 from k3env.log import Log
 from k3env.runner import require_tool, run
 from k3env.versions import canonical_name, requirement_name
@@ -50,11 +51,16 @@ def component_tops(lock: Lock) -> list[str]:
 
 
 def resolve_twin(
-    lock: Lock, log: Log, *, find_links: Sequence[str] = (), index_url: str | None = None
+    lock: Lock,
+    log: Log,
+    *,
+    find_links: Sequence[str] = (),
+    index_url: str | None = None,
+    platform: str = DEFAULT_PLATFORM,
 ) -> Resolved:
-    twin = lock.twin
-    if twin is None:
+    if lock.twin is None:
         raise LockError("the lock has no [twin]", where=str(lock.path), fix="add [twin]")
+    twin = lock.twin.for_platform(platform)
     if not twin.requires:
         raise LockError(
             "[twin].requires is empty: nothing to resolve the twin from",
@@ -71,8 +77,8 @@ def resolve_twin(
         over.write_text("".join(f"{r}\n" for r in overrides))
         argv = [
             uv, "pip", "compile", str(inputs), "--override", str(over), "--generate-hashes",
-            "--no-header", "--python-version", TWIN_PYTHON, "--python-platform", TWIN_PLATFORM,
-            "--output-file", str(out), "--quiet",
+            "--no-header", "--python-version", TWIN_PYTHON,
+            "--python-platform", uv_platform(platform), "--output-file", str(out), "--quiet",
         ]  # fmt: skip
         for d in find_links:
             argv += ["--find-links", d]
@@ -80,7 +86,7 @@ def resolve_twin(
             argv += ["--index-url", index_url]
         if twin.resolved_before:
             argv += ["--exclude-newer", twin.resolved_before]
-        with log.step(f"resolve the twin from {lock.path} (uv pip compile)"):
+        with log.step(f"resolve the {platform} twin from {lock.path} (uv pip compile)"):
             run(argv, log, capture=True, what="uv pip compile")
         compiled = parse_pinned(out.read_text())
     baked = {}

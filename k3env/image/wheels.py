@@ -6,25 +6,30 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from k3env.config.shapes import DEFAULT_PLATFORM, MACHINES
 from k3env.config.twinreq import parse_pinned
 from k3env.errors import ConfigError
 from k3env.log import Log
 from k3env.runner import attempt, run
 from k3env.state import State
 
-# Debian bookworm has glibc 2.36: every manylinux tag up to that fits the twin. Older pips
-# do not expand a --platform to the older tags themselves, so each is listed.
-_PLATFORM_FLAGS = [
-    flag
-    for tag in (
-        *(f"manylinux_2_{minor}_x86_64" for minor in range(36, 4, -1)),
-        "manylinux2014_x86_64",
-        "manylinux2010_x86_64",
-        "manylinux1_x86_64",
-        "linux_x86_64",
+
+def platform_flags(platform: str = DEFAULT_PLATFORM) -> list[str]:
+    """pip's ``--platform`` flags for the twin on ``platform``: Debian bookworm has glibc
+    2.36, so every manylinux tag up to that fits. Older pips do not expand a --platform to
+    the older tags themselves, so each is listed."""
+    machine = MACHINES[platform]
+    legacy = (
+        ("manylinux2014", "manylinux2010", "manylinux1")
+        if machine == "x86_64"
+        else ("manylinux2014",)
     )
-    for flag in ("--platform", tag)
-]
+    tags = (
+        *(f"manylinux_2_{minor}_{machine}" for minor in range(36, 4, -1)),
+        *(f"{name}_{machine}" for name in legacy),
+        f"linux_{machine}",
+    )
+    return [flag for tag in tags for flag in ("--platform", tag)]
 
 
 def held_hashes(wheelhouse: Path) -> set[str]:
@@ -60,7 +65,9 @@ def pinned_hash_sets(requirements: Path) -> list[set[str]]:
     return [set(hashes) for _, hashes in parse_pinned(requirements.read_text()).values()]
 
 
-def download_wheels(requirements: Path, state: State, log: Log) -> Path:
+def download_wheels(
+    requirements: Path, state: State, log: Log, platform: str = DEFAULT_PLATFORM
+) -> Path:
     """The wheels of a hash-pinned requirements file, in k3env's wheelhouse. When the
     wheelhouse already holds a file for every line, the index is not asked at all."""
     wheelhouse = state.path("wheels")
@@ -84,7 +91,7 @@ def download_wheels(requirements: Path, state: State, log: Log) -> Path:
                 "3.11",
                 "--implementation",
                 "cp",
-                *_PLATFORM_FLAGS,
+                *platform_flags(platform),
                 "-d",
                 str(wheelhouse),
                 "-r",
@@ -100,7 +107,11 @@ def download_wheels(requirements: Path, state: State, log: Log) -> Path:
 # The twin's interpreter and platform (Debian bookworm's CPython 3.11, glibc 2.36), for
 # resolving its requirements.
 TWIN_PYTHON = "3.11"
-TWIN_PLATFORM = "x86_64-manylinux_2_36"
+
+
+def uv_platform(platform: str = DEFAULT_PLATFORM) -> str:
+    """uv's ``--python-platform`` for the twin on ``platform``."""
+    return f"{MACHINES[platform]}-manylinux_2_36"
 
 
 def wheel_sha256s(
@@ -117,7 +128,7 @@ def wheel_sha256s(
     with tempfile.TemporaryDirectory(prefix="k3env-wheels-") as tmp:
         argv = [
             "python3", "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-            "--python-version", TWIN_PYTHON, "--implementation", "cp", *_PLATFORM_FLAGS,
+            "--python-version", TWIN_PYTHON, "--implementation", "cp", *platform_flags(),
             "-d", tmp,
         ]  # fmt: skip
         if find_links:
