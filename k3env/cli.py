@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from k3env import __version__
 from k3env.config.cluster import DEFAULT_CLUSTER
 from k3env.config.lock import DEFAULT_LOCK, Lock, check_files, load_lock
+from k3env.config.shapes import DEFAULT_PLATFORM
 from k3env.config.spec import DEFAULT_IMAGES, ImageSpec, load_specs
 from k3env.errors import CheckFailed, ConfigError, K3envError, StateError
 from k3env.files import write_atomic
@@ -235,23 +236,40 @@ def _builds(
     if not log.quiet:  # one more engine call (GET /info): only when someone reads it
         log.info(f"engine: {engine.describe()}")
     state = State()
-    builder = make_builder(lock, engine, state, log, args.twin)
-    return lock, specs, engine, state, build_all(builder, specs)
+    platforms = getattr(args, "platform", None) or [DEFAULT_PLATFORM]
+    builds, each = [], []
+    for platform in platforms:
+        builder = make_builder(lock, engine, state, log, args.twin, platform)
+        builds += build_all(builder, specs)
+        each += specs
+    return lock, each, engine, state, builds
 
 
 def cmd_push(args: argparse.Namespace, log: Log) -> int:
     from k3env.handoff.enroot import cluster_commands
     from k3env.handoff.push import publish_images, push_image
 
-    _lock, specs, engine, state, builds = _builds(args, log)
-    pushed = []
-    for build in builds:
-        if args.via_engine:
+    _lock, every, engine, state, builds = _builds(args, log)
+    pushed, specs = [], []
+    if args.via_engine:
+        if len(args.platform) > 1:
+            raise ConfigError(
+                "an engine holds one platform per tag: it cannot push an index",
+                where="--via-engine", fix="publish through the registry API (drop --via-engine)",
+            )  # fmt: skip
+        for spec, build in zip(every, builds, strict=True):
             with log.step(f"push {build.reference} to {args.registry} (through the engine)"):
                 pushed.append(push_image(engine, state, build, args.registry, log))
-        else:
-            with log.step(f"publish {build.reference} to {args.registry} (registry API)"):
-                pushed += publish_images(state, [build], args.registry, log)
+                specs.append(spec)
+    else:
+        # One spec's images for every platform under one tag: an OCI index.
+        for spec in {s.name: s for s in every}.values():
+            group = [b for s, b in zip(every, builds, strict=True) if s.name == spec.name]
+            what = ", ".join(b.platform for b in group)
+            with log.step(f"publish {spec.name} ({what}) to {args.registry} (registry API)"):
+                for p in publish_images(state, group, args.registry, log):
+                    pushed.append(p)
+                    specs.append(spec)
     _emit(
         args,
         {"images": [p.as_json() for p in pushed]},
@@ -698,12 +716,10 @@ def _platforms(text: str) -> list[str]:
 
 
 def _platform_arg(p: argparse.ArgumentParser, *, many: bool) -> None:
-    from k3env.config.shapes import DEFAULT_PLATFORM
-
     if many:
         p.add_argument(
             "--platform", type=_platforms, default=[DEFAULT_PLATFORM], metavar="OS/ARCH[,...]",
-            help="the platforms to build for, comma-separated (default: %(default)s); another "
+            help="the platforms to build for, comma-separated (default: linux/amd64); another "
             "architecture's containers run under qemu-user emulation",
         )  # fmt: skip
     else:
@@ -768,6 +784,7 @@ def parser() -> argparse.ArgumentParser:
     _image_args(
         build, twin="build over each base's CPU twin (offline default; verification on a CPU host)"
     )
+    _platform_arg(build, many=True)
     build.set_defaults(func=cmd_build)
 
     matrix = sub.add_parser(
@@ -818,6 +835,7 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="push through the engine (`docker push`, its credentials) instead of the registry API",
     )
+    _platform_arg(push, many=True)
     push.set_defaults(func=cmd_push)
 
     export = sub.add_parser(
@@ -832,6 +850,7 @@ def parser() -> argparse.ArgumentParser:
     export.add_argument(
         "--check", type=Path, metavar="FILE.sqsh", help="check a squashfs against the lock"
     )
+    _platform_arg(export, many=True)
     export.set_defaults(func=cmd_export)
 
     srt = sub.add_parser("srt", help="srt-slurm: materialize the pinned version, recipes, validate")
@@ -876,6 +895,7 @@ def parser() -> argparse.ArgumentParser:
         help="one container and one import per image (by default images with the same files "
         "share one import; each image's checks still run under its own environment)",
     )
+    _platform_arg(ver, many=True)
     ver.set_defaults(func=cmd_verify)
 
     bump = sub.add_parser(

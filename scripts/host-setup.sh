@@ -7,7 +7,8 @@ set -euo pipefail
 need=()
 for pair in dockerd:docker.io docker-registry:docker-registry skopeo:skopeo \
             mksquashfs:squashfs-tools debootstrap:debootstrap nix-instantiate:nix-bin \
-            curl:curl git:git faketime:faketime; do
+            curl:curl git:git faketime:faketime qemu-aarch64-static:qemu-user-static \
+            update-binfmts:binfmt-support; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair##*:}")
 done
 if [ "${#need[@]}" -gt 0 ]; then
@@ -15,6 +16,17 @@ if [ "${#need[@]}" -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+
+# arm64 (Grace) containers and chroots run under qemu-user: the kernel hands aarch64 programs
+# to qemu-aarch64-static through binfmt_misc (flag F: the handler is opened now, so it works
+# inside containers too).
+if [ ! -e /proc/sys/fs/binfmt_misc/register ]; then
+  mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc
+fi
+if ! grep -q enabled /proc/sys/fs/binfmt_misc/qemu-aarch64 2>/dev/null; then
+  echo "+ update-binfmts --enable qemu-aarch64"
+  update-binfmts --enable qemu-aarch64 >/dev/null
 fi
 
 if ! docker info >/dev/null 2>&1; then

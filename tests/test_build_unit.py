@@ -152,7 +152,7 @@ def test_builder_over_a_resolved_base_needs_no_registry(
     project = write_project(tmp_path, {"testbase": pin})
     lock = project.lock()
 
-    def resolve(pin: BasePin) -> ResolvedBase:
+    def resolve(pin: BasePin, platform: str) -> ResolvedBase:
         return ResolvedBase(
             pin=pin, reference="local/base:1", name="local/base:1", digest=None, image=base_image
         )

@@ -12,6 +12,7 @@ from k3env.checks.verify import CHECKS, ImageReport, verify_images
 from k3env.config.cluster import Cluster
 from k3env.config.lock import BasePin, Lock, verify_patch_file
 from k3env.config.patchfile import load_patch_file
+from k3env.config.shapes import DEFAULT_PLATFORM
 from k3env.config.spec import ImageSpec
 from k3env.engine.protocol import Engine
 from k3env.errors import K3envError, PatchError
@@ -76,8 +77,10 @@ def evaluate(
     fates: list[PatchFate] = []
     registry = registry_base(engine, log)
 
-    def resolve(pin: BasePin) -> ResolvedBase:
-        return twin_base(lock, engine, state, log, pin) if pin.kind == "twin" else registry(pin)
+    def resolve(pin: BasePin, platform: str = DEFAULT_PLATFORM) -> ResolvedBase:
+        if pin.kind == "twin":
+            return twin_base(lock, engine, state, log, pin, platform)
+        return registry(pin, platform)
 
     try:
         patch_files = {

@@ -21,8 +21,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from k3env.config.lock import BasePin, Lock, verify_patch_file
+from k3env.config.lock import BasePin, Lock, TwinPin, verify_patch_file
 from k3env.config.patchfile import load_patch_file
+from k3env.config.shapes import DEFAULT_PLATFORM
 from k3env.config.spec import ImageSpec
 from k3env.config.twinreq import pinned_versions
 from k3env.engine.protocol import BaseImage, Engine
@@ -154,7 +155,7 @@ def plan_for(
         "image": spec.name,
         # Modules the CPU twin leaves out on purpose: an import that needs only those to
         # complete is not held against the twin (the output says so).
-        "absent_by_design": list(lock.twin.omit) if twin and lock.twin is not None else [],
+        "absent_by_design": list(t.omit) if (t := twin_of(lock, twin, build.platform)) else [],
         "profiles": [
             {
                 "name": p.name,
@@ -169,7 +170,7 @@ def plan_for(
         "env": {name: spec.env_readers.get(name) for name in env},
         "env_families": {k: list(v) for k, v in ENV_FAMILIES.items()},
         "env_default_sources": list(ENV_DEFAULT_SOURCES),
-        "versions": expected_versions(lock, spec, twin),
+        "versions": expected_versions(lock, spec, twin, build.platform),
         "components": COMPONENTS,
         "tokenizer_candidates": list(TOKENIZER_CANDIDATES)
         if any(c.role == "dynamo-frontend" for p in spec.profiles.values() for c in p.commands)
@@ -177,19 +178,30 @@ def plan_for(
     }
 
 
-def expected_versions(lock: Lock, spec: ImageSpec, twin: bool) -> dict[str, str | None]:
+def twin_of(lock: Lock, twin: bool, platform: str) -> TwinPin | None:
+    """The twin pin an image over the twin on ``platform`` was built from."""
+    return lock.twin.for_platform(platform) if twin and lock.twin is not None else None
+
+
+def expected_versions(
+    lock: Lock, spec: ImageSpec, twin: bool, platform: str = DEFAULT_PLATFORM
+) -> dict[str, str | None]:
     """What the lock says the image holds: the wheels of the components the spec bakes, and
     over the twin its pinned requirements. A registry base's own packages are not pinned."""
     pinned: dict[str, str] = {}
-    if twin and lock.twin is not None:
-        pinned.update(pinned_versions(lock.resolve_path(lock.twin.requirements)))
+    if (t := twin_of(lock, twin, platform)) is not None:
+        pinned.update(pinned_versions(lock.resolve_path(t.requirements)))
     for name in spec.components:
         pinned.update({w.name: w.version for w in lock.components[name].wheels})
     return {component: pinned.get(dist) for component, dist in COMPONENTS.items()}
 
 
 def requirement_rows(
-    lock: Lock, spec: ImageSpec, facts: Mapping[str, Any], twin: bool
+    lock: Lock,
+    spec: ImageSpec,
+    facts: Mapping[str, Any],
+    twin: bool,
+    platform: str = DEFAULT_PLATFORM,
 ) -> list[CheckResult]:
     """Every installed distribution's ``Requires-Dist`` (and those of the extras the lock's
     components use), evaluated with the image's own marker environment against what the
@@ -226,7 +238,7 @@ def requirement_rows(
         for c in spec.components
         if lock.components[c].wheels  # a source build's wheels are named once built
     }
-    waivers = lock.twin.waivers() if twin and lock.twin is not None else {}
+    waivers = t.waivers() if (t := twin_of(lock, twin, platform)) is not None else {}
     unmet = unmet_requirements(
         installed, dict(facts.get("marker_environment") or {}), extras=extras, waived=waivers
     )
@@ -572,7 +584,7 @@ def _report(
         )
         for r in out.rows
     ) + tuple(patch_rows(lock, spec, build, out.patch_targets))
-    results += tuple(requirement_rows(lock, spec, facts, twin))
+    results += tuple(requirement_rows(lock, spec, facts, twin, build.platform))
     results = tuple(_with_variant_notes(results, lock, state, log))
     state.write_record(facts, "facts", build.image_id)
     return ImageReport(

@@ -22,19 +22,27 @@ class ResolvedBase:
     image: BaseImage
 
 
-# A base resolver returns the base image for a pin (pulling or building it as needed).
-BaseResolver = Callable[[BasePin], ResolvedBase]
+# A base resolver returns the base image for a pin on a platform (pulling or building it).
+BaseResolver = Callable[[BasePin, str], ResolvedBase]
 
 
 def registry_base(engine: Engine, log: Log) -> BaseResolver:
-    def resolve(pin: BasePin) -> ResolvedBase:
-        ref = pin.pull_reference
+    def resolve(pin: BasePin, platform: str) -> ResolvedBase:
+        if platform not in pin.platforms:
+            raise LockError(
+                f"base {pin.name} ({pin.display}) pins no {platform} manifest (it pins "
+                f"{sorted(pin.platforms)})",
+                where=f"bases.{pin.name}.platforms",
+                fix=f'add "{platform}" = "sha256:..." under [bases.{pin.name}.platforms] '
+                f"(skopeo inspect --raw docker://{pin.repository}:{pin.tag})",
+            )
+        ref = pin.platform_reference(platform)
         if ref is None:
             raise LockError(
                 f"base {pin.name} ({pin.display}) has no resolved digest",
                 where=f"bases.{pin.name}.digest",
                 fix=(
-                    "resolve it on a host that reaches the registry (`skopeo inspect "
+                    "resolve it on a host that reaches the registry (`skopeo inspect --raw "
                     f"docker://{pin.repository}:{pin.tag}`) and record it with "
                     f"`k3env bump bases.{pin.name}`; or build over the CPU twin with --twin"
                 ),
@@ -46,15 +54,25 @@ def registry_base(engine: Engine, log: Log) -> BaseResolver:
             image = engine.inspect(ref)
             if image is None:
                 raise EngineError("pulled image not found", where=ref, fix="pull it by hand")
+        if _platform(image) != platform:
+            raise LockError(
+                f"{ref} is a {_platform(image)} image, pinned as {platform}",
+                where=f"bases.{pin.name}.platforms",
+                fix="pin each platform's own manifest digest (from the index)",
+            )
         return ResolvedBase(
             pin=pin,
             reference=ref,
             name=f"{pin.repository}:{pin.tag}",
-            digest=pin.digest,
+            digest=pin.platforms[platform],
             image=image,
         )
 
     return resolve
+
+
+def _platform(image: BaseImage) -> str:
+    return "/".join(p for p in (image.os, image.architecture, image.variant) if p)
 
 
 def select_base(lock: Lock, spec: ImageSpec, twin: bool) -> BasePin:

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from k3env import __version__
-from k3env.config.lock import BasePin, Lock, verify_patch_file
+from k3env.config.lock import BasePin, ComponentPin, Lock, verify_patch_file
 from k3env.config.patchfile import PatchFile, load_patch_file
+from k3env.config.shapes import DEFAULT_PLATFORM
 from k3env.config.spec import ImageSpec
 from k3env.engine.protocol import Engine, ImageFile
 from k3env.errors import EngineError, PatchError
@@ -59,6 +60,7 @@ class BuildResult:
     env: tuple[str, ...]
     components: tuple[str, ...] = ()  # "name version" of each baked wheel
     seconds: float = 0.0
+    platform: str = DEFAULT_PLATFORM
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -77,6 +79,7 @@ class BuildResult:
             "env": list(self.env),
             "components": list(self.components),
             "seconds": round(self.seconds, 3),
+            "platform": self.platform,
         }
 
 
@@ -209,8 +212,9 @@ class Builder:
         engine: Engine,
         state: State,
         log: Log,
-        resolve_base: Callable[[BasePin], ResolvedBase],
+        resolve_base: Callable[[BasePin, str], ResolvedBase],
         twin: bool = False,
+        platform: str = DEFAULT_PLATFORM,
     ) -> None:
         self.lock = lock
         self.engine = engine
@@ -219,11 +223,12 @@ class Builder:
         self._resolve_base = resolve_base
         self._bases: dict[str, ResolvedBase] = {}
         self.twin = twin
+        self.platform = platform
 
     def resolve_base(self, pin: BasePin) -> ResolvedBase:
         """Each base once per run (pull or twin build included)."""
         if pin.name not in self._bases:
-            self._bases[pin.name] = self._resolve_base(pin)
+            self._bases[pin.name] = self._resolve_base(pin, self.platform)
         return self._bases[pin.name]
 
     def inputs_hash(self, spec: ImageSpec, base: ResolvedBase, patches: list[PatchFile]) -> str:
@@ -237,7 +242,7 @@ class Builder:
                 "patches": {p.name: file_sha256(p.path) for p in patches},
                 # How the components layer is made is part of what this image is.
                 "components": [
-                    {"name": c, "wheels": self.lock.components[c].identity} for c in spec.components
+                    {"name": c, "wheels": self._component(c).identity} for c in spec.components
                 ],
                 "components_format": COMPONENTS_FORMAT if spec.components else None,
                 "twin": self.twin,
@@ -270,6 +275,7 @@ class Builder:
                     describe for c in spec.components for describe in _described(self.lock, c)
                 ),
                 seconds=time.monotonic() - start,
+                platform=self.platform,
             )
 
         existing = self.engine.lookup(reference)
@@ -285,7 +291,7 @@ class Builder:
         under, baked = base, None
         if spec.components:
             pins = [
-                source_wheels(self.engine, self.state, self.log, base, self.lock.components[c])
+                source_wheels(self.engine, self.state, self.log, base, self._component(c))
                 for c in spec.components
             ]
             under, baked = bake(self.engine, self.state, self.log, base, pins)
@@ -314,6 +320,10 @@ class Builder:
         archive = docker_archive(assembled, under.image.diff_ids)
         load_checked(self.engine, archive, assembled.image_id, reference, self.log)
         return result(assembled.image_id, False, results)
+
+    def _component(self, name: str) -> ComponentPin:
+        """The component's pin with its wheels' files for this builder's platform."""
+        return self.lock.components[name].for_platform(self.platform)
 
     def _apply_patches(
         self,
@@ -465,16 +475,25 @@ def _cached_patches(
     return [*out, *skipped]
 
 
-def make_builder(lock: Lock, engine: Engine, state: State, log: Log, twin: bool) -> Builder:
-    """A Builder whose bases come by digest from a registry, or as the locally built twin."""
+def make_builder(
+    lock: Lock,
+    engine: Engine,
+    state: State,
+    log: Log,
+    twin: bool,
+    platform: str = DEFAULT_PLATFORM,
+) -> Builder:
+    """A Builder whose bases come by digest from a registry, or as the locally built twin,
+    for ``platform`` (another architecture's containers run under qemu-user emulation)."""
     registry = registry_base(engine, log)
 
-    def resolve(pin: BasePin) -> ResolvedBase:
+    def resolve(pin: BasePin, on: str) -> ResolvedBase:
         if pin.kind == "twin":
-            return twin_base(lock, engine, state, log, pin)
-        return registry(pin)
+            return twin_base(lock, engine, state, log, pin, on)
+        return registry(pin, on)
 
-    return Builder(lock=lock, engine=engine, state=state, log=log, resolve_base=resolve, twin=twin)
+    return Builder(lock=lock, engine=engine, state=state, log=log, resolve_base=resolve,
+                   twin=twin, platform=platform)  # fmt: skip
 
 
 def build_all(builder: Builder, specs: Sequence[ImageSpec]) -> list[BuildResult]:
@@ -483,13 +502,16 @@ def build_all(builder: Builder, specs: Sequence[ImageSpec]) -> list[BuildResult]
     results = []
     for spec in specs:
         with builder.log.step(
-            f"build {spec.name}" + (" (over the CPU twin)" if builder.twin else "")
+            f"build {spec.name}"
+            + (" (over the CPU twin)" if builder.twin else "")
+            + (f" for {builder.platform}" if builder.platform != DEFAULT_PLATFORM else "")
         ):
             result = builder.build(spec)
         builder.state.write_record(
-            {"image_id": result.image_id, "reference": result.reference, "twin": result.twin},
+            {"image_id": result.image_id, "reference": result.reference, "twin": result.twin,
+             "platform": builder.platform},
             "builds",
-            build_key(builder.lock, spec, builder.twin),
-        )
+            build_key(builder.lock, spec, builder.twin, builder.platform),
+        )  # fmt: skip
         results.append(result)
     return results

@@ -81,9 +81,16 @@ class BaseFixture:
     image_id: str
 
 
-def _make_base(engine: DockerEngine, registry: str, name: str, content: str) -> BaseFixture:
+def _make_base(
+    engine: DockerEngine,
+    registry: str,
+    name: str,
+    content: str,
+    platform: str = "linux/amd64",
+    tag: str = "1",
+) -> BaseFixture:
     lock = load_lock(REPO / "pins/k3.lock.toml")
-    stage1 = twin.ensure_stage1(lock, twin.plan(lock), engine, Log())
+    stage1 = twin.ensure_stage1(lock, twin.plan(lock, platform), engine, Log())
     repository = f"{registry}/k3env-test/{name}"
     # k3test is an installed distribution: its RECORD lists each file's sha256, as pip writes.
     site = "/usr/lib/python3/dist-packages"
@@ -105,13 +112,13 @@ def _make_base(engine: DockerEngine, registry: str, name: str, content: str) -> 
         stage1,
         ["python3", "-c", writer, site, json.dumps(files)],
         repository=repository,
-        tag="1",
+        tag=tag,
         mounts={},
         changes=['CMD ["python3"]'],
         progress=lambda _: None,
     )
-    digest = engine.push(repository, "1", lambda _: None).digest
-    return BaseFixture(repository=repository, tag="1", digest=digest, image_id=image_id)
+    digest = engine.push(repository, tag, lambda _: None).digest
+    return BaseFixture(repository=repository, tag=tag, digest=digest, image_id=image_id)
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,159 @@
+"""One lock, two platforms: a multi-platform base (an index over an amd64 and an arm64
+manifest, the arm64 one built and run under qemu-user), derived images built for each, and
+published straight to the registry as one OCI index, read back by skopeo."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from k3env.cli import main
+from k3env.engine import registry as api
+from k3env.engine.dockerd import DockerEngine
+from k3env.errors import CheckFailed
+from k3env.handoff.publish import publish
+from k3env.log import Log
+from k3env.state import State
+
+from .conftest import BUGGY, REGISTRY, BaseFixture, _make_base, write_project
+
+pytestmark = [pytest.mark.engine, pytest.mark.registry]
+
+LOCK = "pins/test.lock.toml"
+BOTH = "linux/amd64,linux/arm64"
+DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
+
+
+@pytest.fixture(scope="session")
+def multi_base(engine: DockerEngine, registry: str) -> tuple[str, dict[str, str]]:
+    """``(index digest, platform -> manifest digest)`` of k3env-test/multi:1, an index put
+    together from two real single-platform bases."""
+    amd = _make_base(engine, registry, "multi", BUGGY, "linux/amd64", tag="amd64")
+    arm = _make_base(engine, registry, "multi", BUGGY, "linux/arm64", tag="arm64")
+    manifests = []
+    for platform, base in (("linux/amd64", amd), ("linux/arm64", arm)):
+        _digest, _type, body = api.get_manifest(base.repository, base.digest)
+        os_name, arch = platform.split("/")
+        entry = {"os": os_name, "architecture": arch}
+        manifests.append(
+            {"mediaType": DOCKER_MANIFEST, "digest": base.digest, "size": len(body),
+             "platform": entry}
+        )  # fmt: skip
+    index = json.dumps({"schemaVersion": 2, "mediaType": api_index(), "manifests": manifests})
+    digest = api.put_manifest(amd.repository, "1", index.encode(), api_index())
+    return digest, {"linux/amd64": amd.digest, "linux/arm64": arm.digest}
+
+
+def api_index() -> str:
+    return "application/vnd.oci.image.index.v1+json"
+
+
+@pytest.fixture
+def multi_project(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    multi_base: tuple[str, dict[str, str]],
+) -> Path:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("K3ENV_STATE_DIR", str(tmp_path / "state"))
+    index, platforms = multi_base
+    base = BaseFixture(repository=f"{REGISTRY}/k3env-test/multi", tag="1", digest=index,
+                       image_id="")  # fmt: skip
+    lock = write_project(tmp_path, base)
+    lock.write_text(
+        lock.read_text()
+        + textwrap.dedent(
+            f"""\
+            [bases.testbase.platforms]
+            "linux/amd64" = "{platforms["linux/amd64"]}"
+            "linux/arm64" = "{platforms["linux/arm64"]}"
+            """
+        )
+    )
+    return tmp_path
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    code = main([*argv, "--lock", LOCK, "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    out: dict[str, Any] = json.loads(captured.out)
+    return out
+
+
+def skopeo(*argv: str) -> str:
+    return subprocess.run(
+        ["skopeo", *argv], check=True, capture_output=True, text=True, timeout=600
+    ).stdout
+
+
+def test_two_platforms_build_and_publish_as_one_index(
+    multi_project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    built = run_json(capsys, "build", "--platform", BOTH)["images"]
+    assert [b["platform"] for b in built] == ["linux/amd64", "linux/arm64"]
+    assert len({b["image_id"] for b in built}) == 2
+    # The patch target was located by the arm64 base's own Python, run under emulation.
+    assert all(p["status"] == "applied" for b in built for p in b["patches"])
+
+    pushed = run_json(capsys, "push", "--platform", BOTH)["images"]
+    assert [p["platform"] for p in pushed] == ["linux/amd64", "linux/arm64"]
+    reference = pushed[0]["reference"]
+    assert {p["reference"] for p in pushed} == {reference}
+
+    # The tag names an OCI index listing each platform's manifest, as the records say.
+    index = json.loads(skopeo("inspect", "--tls-verify=false", "--raw", f"docker://{reference}"))
+    assert index["mediaType"] == "application/vnd.oci.image.index.v1+json"
+    listed = {f"{m['platform']['os']}/{m['platform']['architecture']}": m["digest"]
+              for m in index["manifests"]}  # fmt: skip
+    assert listed == {p["platform"]: p["digest"] for p in pushed}
+    repository, tag = reference.rsplit(":", 1)
+    assert {p["index"] for p in pushed} == {api.get_manifest(repository, tag)[0]}
+
+    # Each platform by its own digest: the image k3env built (config digest = image ID),
+    # every blob read back and checked by skopeo.
+    for build, push in zip(built, pushed, strict=True):
+        by_digest = f"docker://{push['by_digest']}"
+        info = json.loads(skopeo("inspect", "--tls-verify=false", by_digest))
+        assert info["Architecture"] == build["platform"].split("/")[1]
+        layout = multi_project / f"oci-{info['Architecture']}"
+        skopeo("copy", "--src-tls-verify=false", by_digest, f"oci:{layout}:x")
+        manifest = json.loads(skopeo("inspect", "--raw", f"oci:{layout}:x"))
+        assert manifest["config"]["digest"] == build["image_id"]
+
+    # Publishing again sends nothing and names the same index.
+    again = run_json(capsys, "push", "--platform", BOTH)["images"]
+    assert [p["digest"] for p in again] == [p["digest"] for p in pushed]
+    assert again[0]["layers_sent"] == 0
+
+
+def test_a_tag_is_never_moved_off_other_bytes(
+    multi_project: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    built = run_json(capsys, "build", "--platform", BOTH)["images"]
+    pushed = run_json(capsys, "push", "--platform", BOTH)["images"]
+    repository, tag = pushed[0]["reference"].rsplit(":", 1)
+    before = api.get_manifest(repository, tag)[0]
+    # The amd64 image alone under the index's tag would move it: refused, nothing written.
+    with pytest.raises(CheckFailed, match="already names an index"):
+        publish(State(), repository, tag, [built[0]["image_id"]], Log(quiet=True))
+    assert api.get_manifest(repository, tag)[0] == before
+
+
+def test_one_platform_publishes_a_manifest_the_engine_pulls(
+    multi_project: Path, capsys: pytest.CaptureFixture[str], engine: DockerEngine
+) -> None:
+    (build,) = run_json(capsys, "build", "--platform", "linux/arm64")["images"]
+    (pushed,) = run_json(capsys, "push", "--platform", "linux/arm64")["images"]
+    manifest = json.loads(
+        skopeo("inspect", "--tls-verify=false", "--raw", f"docker://{pushed['by_digest']}")
+    )
+    assert manifest["mediaType"] == "application/vnd.oci.image.manifest.v1+json"
+    assert manifest["config"]["digest"] == build["image_id"]
+    # The base's layers were mounted from its repository, not sent again.
+    assert pushed["layers_skipped"] >= 1
