@@ -27,6 +27,8 @@
             pkgs.libfaketime
             pkgs.debootstrap
             pkgs.git
+            # arm64 (Grace) twins and images run under qemu-user (binfmt_misc is the host's).
+            pkgs.qemu
             # `k3env twin --resolve` resolves the twin's requirements with uv.
             pkgs.uv
           ];

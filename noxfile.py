@@ -114,10 +114,12 @@ def schemas(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
-    """Benchmarks: build vs `docker build` over the twin, no-op rebuild, preflight, verify."""
+    """Benchmarks: build vs `docker build` over the twin, no-op rebuild, preflight, verify,
+    export, publish (registry API) vs `docker push`."""
     # Installed as users install it (not editable: an editable finder adds ~9 ms per start).
     session.install(".")
     session.run("python", "benchmarks/bench_build.py", *session.posargs)
     session.run("python", "benchmarks/bench_verify.py")
     session.run("python", "benchmarks/bench_export.py")
+    session.run("python", "benchmarks/bench_publish.py")
     session.run("python", "benchmarks/bench_components.py", *session.posargs)

@@ -621,8 +621,8 @@ def cmd_bump(args: argparse.Namespace, log: Log) -> int:
         resolve_digest=resolve_digest,
         resolve_tag_commit=lambda url, tag: commit_to_tag(args.source or url, tag),
         dynamo_source=args.source,
-        wheel_sha256s=lambda reqs: wheel_sha256s(
-            reqs, log, find_links=tuple(args.wheels_from or ())
+        wheel_sha256s=lambda reqs, platform: wheel_sha256s(
+            reqs, log, find_links=tuple(args.wheels_from or ()), platform=platform
         ),
     )
     new_lock, changes = candidate_lock(lock, changes_wanted)

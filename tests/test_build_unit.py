@@ -313,7 +313,7 @@ def test_build_over_the_cpu_twin_assembles_its_layer_and_pushes_it(
     stage1 = fake_engine.import_rootfs(rootfs, *plan.stage1_ref.split(":"))
     wheels = root / "wheels"
     wheels.mkdir()
-    monkeypatch.setattr(twin, "download_wheels", lambda p, state, log: wheels)
+    monkeypatch.setattr(twin, "download_wheels", lambda p, state, log, platform: wheels)
     installs: list[dict[str, str]] = []
 
     def pip_install(

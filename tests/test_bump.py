@@ -36,8 +36,10 @@ def test_dynamo_bump_resolves_the_tag_and_moves_name_version_commit_and_wheels_t
         'version = "1.4.2"',
         f'commit = "{tags["v1.4.2"]}"',
         f'  {{ name = "ai-dynamo", version = "1.4.2", sha256 = "{sha["ai_dynamo"]}" }},',
+        # The arm64 file moves with the version (here the same pure wheel): never stale.
         f'  {{ name = "ai-dynamo-runtime", version = "1.4.2", '
-        f'sha256 = "{sha["ai_dynamo_runtime"]}" }},',
+        f'sha256 = "{sha["ai_dynamo_runtime"]}", platforms = {{ "linux/arm64" = '
+        f'"{sha["ai_dynamo_runtime"]}" }} }},',
     ]  # comments and every other line kept
     # A commit works too when a tag names it; the tag becomes the name.
     assert main(["bump", "dynamo", tags["v1.6.1"], "--source", str(source),

@@ -52,6 +52,8 @@ HOST_TOOLS = {
     "faketime": "libfaketime",
     "debootstrap": "debootstrap",
     "git": "git",
+    "qemu-user-static": "qemu",
+    "binfmt-support": "qemu",
 }
 
 

@@ -19,7 +19,7 @@ from k3env.bump.evaluate import Outcome
 from k3env.config.lock import Lock, WheelPin, load_lock
 from k3env.config.lock_edit import Change, candidate, render_leaves, set_leaves
 from k3env.config.reader import COMMIT_RE, DIGEST_RE
-from k3env.config.shapes import REF_RE, require_git_source
+from k3env.config.shapes import DEFAULT_PLATFORM, REF_RE, require_git_source
 from k3env.errors import ConfigError, LockError
 from k3env.hashing import file_sha256
 from k3env.log import Log
@@ -42,7 +42,7 @@ def leaf_changes(
     resolve_digest: Callable[[str, str], str],
     resolve_tag_commit: Callable[[str, str], str],
     dynamo_source: str | None = None,
-    wheel_sha256s: Callable[[list[str]], dict[str, tuple[str, str]]] | None = None,
+    wheel_sha256s: Callable[[list[str], str], dict[str, tuple[str, str]]] | None = None,
 ) -> dict[str, str]:
     """The lock leaves a bump of ``pin`` to ``value`` changes (key path -> new value)."""
     where = f"k3env bump {pin}"
@@ -141,24 +141,34 @@ def _wheel_changes(
     section: str,
     wheels: tuple[WheelPin, ...],
     version: str,
-    wheel_sha256s: Callable[[list[str]], dict[str, tuple[str, str]]] | None,
+    wheel_sha256s: Callable[[list[str], str], dict[str, tuple[str, str]]] | None,
     where: str,
 ) -> dict[str, str]:
-    """Every wheel of a component at ``version``, each with the sha256 of its file."""
+    """Every wheel of a component at ``version``, each with the sha256 of its file, and of
+    its file for every other platform the lock pins it for (never a stale one left beside a
+    new version)."""
     wanted = [f"{w.name}=={version}" for w in wheels]
     if wheel_sha256s is None:
         raise ConfigError(f"no way to find the wheels {wanted}", where=where, fix="report it")
-    found = wheel_sha256s(wanted)
+    found = {DEFAULT_PLATFORM: wheel_sha256s(wanted, DEFAULT_PLATFORM)}
+    for platform in sorted({p for w in wheels for p in w.platforms}):
+        found[platform] = wheel_sha256s(
+            [r for w, r in zip(wheels, wanted, strict=True) if platform in w.platforms], platform
+        )
     out = {}
-    for i, r in enumerate(wanted):
-        if r not in found:
-            raise ConfigError(
-                f"no wheel of {r} for the twin's platform",
-                where=where,
-                fix="bump to a release that publishes wheels, or pin them by hand",
-            )
+    for i, (w, r) in enumerate(zip(wheels, wanted, strict=True)):
+        for platform in (DEFAULT_PLATFORM, *sorted(w.platforms)):
+            if r not in found[platform]:
+                raise ConfigError(
+                    f"no wheel of {r} for the twin's platform {platform}",
+                    where=where,
+                    fix="bump to a release that publishes wheels for every pinned platform, "
+                    "or pin them by hand",
+                )
         out[f"{section}.wheels[{i}].version"] = version
-        out[f"{section}.wheels[{i}].sha256"] = found[r][1]
+        out[f"{section}.wheels[{i}].sha256"] = found[DEFAULT_PLATFORM][r][1]
+        for platform in w.platforms:
+            out[f"{section}.wheels[{i}].platforms.{platform}"] = found[platform][r][1]
     return out
 
 

@@ -299,10 +299,20 @@ def publish(
                     sent += 1
                     bytes_sent += layer.size
                     continue
+                # A blob this host published before, to another repository of the registry,
+                # is linked from there rather than sent again (as the engine does).
+                if any(
+                    _same_registry(other, repository)
+                    and registry.mount_blob(repository, blob_digest, other)
+                    for other in _published_at(state, blob_digest)
+                ):
+                    mounted += 1
+                    continue
                 path = layer.kept.path if layer is not None and layer.kept else config.path
                 size = path.stat().st_size
                 with log.step(f"send {blob_digest[7:19]} ({size / 1e6:.1f} MB)"):
                     registry.put_blob(repository, blob_digest, path, _progress(log, size))
+                _remember(state, blob_digest, repository)
                 sent += 1
                 bytes_sent += size
         for image in images if as_index else ():
@@ -313,6 +323,17 @@ def publish(
         platforms=tuple(images), sent=sent, mounted=mounted, present=present,
         bytes_sent=bytes_sent, seconds=time.monotonic() - start,
     )  # fmt: skip
+
+
+def _published_at(state: State, digest: str) -> list[str]:
+    record = state.read_record("published-blobs", digest)
+    return [str(r) for r in record] if isinstance(record, list) else []
+
+
+def _remember(state: State, digest: str, repository: str) -> None:
+    seen = _published_at(state, digest)
+    if repository not in seen:
+        state.write_record([repository, *seen][:8], "published-blobs", digest)
 
 
 def _same_registry(a: str, b: str) -> bool:

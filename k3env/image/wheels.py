@@ -115,7 +115,11 @@ def uv_platform(platform: str = DEFAULT_PLATFORM) -> str:
 
 
 def wheel_sha256s(
-    requirements: list[str], log: Log, *, find_links: tuple[str, ...] = ()
+    requirements: list[str],
+    log: Log,
+    *,
+    find_links: tuple[str, ...] = (),
+    platform: str = DEFAULT_PLATFORM,
 ) -> dict[str, tuple[str, str]]:
     """``name==version`` -> (canonical name, sha256 of the wheel pip picks for the twin's
     platform): what a bump writes into the lock's ``wheels``. With ``find_links``, only those
@@ -128,7 +132,7 @@ def wheel_sha256s(
     with tempfile.TemporaryDirectory(prefix="k3env-wheels-") as tmp:
         argv = [
             "python3", "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-            "--python-version", TWIN_PYTHON, "--implementation", "cp", *platform_flags(),
+            "--python-version", TWIN_PYTHON, "--implementation", "cp", *platform_flags(platform),
             "-d", tmp,
         ]  # fmt: skip
         if find_links:
