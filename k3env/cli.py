@@ -992,9 +992,14 @@ DESCRIPTIONS = {
         "markdown (`--markdown FILE`) and `--json`, each failure with its first line"
     ),
     "push": (
-        "Push derived images (base layers the registry has are not sent again), record each "
-        "registry digest by image ID, print the `enroot import docker://REGISTRY#REPO@sha256:...`"
-        " line and the `srtslurm.yaml` `containers:` mapping"
+        "Publish derived images straight to the registry through its API (no engine round-trip):"
+        " the layers and config the build kept, base layers mounted from the base's repository "
+        "(or copied from its registry), an OCI manifest per platform and, for "
+        "`--platform linux/amd64,linux/arm64`, one OCI index under the tag; a tag is never moved"
+        " off other bytes. Record each platform's manifest digest by image ID, print the "
+        "`enroot import docker://REGISTRY#REPO@sha256:...` line (the platform's own digest) and "
+        "the `srtslurm.yaml` `containers:` mapping. `--via-engine`: `docker push` (its "
+        "credentials; one platform)"
     ),
     "export": (
         "Write enroot images (`.sqsh`) as `enroot import` lays them out: the rootfs with the "
