@@ -28,7 +28,7 @@ from k3env.config.lock import load_lock  # noqa: E402
 from k3env.config.spec import load_specs  # noqa: E402
 from k3env.engine import registry as api  # noqa: E402
 from k3env.engine.dockerd import DockerEngine  # noqa: E402
-from k3env.handoff.publish import publish  # noqa: E402
+from k3env.handoff.publish import MOUNTED, PRESENT, SENT, publish  # noqa: E402
 from k3env.image.build import make_builder  # noqa: E402
 from k3env.log import Log  # noqa: E402
 from k3env.state import State  # noqa: E402
@@ -116,8 +116,8 @@ def main() -> int:
             {"round": n + 1, "k3env_s": round(seconds["k3env"], 2),
              "docker_push_s": round(seconds["docker"], 2),
              "ratio": round(seconds["k3env"] / seconds["docker"], 2),
-             "k3env_sent": published.sent, "k3env_mounted": published.mounted,
-             "k3env_present": published.present, "bytes_sent": published.bytes_sent}
+             "k3env_sent": published.count(SENT), "k3env_mounted": published.count(MOUNTED),
+             "k3env_present": published.count(PRESENT), "bytes_sent": published.bytes_sent}
         )  # fmt: skip
     ratios = sorted(r["ratio"] for r in rows)
     result = {

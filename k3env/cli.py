@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from k3env import __version__
 from k3env.config.cluster import DEFAULT_CLUSTER
 from k3env.config.lock import DEFAULT_LOCK, Lock, check_files, load_lock
-from k3env.config.shapes import DEFAULT_PLATFORM
+from k3env.config.shapes import DEFAULT_PLATFORM, MACHINES
 from k3env.config.spec import DEFAULT_IMAGES, ImageSpec, load_specs
 from k3env.errors import CheckFailed, ConfigError, K3envError, StateError
 from k3env.files import write_atomic
@@ -236,9 +236,8 @@ def _builds(
     if not log.quiet:  # one more engine call (GET /info): only when someone reads it
         log.info(f"engine: {engine.describe()}")
     state = State()
-    platforms = getattr(args, "platform", None) or [DEFAULT_PLATFORM]
     builds, each = [], []
-    for platform in platforms:
+    for platform in args.platform:
         builder = make_builder(lock, engine, state, log, args.twin, platform)
         builds += build_all(builder, specs)
         each += specs
@@ -724,7 +723,7 @@ def _platform_arg(p: argparse.ArgumentParser, *, many: bool) -> None:
         )  # fmt: skip
     else:
         p.add_argument(
-            "--platform", default=DEFAULT_PLATFORM, choices=["linux/amd64", "linux/arm64"],
+            "--platform", default=DEFAULT_PLATFORM, choices=sorted(MACHINES),
             help="the twin's platform (default: %(default)s)",
         )  # fmt: skip
 

@@ -527,18 +527,24 @@ def _twin(t: Table, unresolved: list[Unresolved]) -> TwinPin:
             required=False,
         ),
     )
-    from k3env.versions import requirement_name
 
-    for key in ("requires", "omit", "stand_ins"):
-        for i, line in enumerate(getattr(pin, key)):
-            if requirement_name(line) is None:
-                raise t.fail(
-                    f"{key}[{i}]", f"{line!r} is not a PEP 508 requirement", "e.g. vllm==0.31.0"
-                )
+    _pep508(t, {key: getattr(pin, key) for key in ("requires", "omit", "stand_ins")})
     _stand_ins_required(t, pin)
     others = {name: _twin_platform(name, sub, pin, unresolved) for name, sub in platforms.items()}
     t.done()
     return dataclasses.replace(pin, platforms=others)
+
+
+def _pep508(t: Table, lists: Mapping[str, tuple[str, ...]]) -> None:
+    """Each line of the table's own requirement lists is a PEP 508 requirement."""
+    from k3env.versions import requirement_name
+
+    for key, lines in lists.items():
+        for i, line in enumerate(lines):
+            if requirement_name(line) is None:
+                raise t.fail(
+                    f"{key}[{i}]", f"{line!r} is not a PEP 508 requirement", "e.g. vllm==0.31.0"
+                )
 
 
 def _stand_ins_required(t: Table, pin: TwinPin) -> None:
@@ -553,8 +559,6 @@ def _stand_ins_required(t: Table, pin: TwinPin) -> None:
 
 def _twin_platform(platform: str, t: Table, top: TwinPin, unresolved: list[Unresolved]) -> TwinPin:
     """``[twin.platforms."linux/arm64"]``: its own generated files; what it resolves from."""
-    from k3env.versions import requirement_name
-
     key = f"twin.platforms.{platform}"
     req = _relative_file(t, "requirements")
     sha = t.matching("requirements_sha256", SHA256_RE, _SHA_FIX, allow_unresolved=True)
@@ -572,14 +576,13 @@ def _twin_platform(platform: str, t: Table, top: TwinPin, unresolved: list[Unres
             Unresolved(key=f"{key}.debian_sha256",
                        hint=f"k3env twin --resolve --platform {platform}")
         )  # fmt: skip
-    requires = t.str_list("requires") if t.has("requires") else top.requires
-    stand_ins = t.str_list("stand_ins") if t.has("stand_ins") else top.stand_ins
-    omit = (*top.omit, *t.str_list("omit"))
-    for field_name, lines in (("requires", requires), ("omit", omit)):
-        for i, line in enumerate(lines):
-            if requirement_name(line) is None:
-                raise t.fail(f"{field_name}[{i}]", f"{line!r} is not a PEP 508 requirement",
-                             "e.g. torch==2.13.0")  # fmt: skip
+    # Its own lists (the rest are [twin]'s, checked there): requires / stand_ins replace
+    # [twin]'s, omit adds to them.
+    own = {key: t.str_list(key) for key in ("requires", "stand_ins", "omit") if t.has(key)}
+    _pep508(t, own)
+    requires = own.get("requires", top.requires)
+    stand_ins = own.get("stand_ins", top.stand_ins)
+    omit = (*top.omit, *own.get("omit", ()))
     pin = dataclasses.replace(
         top, requirements=req, requirements_sha256=sha, debian=debian,
         debian_sha256=debian_sha, requires=requires, stand_ins=stand_ins, omit=omit,

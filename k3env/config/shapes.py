@@ -23,6 +23,13 @@ TAG_RE = re.compile(r"^[\w][\w.-]{0,127}$")
 PLATFORM_RE = re.compile(r"^linux/(amd64|arm64)(/v8)?$")
 PLATFORM_FIX = 'write "linux/amd64" or "linux/arm64"'
 DEFAULT_PLATFORM = "linux/amd64"
+
+
+def platform_name(os_name: str, architecture: str, variant: str | None = None) -> str:
+    """``os/architecture[/variant]``, as an index names a platform and ``--platform`` takes."""
+    return "/".join(p for p in (os_name, architecture, variant) if p)
+
+
 # A platform's CPU architecture as `uname -m` says it, and as wheel tags name it.
 MACHINES = {"linux/amd64": "x86_64", "linux/arm64": "aarch64"}
 # A git tag as srt-slurm releases them (v1.0.36); a lock may declare its own pattern.

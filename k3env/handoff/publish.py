@@ -15,11 +15,12 @@ from __future__ import annotations
 import json
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from k3env.config.shapes import platform_name
 from k3env.engine import registry
 from k3env.errors import CheckFailed, EngineError, LockError, StateError
 from k3env.hashing import canonical_sha256, sha256_digest
@@ -34,6 +35,7 @@ _DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 _BASE_NAME = "org.opencontainers.image.base.name"
 _BASE_DIGEST = "org.opencontainers.image.base.digest"
 _BASE_ID = "io.k3env.base.id"
+SENT, MOUNTED, PRESENT = "sent", "mounted", "present"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,10 +56,8 @@ class PlatformImage:
     digest: str  # the platform's manifest digest
     size: int
     body: bytes = field(repr=False)
+    config: Blob = field(repr=False)
     layers: tuple[Layer, ...] = field(repr=False)
-
-    def as_json(self) -> dict[str, Any]:
-        return {"platform": self.platform, "image_id": self.image_id, "digest": self.digest}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,9 +67,9 @@ class Published:
     digest: str  # what the tag names: the index, or the one manifest
     media_type: str
     platforms: tuple[PlatformImage, ...]
-    sent: int  # blobs uploaded
-    mounted: int  # blobs linked from another repository of the registry
-    present: int  # blobs the repository had
+    # Each blob's fate: SENT (uploaded or copied), MOUNTED (linked from another repository
+    # of the registry) or PRESENT (the repository had it).
+    fates: Mapping[str, str]
     bytes_sent: int
     seconds: float
 
@@ -77,23 +77,19 @@ class Published:
     def reference(self) -> str:
         return f"{self.repository}:{self.tag}"
 
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "reference": self.reference,
-            "digest": self.digest,
-            "media_type": self.media_type,
-            "platforms": [p.as_json() for p in self.platforms],
-            "blobs": {"sent": self.sent, "mounted": self.mounted, "present": self.present},
-            "bytes_sent": self.bytes_sent,
-            "seconds": round(self.seconds, 3),
-        }
+    def count(self, fate: str, digests: Iterable[str] | None = None) -> int:
+        """How many blobs (of ``digests``, default all) met ``fate``."""
+        wanted = self.fates if digests is None else set(digests)
+        return sum(1 for d in wanted if self.fates.get(d) == fate)
 
 
 def platform_of(config: dict[str, Any]) -> str:
-    parts = [str(config.get("os") or "linux"), str(config.get("architecture") or "")]
-    if config.get("variant"):
-        parts.append(str(config["variant"]))
-    return "/".join(parts)
+    """The platform an image config or an index entry names."""
+    return platform_name(
+        str(config.get("os") or "linux"),
+        str(config.get("architecture") or ""),
+        str(config["variant"]) if config.get("variant") else None,
+    )
 
 
 def _platform_json(platform: str) -> dict[str, str]:
@@ -171,8 +167,9 @@ def plan_image(state: State, image_id: str) -> PlatformImage:
                 where=f"{source}@{digest}",
                 fix="the registry's base moved: build again over the pinned digest",
             )
-        _d, _t, base_config_body = _config_of(source, str(base_config["digest"]))
-        base_diff_ids = json.loads(base_config_body)["rootfs"]["diff_ids"]
+        base_diff_ids = json.loads(_config_of(source, str(base_config["digest"])))["rootfs"][
+            "diff_ids"
+        ]
         base_layers = base.get("layers") or []
         if base_diff_ids != diff_ids or len(base_layers) != len(diff_ids):
             raise CheckFailed(
@@ -205,11 +202,12 @@ def plan_image(state: State, image_id: str) -> PlatformImage:
     body = _json(manifest)
     return PlatformImage(
         platform=platform, image_id=image_id, digest=sha256_digest(body), size=len(body),
-        body=body, layers=tuple(layers),
+        body=body, config=config_blob, layers=tuple(layers),
     )  # fmt: skip
 
 
-def _config_of(repository: str, digest: str) -> tuple[str, str, bytes]:
+def _config_of(repository: str, digest: str) -> bytes:
+    """An image config from its registry, checked against its digest."""
     with tempfile.TemporaryDirectory(prefix="k3env-config-") as tmp:
         path = Path(tmp) / "config.json"
         registry.read_blob(repository, digest, path)
@@ -219,7 +217,7 @@ def _config_of(repository: str, digest: str) -> tuple[str, str, bytes]:
             f"the registry sent config {digest[:19]} with other bytes",
             where=repository, fix="check the registry",
         )  # fmt: skip
-    return digest, "", data
+    return data
 
 
 def index_body(images: Sequence[PlatformImage]) -> bytes:
@@ -246,17 +244,11 @@ def index_tag(tags: Sequence[str]) -> str:
 
 
 def publish(
-    state: State,
-    repository: str,
-    tag: str,
-    image_ids: Sequence[str],
-    log: Log,
-    *,
-    index: bool | None = None,
+    state: State, repository: str, tag: str, image_ids: Sequence[str], log: Log
 ) -> Published:
     """Send what ``repository`` lacks of ``image_ids``, then their manifests, then the tag:
-    an index when there is more than one image (or ``index=True``), else the one manifest.
-    The tag is written last and is never moved off other bytes."""
+    an index when there is more than one image, else the one manifest. The tag is written
+    last and is never moved off other bytes."""
     start = time.monotonic()
     images = [plan_image(state, i) for i in image_ids]
     platforms = [p.platform for p in images]
@@ -265,64 +257,56 @@ def publish(
             f"two images for one platform: {sorted(platforms)}",
             where=repository, fix="publish one image per platform",
         )  # fmt: skip
-    as_index = len(images) > 1 if index is None else index
+    as_index = len(images) > 1
     if as_index:
         body, media_type = index_body(images), INDEX
     else:
         body, media_type = images[0].body, MANIFEST
     digest = sha256_digest(body)
     _refuse_to_move(repository, tag, digest, images)
-    sent = mounted = present = bytes_sent = 0
-    seen: set[str] = set()
+    fates: dict[str, str] = {}
+    bytes_sent = 0
     with tempfile.TemporaryDirectory(prefix="k3env-publish-") as tmp:
         for image in images:
-            config = kept_config(state, image.image_id)
-            assert config is not None
-            blobs = [(x.digest, x) for x in image.layers] + [(config.digest, None)]
-            for blob_digest, layer in blobs:
-                if blob_digest in seen:
-                    continue
-                seen.add(blob_digest)
-                if registry.blob_exists(repository, blob_digest):
-                    present += 1
-                    continue
-                if layer is not None and layer.kept is None:
-                    if _same_registry(layer.source, repository) and registry.mount_blob(
-                        repository, blob_digest, layer.source
-                    ):
-                        mounted += 1
-                        continue
-                    with log.step(f"copy base layer {blob_digest[7:19]} from {layer.source}"):
-                        registry.copy_blob(
-                            layer.source, repository, blob_digest, Path(tmp) / "blob"
-                        )
-                    sent += 1
-                    bytes_sent += layer.size
-                    continue
-                # A blob this host published before, to another repository of the registry,
-                # is linked from there rather than sent again (as the engine does).
-                if any(
-                    _same_registry(other, repository)
-                    and registry.mount_blob(repository, blob_digest, other)
-                    for other in _published_at(state, blob_digest)
-                ):
-                    mounted += 1
-                    continue
-                path = layer.kept.path if layer is not None and layer.kept else config.path
-                size = path.stat().st_size
-                with log.step(f"send {blob_digest[7:19]} ({size / 1e6:.1f} MB)"):
-                    registry.put_blob(repository, blob_digest, path, _progress(log, size))
-                _remember(state, blob_digest, repository)
-                sent += 1
-                bytes_sent += size
+            c = image.config
+            config = Layer(digest=c.digest, size=c.size, media_type=c.media_type, kept=c, source="")
+            for layer in (*image.layers, config):
+                if layer.digest not in fates:
+                    fates[layer.digest] = _send(state, repository, layer, Path(tmp), log)
+                    bytes_sent += layer.size if fates[layer.digest] == SENT else 0
         for image in images if as_index else ():
             registry.put_manifest(repository, image.digest, image.body, MANIFEST)
         registry.put_manifest(repository, tag, body, media_type)
     return Published(
         repository=repository, tag=tag, digest=digest, media_type=media_type,
-        platforms=tuple(images), sent=sent, mounted=mounted, present=present,
-        bytes_sent=bytes_sent, seconds=time.monotonic() - start,
+        platforms=tuple(images), fates=fates, bytes_sent=bytes_sent,
+        seconds=time.monotonic() - start,
     )  # fmt: skip
+
+
+def _send(state: State, repository: str, blob: Layer, tmp: Path, log: Log) -> str:
+    """Put one blob in ``repository`` the cheapest way it can get there; its fate."""
+    if registry.blob_exists(repository, blob.digest):
+        return PRESENT
+    if blob.kept is None:  # a base layer: linked from its repository, or copied
+        if _same_registry(blob.source, repository) and registry.mount_blob(
+            repository, blob.digest, blob.source
+        ):
+            return MOUNTED
+        with log.step(f"copy base layer {blob.digest[7:19]} from {blob.source}"):
+            registry.copy_blob(blob.source, repository, blob.digest, tmp / "blob")
+        return SENT
+    # A blob this host published before, to another repository of the registry, is linked
+    # from there rather than sent again (as the engine does).
+    if any(
+        _same_registry(other, repository) and registry.mount_blob(repository, blob.digest, other)
+        for other in _published_at(state, blob.digest)
+    ):
+        return MOUNTED
+    with log.step(f"send {blob.digest[7:19]} ({blob.size / 1e6:.1f} MB)"):
+        registry.put_blob(repository, blob.digest, blob.kept.path, _progress(log, blob.size))
+    _remember(state, blob.digest, repository)
+    return SENT
 
 
 def _published_at(state: State, digest: str) -> list[str]:

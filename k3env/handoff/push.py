@@ -9,7 +9,7 @@ from typing import Any
 
 from k3env.engine.protocol import Engine
 from k3env.engine.registry import refuse_to_move
-from k3env.handoff.publish import index_tag, publish
+from k3env.handoff.publish import MOUNTED, PRESENT, SENT, index_tag, publish
 from k3env.image.build import BuildResult
 from k3env.log import Log
 from k3env.state import State
@@ -75,6 +75,8 @@ def publish_images(
     tags = [b.reference.rsplit(":", 1)[1] for b in builds]
     tag = tags[0] if len(builds) == 1 else index_tag(tags)
     published = publish(state, repository, tag, [b.image_id for b in builds], log)
+    # Layers, as the engine counts them: the configs are blobs, not layers.
+    layers = {x.digest for p in published.platforms for x in p.layers}
     out = []
     for build, platform in zip(builds, published.platforms, strict=True):
         pushed = Pushed(
@@ -82,8 +84,8 @@ def publish_images(
             image_id=build.image_id,
             reference=published.reference,
             digest=platform.digest,
-            layers_sent=published.sent,
-            layers_skipped=published.present + published.mounted,
+            layers_sent=published.count(SENT, layers),
+            layers_skipped=published.count(PRESENT, layers) + published.count(MOUNTED, layers),
             platform=platform.platform,
             index=published.digest if len(builds) > 1 else None,
         )

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from k3env.config.lock import BasePin, Lock
+from k3env.config.shapes import platform_name
 from k3env.config.spec import ImageSpec
 from k3env.engine.protocol import BaseImage, Engine
 from k3env.errors import EngineError, LockError
@@ -54,9 +55,10 @@ def registry_base(engine: Engine, log: Log) -> BaseResolver:
             image = engine.inspect(ref)
             if image is None:
                 raise EngineError("pulled image not found", where=ref, fix="pull it by hand")
-        if _platform(image) != platform:
+        found = platform_name(image.os, image.architecture, image.variant)
+        if found != platform:
             raise LockError(
-                f"{ref} is a {_platform(image)} image, pinned as {platform}",
+                f"{ref} is a {found} image, pinned as {platform}",
                 where=f"bases.{pin.name}.platforms",
                 fix="pin each platform's own manifest digest (from the index)",
             )
@@ -69,10 +71,6 @@ def registry_base(engine: Engine, log: Log) -> BaseResolver:
         )
 
     return resolve
-
-
-def _platform(image: BaseImage) -> str:
-    return "/".join(p for p in (image.os, image.architecture, image.variant) if p)
 
 
 def select_base(lock: Lock, spec: ImageSpec, twin: bool) -> BasePin:

@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k3env.errors import StateError
-from k3env.files import write_atomic
 from k3env.hashing import HashingWriter, digest_hex, sha256_digest
 from k3env.state import State
 
@@ -99,16 +98,10 @@ def kept_layer(state: State, diff_id: str) -> Blob | None:
 def keep_config(state: State, config_json: bytes) -> Blob:
     """Keep an image config k3env wrote, by its digest (the image ID)."""
     digest = sha256_digest(config_json)
-    path = state.path("configs", f"{digest_hex(digest)}.json")
+    name = f"{digest_hex(digest)}.json"
+    path = state.path("configs", name)
     if not path.is_file() or path.read_bytes() != config_json:
-        try:
-            write_atomic(path, config_json)
-        except OSError as e:
-            raise StateError(
-                f"cannot keep an image config: {e.strerror}",
-                where=str(path),
-                fix="free disk space or point K3ENV_STATE_DIR at a writable directory",
-            ) from e
+        state.write_bytes(config_json, "configs", name)
     return Blob(digest=digest, size=len(config_json), media_type=CONFIG_MEDIA_TYPE, path=path)
 
 

@@ -18,6 +18,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -47,6 +48,20 @@ PATCH = textwrap.dedent(
     replacement = "index_fill_(0, idx_mapping.long(),"
     """
 )
+
+
+TEST_LOCK = "pins/test.lock.toml"  # where write_project puts the lock (cwd: the project)
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
+    """``k3env ARGV --lock pins/test.lock.toml --json`` in the project; it must succeed."""
+    from k3env.cli import main
+
+    code = main([*argv, "--lock", TEST_LOCK, "--json"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    out: dict[str, Any] = json.loads(captured.out)
+    return out
 
 
 def _require(what: str) -> None:
