@@ -157,3 +157,53 @@ def test_a_source_build_is_one_or_the_other_and_stays_in_the_repository(
     assert main(["lock", "--check"]) == 2
     err = capsys.readouterr().err
     assert message in err and "dynamo" in err
+
+
+def test_each_platform_of_a_base_and_the_grace_twin_are_pinned_or_listed_unresolved(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lock = load_lock(LOCK)
+    base = lock.bases["vllm-kimi-k3"]
+    assert base.platforms == {"linux/amd64": None, "linux/arm64": None}
+    assert base.platform_reference("linux/arm64") is None
+    assert lock.twin is not None and lock.twin.all_platforms == ("linux/amd64", "linux/arm64")
+    grace = lock.twin.for_platform("linux/arm64")
+    # requires / stand_ins replace [twin]'s; omit adds to it.
+    assert "torch==2.13.0" in grace.requires and grace.stand_ins == ()
+    assert grace.omit[-1] == "crick" and set(lock.twin.omit) < set(grace.omit)
+    runtime = lock.components["dynamo"].for_platform("linux/arm64").wheels[1]
+    assert runtime.sha256.startswith("a9fc4744")  # the aarch64 wheel, not the x86_64 one
+    replace_in(LOCK, '"linux/arm64" = "unresolved"', f'"linux/arm64" = "sha256:{"a" * 64}"')
+    assert main(["lock", "--check", "--json"]) == 0
+    keys = {u["key"] for u in json.loads(capsys.readouterr().out)["unresolved"]}
+    assert "bases.vllm-kimi-k3.platforms.linux/amd64" in keys
+    assert "bases.vllm-kimi-k3.platforms.linux/arm64" not in keys
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "said"),
+    [
+        ('"linux/arm64" = "unresolved"', '"linux/riscv64" = "unresolved"',
+         "'linux/riscv64' is not a platform"),
+        ('"linux/arm64" = "unresolved"', '"linux/arm64" = "sha256:12"',
+         "bases.vllm-kimi-k3.platforms.linux/arm64"),
+        ('omit = ["crick"]', 'omit = ["crick", "not a requirement!"]',
+         "twin.platforms.linux/arm64.omit[1]"),
+        ('[twin.platforms."linux/arm64"]', '[twin.platforms."linux/amd64"]',
+         "is [twin] itself"),
+    ],
+)  # fmt: skip
+def test_a_bad_platform_pin_is_named(
+    repo: Path, capsys: pytest.CaptureFixture[str], old: str, new: str, said: str
+) -> None:
+    replace_in(LOCK, old, new)
+    code, err = _run_bad(capsys, ["lock", "--check"])
+    assert code == 2
+    assert said in err, err
+
+
+def test_a_platform_the_twin_lacks_is_a_clear_error(repo: Path) -> None:
+    lock = load_lock(LOCK)
+    assert lock.twin is not None
+    with pytest.raises(LockError, match="no CPU twin for linux/arm64/v8"):
+        lock.twin.for_platform("linux/arm64/v8")

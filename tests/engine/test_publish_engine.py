@@ -8,23 +8,20 @@ import json
 import subprocess
 import textwrap
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from k3env.cli import main
 from k3env.engine import registry as api
 from k3env.engine.dockerd import DockerEngine
-from k3env.errors import CheckFailed
+from k3env.errors import CheckFailed, EngineError
 from k3env.handoff.publish import publish
 from k3env.log import Log
 from k3env.state import State
 
-from .conftest import BUGGY, REGISTRY, BaseFixture, _make_base, write_project
+from .conftest import BUGGY, REGISTRY, BaseFixture, _make_base, run_json, write_project
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry]
 
-LOCK = "pins/test.lock.toml"
 BOTH = "linux/amd64,linux/arm64"
 DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 
@@ -76,14 +73,6 @@ def multi_project(
         )
     )
     return tmp_path
-
-
-def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
-    code = main([*argv, "--lock", LOCK, "--json"])
-    captured = capsys.readouterr()
-    assert code == 0, captured.err
-    out: dict[str, Any] = json.loads(captured.out)
-    return out
 
 
 def skopeo(*argv: str) -> str:
@@ -157,3 +146,35 @@ def test_one_platform_publishes_a_manifest_the_engine_pulls(
     assert manifest["config"]["digest"] == build["image_id"]
     # The base's layers were mounted from its repository, not sent again.
     assert pushed["layers_skipped"] >= 1
+
+
+@pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        ("base id", "was built over"),
+        ("base layers", "are not the first layers of image"),
+    ],
+)
+def test_an_image_whose_base_layers_are_not_the_pinned_bases_is_not_published(
+    multi_project: Path, capsys: pytest.CaptureFixture[str], change: str, said: str
+) -> None:
+    """The base layers a publish names come from the base's manifest only after the image's
+    own config agrees with it: a config that claims another base, or other first layers, is
+    refused before anything is sent."""
+    from k3env.image.blobs import keep_config, kept_config
+
+    built, other = run_json(capsys, "build", "--platform", BOTH)["images"]
+    state = State()
+    kept = kept_config(state, built["image_id"])
+    assert kept is not None
+    config = json.loads(kept.path.read_bytes())
+    if change == "base id":
+        config["config"]["Labels"]["io.k3env.base.id"] = other["image_id"]
+    else:
+        config["rootfs"]["diff_ids"][0] = "sha256:" + "0" * 64
+    forged = keep_config(state, json.dumps(config, sort_keys=True).encode())
+    repository = f"{REGISTRY}/k3env-test/forged"
+    with pytest.raises(CheckFailed, match=said):
+        publish(state, repository, "x", [forged.digest], Log(quiet=True))
+    with pytest.raises(EngineError, match="HTTP 404"):  # nothing was written there
+        api.list_tags(repository)
