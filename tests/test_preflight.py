@@ -49,8 +49,14 @@ def repo_with_clusters(repo: Path) -> Path:
 
 @pytest.fixture
 def resolved_srt(repo_with_clusters: Path) -> Path:
-    """The lock's srt-slurm PR patches written and pinned (as on a host that reaches GitHub):
-    without them the committed lock's 2-node direct profiles fail K3-SRT-FRONTEND."""
+    """The lock's srt-slurm PR patches written and pinned, and its base's manifests resolved
+    (as on a host that reaches GitHub and Docker Hub): without them the committed lock's
+    2-node direct profiles fail K3-SRT-FRONTEND and warn K3-IMAGE-PLATFORM."""
+    lock = repo_with_clusters / "pins/k3.lock.toml"
+    text = lock.read_text()
+    for platform, digit in (("linux/amd64", "a"), ("linux/arm64", "b")):
+        text = text.replace(f'"{platform}" = "unresolved"', f'"{platform}" = "sha256:{digit * 64}"')
+    lock.write_text(text)
     srt_dir = repo_with_clusters / "patches/srt-slurm"
     srt_dir.mkdir(parents=True, exist_ok=True)
     (srt_dir / "pr278-direct-aggregate-serving.patch").write_text("From 6fd6000 ...\n")
@@ -210,7 +216,7 @@ def test_verify_facts_about_the_image_override_the_lock(repo_with_clusters: Path
     assert findings(DYN, state)["K3-TOKENIZER-MODEL-TYPE"] == "error"
     report = run_rules(contexts(lock, [load_spec(DYN, lock)], load_cluster(CLUSTER), state), RULES)
     assert report.facts_from == {
-        "kimi-k3-dynamo/agg": "k3env/kimi-k3-dynamo:t (built over the CPU twin)"
+        "kimi-k3-dynamo/agg": "k3env/kimi-k3-dynamo:t (linux/amd64, built over the CPU twin)"
     }
     state.write_json(
         {"versions": {"dynamo": "1.6.1"}, "dynamo": {"tiktoken_model_types": ["kimi_k3"]}},
@@ -304,3 +310,119 @@ def test_facts_are_never_borrowed_from_another_lock(repo_with_clusters: Path) ->
         contexts(other, [load_spec(DYN, other)], load_cluster(CLUSTER), state), RULES
     )
     assert report.facts_from == {}
+
+
+GB200 = Path("clusters/gb200-nvl72.toml")
+
+
+def rules_on(cluster: Path, spec: Path, state: State | None = None) -> dict[str, list[str]]:
+    """rule id -> the messages of its findings, for one spec on one cluster profile."""
+    lock = load_lock(LOCK)
+    report = run_rules(contexts(lock, [load_spec(spec, lock)], load_cluster(cluster), state), RULES)
+    out: dict[str, list[str]] = {}
+    for f in report.findings:
+        out.setdefault(f.rule, []).append(f"{f.severity}: {f.message}")
+    return out
+
+
+def test_the_b200_recipe_does_not_fit_a_gb200_rack(resolved_srt: Path) -> None:
+    """Variant F passes on its own B200 cluster; on GB200 trays (4 GPUs, 960 GB Grace DRAM
+    each) its offload bytes and --nnodes are wrong, and its headroom is unmeasured."""
+    assert rules_on(CLUSTER, F) == {}
+    found = rules_on(GB200, F)
+    assert found["K3-CPU-OFFLOAD-DRAM"] == [
+        "error: cpu_bytes_to_use_per_rank 299,875,000,000 x 4 ranks/node = 1,200 GB of pinned "
+        "DRAM; the node has 960 GB (budget 80% = 768 GB)"
+    ]
+    assert found["K3-TOPOLOGY"] == ["error: --nnodes 2, but the cluster profile has 4 nodes"]
+    (headroom,) = found["K3-GPU-MEM-HEADROOM"]
+    assert headroom.startswith("warning: no measured out-of-pool workspace for mxfp4 MoE on GB200")
+    # TP8 over two 4-GPU trays stays inside the rack's 72-GPU NVLink domain.
+    assert "K3-TP-NVLINK" not in found
+    assert "K3-IMAGE-PLATFORM" not in found  # the lock pins the base's arm64 manifest
+
+
+def test_an_arm64_cluster_needs_the_bases_arm64_manifest(resolved_srt: Path) -> None:
+    replace_in(LOCK, '"linux/arm64" = "sha256:' + "b" * 64 + '"\n', "")
+    (missing,) = rules_on(GB200, F)["K3-IMAGE-PLATFORM"]
+    assert missing.startswith("error: gb200-nvl72 runs linux/arm64 (aarch64), but base ")
+    assert "pins only linux/amd64" in missing and "exec format error" in missing
+    assert "K3-IMAGE-PLATFORM" not in rules_on(CLUSTER, F)  # B200 nodes are amd64
+
+
+def test_an_unresolved_platform_manifest_and_a_missing_twin_are_said(
+    repo_with_clusters: Path,
+) -> None:
+    found = rules_on(GB200, F)["K3-IMAGE-PLATFORM"]
+    assert any(
+        m.startswith("warning: base vllm-kimi-k3's linux/arm64 manifest is unresolved")
+        for m in found
+    )
+    text = LOCK.read_text()
+    start = text.index('[twin.platforms."linux/arm64"]')
+    end = text.index("\n[", start + 1)
+    LOCK.write_text(text[:start] + text[end + 1 :])
+    found = rules_on(GB200, F)["K3-IMAGE-PLATFORM"]
+    assert any("the lock pins no CPU twin for linux/arm64" in m for m in found)
+
+
+def test_tensor_parallel_beyond_the_nvlink_domain_warns(resolved_srt: Path) -> None:
+    replace_in(F, '"--tensor-parallel-size", "8"', '"--tensor-parallel-size", "16"')
+    replace_in(F, '"--pipeline-parallel-size", "2"', '"--pipeline-parallel-size", "1"')
+    (tp,) = rules_on(CLUSTER, F)["K3-TP-NVLINK"]
+    assert tp == (
+        "warning: --tensor-parallel-size 16 spans more than one NVLink domain of b200-dgxc "
+        "(8 GPUs): every layer's all-reduce crosses the network"
+    )
+    assert "K3-TP-NVLINK" not in rules_on(GB200, F)
+
+
+def test_facts_come_from_the_clusters_platform_build(repo_with_clusters: Path) -> None:
+    """An amd64 image's facts never answer for the arm64 image an aarch64 cluster runs."""
+    state = State()
+    lock = load_lock(LOCK)
+    spec = load_spec(DYN, lock)
+    for platform, image_id in (("linux/amd64", "ab" * 32), ("linux/arm64", "ef" * 32)):
+        state.write_record(
+            {"image_id": f"sha256:{image_id}", "reference": f"k3env/dyn:{platform[-5:]}",
+             "twin": True},
+            "builds",
+            build_key(lock, spec, twin=True, platform=platform),
+        )  # fmt: skip
+    state.write_record({"versions": {"dynamo": "1.6.1"}}, "facts", "ab" * 32)
+    on = {
+        c: run_rules(contexts(lock, [spec], load_cluster(c), state), RULES)
+        for c in (CLUSTER, GB200)
+    }
+    assert on[CLUSTER].facts_from == {
+        "kimi-k3-dynamo/agg": "k3env/dyn:amd64 (linux/amd64, built over the CPU twin)"
+    }
+    assert on[GB200].facts_from == {}  # the arm64 build has no verified facts yet
+    state.write_record({"versions": {"dynamo": "1.6.1"}}, "facts", "ef" * 32)
+    on_gb = run_rules(contexts(lock, [spec], load_cluster(GB200), state), RULES)
+    assert on_gb.facts_from == {
+        "kimi-k3-dynamo/agg": "k3env/dyn:arm64 (linux/arm64, built over the CPU twin)"
+    }
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('platform = "linux/s390x"\n', "'linux/s390x' is not a valid value here"),
+        ("nvlink_domain_gpus = 0\n", "nvlink_domain_gpus must be greater than 0"),
+    ],
+)
+def test_a_cluster_profile_with_a_bad_platform_or_domain_is_refused(
+    tmp_path: Path, line: str, message: str
+) -> None:
+    from k3env.errors import ConfigError
+
+    from .conftest import REPO
+
+    text = (REPO / GB200).read_text()
+    key = line.split(" = ")[0]
+    text = "".join(x for x in text.splitlines(keepends=True) if not x.startswith(key + " ="))
+    bad = tmp_path / "bad.toml"
+    bad.write_text(line + text)
+    with pytest.raises(ConfigError, match=message):
+        load_cluster(bad)

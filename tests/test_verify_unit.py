@@ -344,7 +344,7 @@ def test_preflight_finds_the_facts_of_the_recorded_build(
     )
     assert load_facts(state, lock, spec) == (None, None)
     verify_image(fake_engine, state, lock, spec, build, twin=False)
-    assert load_facts(state, lock, spec) == (FACTS, build.reference)
+    assert load_facts(state, lock, spec) == (FACTS, f"{build.reference} (linux/amd64)")
 
 
 def test_a_probe_that_prints_no_verdict_is_an_engine_error(
@@ -447,3 +447,27 @@ def test_images_with_the_same_files_share_one_container_and_an_unshared_one_runs
     runs.clear()
     verify_images(fake_engine, shared, lock, pairs[:1], twin=False, workers=1, share=False)
     assert runs == []  # its own verdict, recorded, answers
+
+
+def test_the_verify_matrix_has_a_row_per_image_and_platform() -> None:
+    from k3env.checks.report import markdown, table
+    from k3env.checks.verify import CheckResult, ImageReport
+
+    def report(platform: str, status: str) -> ImageReport:
+        row = CheckResult(image="kimi-k3-dynamo", profile="agg", check="parsers",
+                          subject="tool-call parser kimi_k3", status=status, component="vllm",
+                          version="0.31.0", output=f"registered: {status}")  # fmt: skip
+        return ImageReport(image="kimi-k3-dynamo", reference="r", image_id=platform,
+                           results=(row,), facts={}, seconds=1.0, platform=platform)  # fmt: skip
+
+    reports = [report("linux/amd64", "pass"), report("linux/arm64", "fail")]
+    md = markdown(reports)
+    assert "| image | platform | versions |" in md
+    assert "| `kimi-k3-dynamo` | linux/amd64 | n/a | n/a | n/a | ✅ |" in md
+    assert "| `kimi-k3-dynamo` | linux/arm64 | n/a | n/a | n/a | ❌ |" in md
+    assert "**kimi-k3-dynamo/agg (linux/arm64)**: `parsers`" in md
+    text = table(reports)
+    assert text.splitlines()[0].split()[:2] == ["image", "platform"]
+    assert "FAIL kimi-k3-dynamo/agg (linux/arm64) parsers: tool-call parser kimi_k3" in text
+    assert "FAIL kimi-k3-dynamo/agg (linux/amd64)" not in text
+    assert report("linux/arm64", "pass").as_json()["platform"] == "linux/arm64"

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 from k3env.checks.argv import ParsedCommand, parse_options
 from k3env.config.cluster import Cluster
 from k3env.config.lock import Lock
+from k3env.config.shapes import DEFAULT_PLATFORM
 from k3env.config.spec import ImageSpec, ServeProfile
 from k3env.image.envpolicy import merged_env
 from k3env.image.records import last_build
@@ -130,19 +131,20 @@ class Report:
 
 
 def load_facts(
-    state: State, lock: Lock, spec: ImageSpec
+    state: State, lock: Lock, spec: ImageSpec, platform: str = DEFAULT_PLATFORM
 ) -> tuple[Mapping[str, Any] | None, str | None]:
-    """Facts verify cached for the image built from ``spec`` under this very ``lock`` (by
-    image ID), and which image that was (a CPU-twin build answers for the twin's versions,
-    not the GPU image's). Never facts of an image another lock built."""
-    build = last_build(state, lock, spec)
+    """Facts verify cached for the image built from ``spec`` under this very ``lock`` for
+    ``platform`` (by image ID), and which image that was (a CPU-twin build answers for the
+    twin's versions, not the GPU image's). Never facts of an image another lock built, nor
+    of another platform's image."""
+    build = last_build(state, lock, spec, platform)
     if not build:
         return None, None
     facts = state.read_record("facts", str(build["image_id"]))
     if not isinstance(facts, Mapping):
         return None, None
-    source = f"{build.get('reference')}" + (
-        " (built over the CPU twin)" if build.get("twin") else ""
+    source = f"{build.get('reference')} ({platform}" + (
+        ", built over the CPU twin)" if build.get("twin") else ")"
     )
     return facts, source
 
@@ -152,7 +154,7 @@ def contexts(
 ) -> list[Context]:
     out = []
     for spec in specs:
-        facts, source = load_facts(state, lock, spec) if state else (None, None)
+        facts, source = load_facts(state, lock, spec, cluster.platform) if state else (None, None)
         env = merged_env(lock, spec)
         for profile in spec.profiles.values():
             commands = tuple(

@@ -4,49 +4,59 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from k3env.checks.verify import CHECKS, ImageReport
+from k3env.checks.verify import CHECKS, CheckResult, ImageReport
 
 _MARK = {"pass": "✅", "fail": "❌", "skip": "n/a"}
 
 
 def table(reports: Sequence[ImageReport]) -> str:
     width = max([len(r.image) for r in reports] + [5])
-    head = f"{'image':{width}}  " + "  ".join(f"{c:9}" for c in CHECKS) + "  seconds"
+    head = f"{'image':{width}}  {'platform':11}  " + "  ".join(f"{c:9}" for c in CHECKS)
+    head += "  seconds"
     lines = [head, "-" * len(head)]
     for r in reports:
         cells = "  ".join(f"{r.status(c):9}" for c in CHECKS)
-        lines.append(f"{r.image:{width}}  {cells}  {r.seconds:7.2f}")
-    failures = [f for r in reports for f in r.failed]
-    for f in failures:
+        lines.append(f"{r.image:{width}}  {r.platform:11}  {cells}  {r.seconds:7.2f}")
+    for r, f in _failures(reports):
         lines.append("")
-        where = f"{f.image}" + (f"/{f.profile}" if f.profile else "")
-        lines.append(f"FAIL {where} {f.check}: {f.subject} [{f.component} {f.version or '?'}]")
+        lines.append(
+            f"FAIL {_where(r, f)} {f.check}: {f.subject} [{f.component} {f.version or '?'}]"
+        )
         lines.extend(f"    {line}" for line in f.output.strip().splitlines()[-15:])
     return "\n".join(lines)
 
 
+def _failures(reports: Sequence[ImageReport]) -> list[tuple[ImageReport, CheckResult]]:
+    return [(r, f) for r in reports for f in r.failed]
+
+
+def _where(r: ImageReport, f: CheckResult) -> str:
+    return f.image + (f"/{f.profile}" if f.profile else "") + f" ({r.platform})"
+
+
 def markdown(reports: Sequence[ImageReport], title: str = "k3env compat matrix") -> str:
-    """Images x checks, for a PR body; failures listed below with the probe's own output."""
+    """Images x checks, a row per image and platform, for a PR body; failures listed below
+    with the probe's own output."""
     lines = [
         f"### {title}",
         "",
-        "| image | " + " | ".join(CHECKS) + " |",
-        "|---|" + "---|" * len(CHECKS),
+        "| image | platform | " + " | ".join(CHECKS) + " |",
+        "|---|---|" + "---|" * len(CHECKS),
     ]
     for r in reports:
-        lines.append(f"| `{r.image}` | " + " | ".join(_MARK[r.status(c)] for c in CHECKS) + " |")
+        marks = " | ".join(_MARK[r.status(c)] for c in CHECKS)
+        lines.append(f"| `{r.image}` | {r.platform} | {marks} |")
     versions = {
         f"{k} {v}" for r in reports for k, v in (r.facts.get("versions") or {}).items() if v
     }
     if versions:
         lines += ["", "Inside the images: " + ", ".join(sorted(versions)) + "."]
-    failures = [f for r in reports for f in r.failed]
+    failures = _failures(reports)
     if failures:
         lines += ["", "<details><summary>Failures</summary>", ""]
-        for f in failures:
-            where = f.image + (f"/{f.profile}" if f.profile else "")
+        for r, f in failures:
             lines += [
-                f"**{where}**: `{f.check}` {f.subject} ({f.component} {f.version or '?'})",
+                f"**{_where(r, f)}**: `{f.check}` {f.subject} ({f.component} {f.version or '?'})",
                 "",
                 "```",
                 *f.output.strip().splitlines()[-15:],

@@ -226,8 +226,24 @@ def aiperf_session_control(ctx: Context) -> Iterable[Hit]:
 
 def gpu_memory_headroom(ctx: Context) -> Iterable[Hit]:
     model = _model(ctx)
-    workspace = OUT_OF_POOL_WORKSPACE_GIB.get((ctx.cluster.gpu, str(model.get("moe_quant"))))
-    if workspace is None:
+    quant = model.get("moe_quant")
+    if quant is None:
+        return
+    workspace = OUT_OF_POOL_WORKSPACE_GIB.get((ctx.cluster.gpu, str(quant)))
+    if workspace is None:  # unmeasured is said, never passed as fine
+        for cmd in ctx.engine_commands():
+            yield Hit(
+                key=ctx.key(cmd),
+                severity=WARNING,
+                message=(
+                    f"no measured out-of-pool workspace for {quant} MoE on {ctx.cluster.gpu} "
+                    f"(known: {', '.join(f'{g}/{q}' for g, q in OUT_OF_POOL_WORKSPACE_GIB)}): "
+                    "the --gpu-memory-utilization headroom is unchecked on this cluster"
+                ),
+                fix="measure the first forward's free memory on this GPU and add it to "
+                "OUT_OF_POOL_WORKSPACE_GIB (k3env/checks/rules.py)",
+            )
+            return
         return
     need, what = workspace
     for cmd in ctx.engine_commands():
@@ -482,6 +498,68 @@ def topology(ctx: Context) -> Iterable[Hit]:
             )
 
 
+def image_platform(ctx: Context) -> Iterable[Hit]:
+    """The image must exist for the cluster's platform: the base pins that platform's manifest
+    (an aarch64 node importing an amd64 image fails at the first exec), and the lock has a
+    twin to verify it on."""
+    platform, name = ctx.cluster.platform, ctx.spec.base
+    base = ctx.lock.bases.get(name)
+    if base is not None and base.kind != "twin":
+        if platform not in base.platforms:
+            yield Hit(
+                key=f"bases.{name}.platforms",
+                file=str(ctx.lock.path),
+                message=(
+                    f"{ctx.cluster.name} runs {platform} ({ctx.cluster.machine}), but base {name} "
+                    f"pins only {', '.join(sorted(base.platforms))}: enroot would import an "
+                    "image its nodes cannot execute (exec format error at job start)"
+                ),
+                fix=f'add [bases.{name}.platforms] "{platform}" = the digest of that manifest '
+                f"(skopeo inspect --raw docker://{base.repository}:{base.tag})",
+            )
+        elif base.platforms[platform] is None:
+            yield Hit(
+                key=f"bases.{name}.platforms.{platform}",
+                file=str(ctx.lock.path),
+                severity=WARNING,
+                message=(
+                    f"base {name}'s {platform} manifest is unresolved: the {ctx.cluster.name} "
+                    "image cannot be built or pulled by digest from this lock yet"
+                ),
+                fix=f"record it: skopeo inspect --raw docker://{base.repository}:{base.tag} (the "
+                f"manifests[] entry whose platform is {platform})",
+            )
+    twin = ctx.lock.twin
+    if twin is not None and platform not in twin.all_platforms:
+        yield Hit(
+            key="twin.platforms",
+            file=str(ctx.lock.path),
+            severity=WARNING,
+            message=(
+                f"the lock pins no CPU twin for {platform}: nothing verifies the "
+                f"{ctx.cluster.name} image's parsers and registries before the run"
+            ),
+            fix=f'add [twin.platforms."{platform}"] and run `k3env twin --resolve --platform '
+            f"{platform}`",
+        )
+
+
+def tp_nvlink(ctx: Context) -> Iterable[Hit]:
+    domain = ctx.cluster.nvlink_domain_gpus
+    for cmd in ctx.engine_commands():
+        tp = _int(cmd.opt("--tensor-parallel-size") or cmd.opt("-tp"), 1)
+        if tp > domain:
+            yield Hit(
+                key=ctx.key(cmd),
+                message=(
+                    f"--tensor-parallel-size {tp} spans more than one NVLink domain of "
+                    f"{ctx.cluster.name} ({domain} GPUs): every layer's all-reduce crosses the "
+                    "network"
+                ),
+                fix=f"keep TP within {domain} GPUs and span nodes with --pipeline-parallel-size",
+            )
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         id="K3-PARSER-FLAGS",
@@ -623,6 +701,27 @@ RULES: tuple[Rule, ...] = (
         fix="match --tensor-parallel-size x --pipeline-parallel-size and --nnodes to the cluster",
         source="TP8 x PP2 on 2 x 8 B200",
         check=topology,
+    ),
+    Rule(
+        id="K3-IMAGE-PLATFORM",
+        title="the image exists, and is verified, for the cluster's platform",
+        symptom="aarch64 (Grace) nodes import an amd64 image: exec format error at job start",
+        components="lock bases (index + per-platform manifests), CPU twin, cluster profile",
+        severity=ERROR,
+        fix="pin the base's manifest for the cluster's platform, build and verify with "
+        "--platform, and name that manifest's digest in the recipe (`k3env srt recipe` does)",
+        source="GB200/GB300 paths beside B200 (the bring-up's AgentX recipes); issue #16",
+        check=image_platform,
+    ),
+    Rule(
+        id="K3-TP-NVLINK",
+        title="the tensor-parallel group fits one NVLink domain",
+        symptom="decode throughput collapses: every layer's TP all-reduce goes over InfiniBand",
+        components="vLLM tensor parallel, NCCL, cluster NVLink domain",
+        severity=WARNING,
+        fix="TP within the NVLink domain (8 on DGX B200, 72 on GB200/GB300 NVL72); PP across",
+        source="TP8 x PP2 chosen for 2 x 8 B200 (TP inside a node, PP across)",
+        check=tp_nvlink,
     ),
 )
 RULES_BY_ID: Mapping[str, Rule] = {r.id: r for r in RULES}

@@ -112,6 +112,7 @@ class ImageReport:
     facts: Mapping[str, Any]
     seconds: float
     cached: bool = False
+    platform: str = DEFAULT_PLATFORM  # the image's os/architecture: the checks ran on it
 
     @property
     def failed(self) -> list[CheckResult]:
@@ -130,6 +131,7 @@ class ImageReport:
             "image": self.image,
             "reference": self.reference,
             "image_id": self.image_id,
+            "platform": self.platform,
             "seconds": round(self.seconds, 3),
             "cached": self.cached,
             "matrix": {c: self.status(c) for c in CHECKS},
@@ -595,6 +597,7 @@ def _report(
         facts=facts,
         seconds=seconds,
         cached=cached,
+        platform=build.platform,
     )
 
 

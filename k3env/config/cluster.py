@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from k3env.config.reader import Table, load_toml
+from k3env.config.shapes import DEFAULT_PLATFORM, MACHINES, PLATFORM_FIX
 from k3env.errors import ConfigError
+
+# The platforms k3env builds for, as an image index names them (no variant: one per machine).
+CLUSTER_PLATFORM_RE = re.compile("^(" + "|".join(map(re.escape, MACHINES)) + ")$")
 
 DEFAULT_CLUSTER = Path("clusters/b200-dgxc.toml")
 
@@ -23,11 +28,23 @@ class Cluster:
     nodes: int
     outside_pool_overhead_gib: float
     model_path: str | None = None
+    # The nodes' platform: which of an image index's manifests their enroot imports.
+    platform: str = DEFAULT_PLATFORM
+    cpu: str = ""
+    # GPUs that share one NVLink domain (8 in a DGX B200; 72 in a GB200/GB300 NVL72 rack):
+    # a tensor-parallel group larger than this all-reduces over the network.
+    nvlink_domain_gpus: int = 0
+
+    @property
+    def machine(self) -> str:
+        """``uname -m`` on the nodes."""
+        return MACHINES[self.platform]
 
 
 def load_cluster(path: Path) -> Cluster:
     t = Table(load_toml(path), file=path, path="", error=ConfigError)
-
+    # Not written: the node's own GPUs (NVLink inside one box).
+    domain = t.integer("nvlink_domain_gpus", required=False)
     cluster = Cluster(
         name=path.stem,
         path=path,
@@ -41,9 +58,19 @@ def load_cluster(path: Path) -> Cluster:
             "outside_pool_overhead_gib", required=False, default=0.0
         ),
         model_path=t.string("model_path", required=False),
+        platform=t.matching("platform", CLUSTER_PLATFORM_RE, PLATFORM_FIX, required=False)
+        or DEFAULT_PLATFORM,
+        cpu=t.string("cpu", required=False, default=""),
+        nvlink_domain_gpus=t.integer("gpus_per_node") if domain is None else domain,
     )
     t.done()
-    for key in ("gpu_memory_gib", "gpus_per_node", "dram_per_node_gb", "nodes"):
+    for key in (
+        "gpu_memory_gib",
+        "gpus_per_node",
+        "dram_per_node_gb",
+        "nodes",
+        "nvlink_domain_gpus",
+    ):
         if getattr(cluster, key) <= 0:
             raise t.fail(key, f"{key} must be greater than 0", "write the machine's real figure")
     return cluster

@@ -31,7 +31,7 @@ from typing import Any
 
 from k3env.config.lock import Lock, verify_patch_file
 from k3env.config.patchfile import load_patch_file
-from k3env.config.shapes import control_character
+from k3env.config.shapes import DEFAULT_PLATFORM, MACHINES, control_character
 from k3env.config.spec import ImageSpec
 from k3env.engine.protocol import Engine
 from k3env.errors import CheckFailed, ConfigError, EngineError
@@ -141,6 +141,7 @@ class Exported:
     size: int
     mksquashfs: str
     options: tuple[str, ...]
+    platform: str = DEFAULT_PLATFORM
 
     def as_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -211,6 +212,7 @@ def export_image(
         size=final.stat().st_size,
         mksquashfs=squashfs_version(log),
         options=options,
+        platform=build.platform,
     )
     state.write_record(exported.as_json(), "exports", build.image_id)
     return exported
@@ -218,8 +220,12 @@ def export_image(
 
 def cluster_commands(spec: ImageSpec, pushed: Pushed | None, exported: Exported | None) -> str:
     """What to run on the cluster, and the srtslurm.yaml mapping, for one image."""
-    lines = [f"# {spec.name}"]
-    sqsh = Path(exported.path).name if exported else f"{spec.name}.sqsh"
+    platform = (pushed.platform if pushed else None) or (exported.platform if exported else None)
+    on = f" ({platform}, for {MACHINES[platform]} nodes)" if platform else ""
+    lines = [f"# {spec.name}{on}"]
+    # One image per platform under an index: each its own file, its own manifest's digest.
+    arch = f".{platform.split('/')[1]}" if pushed and pushed.index and platform else ""
+    sqsh = Path(exported.path).name if exported else f"{spec.name}{arch}.sqsh"
     if pushed:
         lines.append(f"ENROOT_ALLOW_HTTP=y enroot import -o {sqsh} '{pushed.enroot_uri}'")
         lines.append(f"k3env export --check {sqsh}   # on a host with this repo and lock")
