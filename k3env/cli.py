@@ -519,19 +519,20 @@ def cmd_matrix(args: argparse.Namespace, log: Log) -> int:
     specs = load_specs(args.images, lock, tuple(args.image))
     engine = _engine()
     state = State()
-    builders: dict[str, Any] = {}
+    builders: dict[tuple[str, str], Any] = {}
 
-    def verify(vlock: Lock, spec: ImageSpec) -> Any:
+    def verify(vlock: Lock, spec: ImageSpec, platform: str) -> Any:
         builder = builders.setdefault(
-            vlock.sha256, make_builder(vlock, engine, state, log, twin=True)
+            (vlock.sha256, platform),
+            make_builder(vlock, engine, state, log, twin=True, platform=platform),
         )
-        with log.step(f"build and verify {spec.name} ({vlock.sha256[:12]})"):
+        with log.step(f"build and verify {spec.name} {platform} ({vlock.sha256[:12]})"):
             build = builder.build(spec)
             return verify_image(
                 engine, state, vlock, spec, build, twin=True, timeout=args.timeout, log=log
             )
 
-    cells = run_matrix(lock, specs, variants, verify)
+    cells = run_matrix(lock, specs, variants, verify, args.platform)
     text = markdown(lock, cells)
     if args.markdown:
         write_atomic(args.markdown, text)
@@ -805,6 +806,7 @@ def parser() -> argparse.ArgumentParser:
         help="a [variants.NAME] of the lock (default: every one), beside the pinned components",
     )
     matrix.add_argument("--markdown", type=Path, help="also write the matrix (markdown) here")
+    _platform_arg(matrix, many=True)
     matrix.add_argument(
         "--timeout", type=float, default=600, help="seconds per probe (default: %(default)s)"
     )

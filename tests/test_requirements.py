@@ -211,32 +211,41 @@ def test_the_matrix_names_each_variant_cell_and_why_it_failed(repo: Path) -> Non
     ]
     seen = []
 
-    def verify(vlock, spec):  # type: ignore[no-untyped-def]
+    def verify(vlock, spec, platform):  # type: ignore[no-untyped-def]
         version = vlock.dynamo.version
-        seen.append((spec.name, version))
-        failed = version == "1.4.2" and spec.name == "kimi-k3-dynamo"
+        seen.append((spec.name, version, platform[-5:]))
+        failed = version == "1.4.2" and spec.name == "kimi-k3-dynamo" and platform[-5:] == "arm64"
         row = CheckResult(image=spec.name, profile="agg", check="tokenizer",
                           subject="model_type kimi_k3", status="fail" if failed else "pass",
                           component="dynamo", version=version,
                           output="Dynamo 1.4.2's frontend does not load kimi_k3\nmore")  # fmt: skip
         return ImageReport(image=spec.name, reference="r", image_id="sha256:" + "1" * 64,
-                           results=(row,), facts={}, seconds=0.0)  # fmt: skip
+                           results=(row,), facts={}, seconds=0.0, platform=platform)  # fmt: skip
 
-    cells = run_matrix(lock, specs, ["dynamo-1.4.2"], verify)
-    # F bakes no Dynamo: built and verified once, with the lock's pins.
-    assert seen == [("kimi-k3-direct-f", "1.6.1"), ("kimi-k3-dynamo", "1.6.1"),
-                    ("kimi-k3-dynamo", "1.4.2")]  # fmt: skip
-    assert [(c.variant, c.image, c.status) for c in cells] == [
-        ("pinned", "kimi-k3-direct-f", "pass"),
-        ("pinned", "kimi-k3-dynamo", "pass"),
-        ("dynamo-1.4.2", "kimi-k3-direct-f", "same"),
-        ("dynamo-1.4.2", "kimi-k3-dynamo", "fail"),
+    cells = run_matrix(lock, specs, ["dynamo-1.4.2"], verify, ("linux/amd64", "linux/arm64"))
+    # F bakes no Dynamo: built and verified once per platform, with the lock's pins.
+    assert seen == [
+        ("kimi-k3-direct-f", "1.6.1", "amd64"), ("kimi-k3-dynamo", "1.6.1", "amd64"),
+        ("kimi-k3-direct-f", "1.6.1", "arm64"), ("kimi-k3-dynamo", "1.6.1", "arm64"),
+        ("kimi-k3-dynamo", "1.4.2", "amd64"), ("kimi-k3-dynamo", "1.4.2", "arm64"),
+    ]  # fmt: skip
+    assert [(c.variant, c.image, c.platform[-5:], c.status) for c in cells] == [
+        ("pinned", "kimi-k3-direct-f", "amd64", "pass"),
+        ("pinned", "kimi-k3-dynamo", "amd64", "pass"),
+        ("pinned", "kimi-k3-direct-f", "arm64", "pass"),
+        ("pinned", "kimi-k3-dynamo", "arm64", "pass"),
+        ("dynamo-1.4.2", "kimi-k3-direct-f", "amd64", "same"),
+        ("dynamo-1.4.2", "kimi-k3-dynamo", "amd64", "pass"),
+        ("dynamo-1.4.2", "kimi-k3-direct-f", "arm64", "same"),
+        ("dynamo-1.4.2", "kimi-k3-dynamo", "arm64", "fail"),
     ]
     text = markdown(lock, cells)
-    assert "| `kimi-k3-dynamo` | ✅ | ❌ |" in text
-    assert "| `kimi-k3-direct-f` | ✅ | = pinned |" in text
-    assert ("- `dynamo-1.4.2` **kimi-k3-dynamo/agg** `tokenizer` model_type kimi_k3: "
-            "Dynamo 1.4.2's frontend does not load kimi_k3") in text  # fmt: skip
+    assert "| image | platform | `pinned` | `dynamo-1.4.2` |" in text
+    assert "| `kimi-k3-dynamo` | linux/amd64 | ✅ | ✅ |" in text
+    assert "| `kimi-k3-dynamo` | linux/arm64 | ✅ | ❌ |" in text
+    assert "| `kimi-k3-direct-f` | linux/arm64 | ✅ | = pinned |" in text
+    assert ("- `dynamo-1.4.2` **kimi-k3-dynamo/agg (linux/arm64)** `tokenizer` model_type "
+            "kimi_k3: Dynamo 1.4.2's frontend does not load kimi_k3") in text  # fmt: skip
     assert "ai-dynamo 1.4.2, ai-dynamo-runtime 1.4.2, aiperf 0.13.0" in text
 
 

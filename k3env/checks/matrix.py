@@ -9,11 +9,12 @@ cell is one real build (its components layer cached by content) and one probe ru
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from k3env.checks.verify import CheckResult, ImageReport
 from k3env.config.lock import Lock
+from k3env.config.shapes import DEFAULT_PLATFORM
 from k3env.config.spec import ImageSpec
 
 PINNED = "pinned"
@@ -27,11 +28,17 @@ class Cell:
     versions: str  # the component wheels this cell baked
     failed: tuple[CheckResult, ...] = ()
     image_id: str | None = None
+    platform: str = DEFAULT_PLATFORM
+
+    @property
+    def row(self) -> tuple[str, str]:
+        return (self.image, self.platform)
 
     def as_json(self) -> dict[str, Any]:
         return {
             "variant": self.variant,
             "image": self.image,
+            "platform": self.platform,
             "status": self.status,
             "versions": self.versions,
             "image_id": self.image_id,
@@ -47,30 +54,29 @@ def run_matrix(
     lock: Lock,
     specs: Sequence[ImageSpec],
     variants: Sequence[str],
-    verify: Callable[[Lock, ImageSpec], ImageReport],
+    verify: Callable[[Lock, ImageSpec, str], ImageReport],
+    platforms: Sequence[str] = (DEFAULT_PLATFORM,),
 ) -> list[Cell]:
-    """``verify(lock, spec)`` builds and verifies one image over the twin."""
+    """``verify(lock, spec, platform)`` builds and verifies one image over that platform's
+    twin: a row per image and platform, a column per variant."""
     cells = []
     for name, vlock in variant_locks(lock, variants):
         changed = set(lock.variants[name].components) if name != PINNED else None
-        for spec in specs:
-            versions = ", ".join(
-                f"{w.name} {w.version}" for c in spec.components for w in vlock.components[c].wheels
-            )
-            if changed is not None and not changed & set(spec.components):
-                cells.append(Cell(variant=name, image=spec.name, status="same", versions=versions))
-                continue
-            report = verify(vlock, spec)
-            cells.append(
-                Cell(
-                    variant=name,
-                    image=spec.name,
-                    status="fail" if report.failed else "pass",
-                    versions=versions,
-                    failed=tuple(report.failed),
-                    image_id=report.image_id,
+        for platform in platforms:
+            for spec in specs:
+                versions = ", ".join(
+                    f"{w.name} {w.version}"
+                    for c in spec.components
+                    for w in vlock.components[c].wheels
                 )
-            )
+                cell = Cell(variant=name, image=spec.name, status="same", versions=versions,
+                            platform=platform)  # fmt: skip
+                if changed is None or changed & set(spec.components):
+                    report = verify(vlock, spec, platform)
+                    status = "fail" if report.failed else "pass"
+                    cell = replace(cell, status=status, failed=tuple(report.failed),
+                                   image_id=report.image_id)  # fmt: skip
+                cells.append(cell)
     return cells
 
 
@@ -80,17 +86,17 @@ _MARK = {"pass": "✅", "fail": "❌", "same": "= pinned"}
 def markdown(lock: Lock, cells: Sequence[Cell]) -> str:
     """Images x variants; below, each variant's components and each failure's first line."""
     variants = list(dict.fromkeys(c.variant for c in cells))
-    images = list(dict.fromkeys(c.image for c in cells))
-    at = {(c.variant, c.image): c for c in cells}
+    rows = list(dict.fromkeys(c.row for c in cells))
+    at = {(c.variant, c.row): c for c in cells}
     lines = [
         "### k3env version matrix (CPU twin)",
         "",
-        "| image | " + " | ".join(f"`{v}`" for v in variants) + " |",
-        "|---|" + "---|" * len(variants),
+        "| image | platform | " + " | ".join(f"`{v}`" for v in variants) + " |",
+        "|---|---|" + "---|" * len(variants),
     ]
-    for image in images:
-        row = [_MARK[at[(v, image)].status] for v in variants]
-        lines.append(f"| `{image}` | " + " | ".join(row) + " |")
+    for image, platform in rows:
+        row = [_MARK[at[(v, (image, platform))].status] for v in variants]
+        lines.append(f"| `{image}` | {platform} | " + " | ".join(row) + " |")
     lines.append("")
     for v in variants:
         why = lock.variants[v].why if v in lock.variants else "the lock's own pins"
@@ -101,7 +107,7 @@ def markdown(lock: Lock, cells: Sequence[Cell]) -> str:
         lines += ["", "<details><summary>Why each ❌</summary>", ""]
         for c, f in failures:
             first = next(iter(f.output.strip().splitlines()), "")
-            where = c.image + (f"/{f.profile}" if f.profile else "")
+            where = c.image + (f"/{f.profile}" if f.profile else "") + f" ({c.platform})"
             lines.append(f"- `{c.variant}` **{where}** `{f.check}` {f.subject}: {first[:300]}")
         lines += ["", "</details>"]
     return "\n".join(lines) + "\n"
