@@ -1030,7 +1030,8 @@ DESCRIPTIONS = {
     ),
     "srt recipe": (
         "An srt-slurm recipe from a serve profile for a cluster profile: the image built for the "
-        "cluster's platform, by its pushed manifest digest, `vllm_config` engine flags, env, frontend type, the profile's `benchmark:` with the lock's aiperf as "
+        "cluster's platform, by its pushed manifest digest, `vllm_config` engine flags, env, "
+        "frontend type, the profile's `benchmark:` with the lock's aiperf as "
         "`aiperf_package`, `dynamo: {install: false}` when Dynamo is baked (a job-start build "
         'only with `dynamo_install = "from-commit"` in the spec), no `setup_script`'
     ),
