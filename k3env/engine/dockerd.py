@@ -24,6 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from k3env.config.shapes import MACHINES
 from k3env.engine._http import (
     DEFAULT_TIMEOUT,
     NO_AUTH,
@@ -32,6 +33,7 @@ from k3env.engine._http import (
     demux,
     quote_ref,
 )
+from k3env.engine.emulation import cpu_binds
 from k3env.engine.protocol import (
     BaseImage,
     HistoryEntry,
@@ -188,6 +190,7 @@ class DockerEngine:
         ``timeout`` bounds every metadata call."""
         self.base_url = base_url or os.environ.get("DOCKER_HOST") or DEFAULT_HOST
         self.http = EngineHTTP(socket_path(self.base_url), timeout=timeout)
+        self._architecture: str | None = None
         with self._reported("the engine ping", self.base_url):
             self.http.call("GET", "/_ping")
 
@@ -201,6 +204,22 @@ class DockerEngine:
         with self._reported("docker info", self.base_url):
             info = self.http.json("GET", "/info")
         return f"dockerd {info.get('ServerVersion')} ({info.get('Driver')})"
+
+    def _native(self) -> str:
+        """The engine's own architecture, as an image config names it (amd64, arm64)."""
+        if self._architecture is None:
+            with self._reported("docker info", self.base_url):
+                machine = str(self.http.json("GET", "/info").get("Architecture") or "")
+            by_machine = {m: p.split("/")[1] for p, m in MACHINES.items()}
+            self._architecture = by_machine.get(machine, machine)
+        return self._architecture
+
+    def _cpu_binds(self, image: str) -> dict[str, str]:
+        """A container of another architecture sees its platform's CPU (engine.emulation)."""
+        architecture = str((self._attrs(image) or {}).get("Architecture") or "")
+        if not architecture or architecture == self._native():
+            return {}
+        return cpu_binds(architecture, self._native())
 
     def _attrs(self, ref: str) -> dict[str, Any] | None:
         with self._reported("inspect", ref):
@@ -363,7 +382,10 @@ class DockerEngine:
                 "Cmd": list(argv[1:]),
                 "Env": [f"{k}={v}" for k, v in (env or {}).items()],
                 "NetworkDisabled": True,
-                "HostConfig": {"NetworkMode": "none", "Binds": _binds(mounts, writable)},
+                "HostConfig": {
+                    "NetworkMode": "none",
+                    "Binds": _binds({**(mounts or {}), **self._cpu_binds(image)}, writable),
+                },
                 **({"User": user} if user else {}),
             },
         )

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from k3env import __version__
 from k3env.config.lock import ComponentPin
+from k3env.config.shapes import platform_name
 from k3env.engine.protocol import BaseImage, Engine
 from k3env.files import write_atomic
 from k3env.hashing import canonical_sha256
@@ -98,7 +99,9 @@ def bake(
         for d in (req, out, meta):
             d.mkdir()
         write_atomic(req / "requirements.txt", requirements_text(pins).encode())
-        wheelhouse = download_wheels(req / "requirements.txt", state, log)
+        # The base's own platform: a compiled wheel's file differs by architecture.
+        platform = platform_name(base.image.os, base.image.architecture)
+        wheelhouse = download_wheels(req / "requirements.txt", state, log, platform)
         with log.step(f"install {names} into a throwaway {base.reference}"):
             info = install_tree(
                 engine, base.image.id, base.pin.python,
