@@ -112,6 +112,14 @@ def schemas(session: nox.Session) -> None:
     session.run("python", "scripts/readme_commands.py", "README.md")
 
 
+@nox.session(python=PYTHON, default=False)
+def grace(session: nox.Session) -> None:
+    """The Grace (linux/arm64) path under qemu-user: build over the arm64 twin (cold, then
+    warm), verify both platforms alike, publish one index per image; timed."""
+    session.install(".")
+    session.run("python", "benchmarks/bench_grace.py", *session.posargs)
+
+
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Benchmarks: build vs `docker build` over the twin, no-op rebuild, preflight, verify,
