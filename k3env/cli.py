@@ -584,15 +584,17 @@ def cmd_preflight(args: argparse.Namespace, log: Log) -> int:
     rules = [r for r in RULES if not args.rule or r.id in args.rule]
     report = run_rules(contexts(lock, specs, cluster, State()), rules)
     elapsed = time.perf_counter() - start
-    payload = {**report.as_json(), "cluster": str(args.cluster), "seconds": round(elapsed, 4)}
+    payload = {**report.as_json(), "cluster": str(args.cluster), "platform": cluster.platform,
+               "seconds": round(elapsed, 4)}  # fmt: skip
 
     def human() -> None:
         for f in report.findings:
             print(f.line())
         for name, source in report.facts_from.items():
             print(f"{name}: facts from {source}")
+        on = "" if cluster.platform == DEFAULT_PLATFORM else f" --platform {cluster.platform}"
         for name, facts in report.lacked.items():
-            print(f"{name}: lacked facts {list(facts)} (run `k3env verify` to learn them)")
+            print(f"{name}: lacked facts {list(facts)} (run `k3env verify{on}` to learn them)")
         print(
             f"{len(report.checked)} profile(s), {report.rules} rules, on {cluster.name}: "
             f"{report.errors} error(s), {report.warnings} warning(s) ({elapsed * 1000:.0f} ms)"

@@ -426,3 +426,14 @@ def test_a_cluster_profile_with_a_bad_platform_or_domain_is_refused(
     bad.write_text(line + text)
     with pytest.raises(ConfigError, match=message):
         load_cluster(bad)
+
+
+def test_an_arm64_clusters_lacked_facts_name_the_platforms_verify(
+    repo_with_clusters: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    main(["preflight", "--cluster", str(GB200), "kimi-k3-dynamo"])
+    out = capsys.readouterr().out
+    assert "lacked facts ['dynamo.tiktoken_model_types'] (run `k3env verify --platform " in out
+    assert "linux/arm64` to learn them)" in out
+    main(["preflight", "--cluster", str(GB200), "--json", "-q", "kimi-k3-dynamo"])
+    assert json.loads(capsys.readouterr().out)["platform"] == "linux/arm64"
