@@ -99,3 +99,15 @@ def test_the_printed_enroot_lines_name_each_platforms_manifest(repo: Path) -> No
         f'  "{REG}@{DIGESTS["linux/amd64"]}": /path/to/kimi-k3-direct-f.amd64.sqsh'
         in lines["linux/amd64"]
     )
+
+
+def test_a_platform_named_with_its_variant_is_the_same_machine(repo: Path) -> None:
+    from k3env.handoff.enroot import cluster_commands
+    from k3env.handoff.push import Pushed
+
+    spec = load_spec(F, load_lock(LOCK))
+    pushed = Pushed(image=spec.name, image_id="i", reference=f"{REG}:idx",
+                    digest=DIGESTS["linux/arm64"], layers_sent=1, layers_skipped=0,
+                    platform="linux/arm64/v8", index="sha256:" + "9" * 64)  # fmt: skip
+    first = cluster_commands(spec, pushed, None).splitlines()[0]
+    assert first == "# kimi-k3-direct-f (linux/arm64/v8, for aarch64 nodes)"

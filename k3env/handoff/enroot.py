@@ -221,7 +221,9 @@ def export_image(
 def cluster_commands(spec: ImageSpec, pushed: Pushed | None, exported: Exported | None) -> str:
     """What to run on the cluster, and the srtslurm.yaml mapping, for one image."""
     platform = (pushed.platform if pushed else None) or (exported.platform if exported else None)
-    on = f" ({platform}, for {MACHINES[platform]} nodes)" if platform else ""
+    # An index may name the platform with its variant (linux/arm64/v8): one machine either way.
+    machine = MACHINES.get("/".join(platform.split("/")[:2]), "?") if platform else None
+    on = f" ({platform}, for {machine} nodes)" if platform else ""
     lines = [f"# {spec.name}{on}"]
     # One image per platform under an index: each its own file, its own manifest's digest.
     arch = f".{platform.split('/')[1]}" if pushed and pushed.index and platform else ""
