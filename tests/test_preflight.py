@@ -437,3 +437,8 @@ def test_an_arm64_clusters_lacked_facts_name_the_platforms_verify(
     assert "linux/arm64` to learn them)" in out
     main(["preflight", "--cluster", str(GB200), "--json", "-q", "kimi-k3-dynamo"])
     assert json.loads(capsys.readouterr().out)["platform"] == "linux/arm64"
+
+
+def test_a_manifest_pinned_with_its_variant_serves_the_arm64_cluster(resolved_srt: Path) -> None:
+    replace_in(LOCK, '"linux/arm64" = "sha256:', '"linux/arm64/v8" = "sha256:')
+    assert "K3-IMAGE-PLATFORM" not in rules_on(GB200, F)

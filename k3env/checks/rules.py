@@ -505,7 +505,9 @@ def image_platform(ctx: Context) -> Iterable[Hit]:
     platform, name = ctx.cluster.platform, ctx.spec.base
     base = ctx.lock.bases.get(name)
     if base is not None and base.kind != "twin":
-        if platform not in base.platforms:
+        # linux/arm64/v8 (a variant, as an index may name it) is the same machine.
+        pinned = {"/".join(k.split("/")[:2]): v for k, v in base.platforms.items()}
+        if platform not in pinned:
             yield Hit(
                 key=f"bases.{name}.platforms",
                 file=str(ctx.lock.path),
@@ -517,7 +519,7 @@ def image_platform(ctx: Context) -> Iterable[Hit]:
                 fix=f'add [bases.{name}.platforms] "{platform}" = the digest of that manifest '
                 f"(skopeo inspect --raw docker://{base.repository}:{base.tag})",
             )
-        elif base.platforms[platform] is None:
+        elif pinned[platform] is None:
             yield Hit(
                 key=f"bases.{name}.platforms.{platform}",
                 file=str(ctx.lock.path),
