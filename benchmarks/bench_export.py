@@ -22,15 +22,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from k3env.config.lock import load_lock  # noqa: E402
-from k3env.config.spec import load_specs  # noqa: E402
-from k3env.engine.dockerd import DockerEngine  # noqa: E402
+from twin_image import twin_build  # noqa: E402
+
 from k3env.handoff.enroot import SQUASH_OPTIONS, export_image  # noqa: E402
 from k3env.hashing import file_sha256  # noqa: E402
-from k3env.image.build import make_builder  # noqa: E402
 from k3env.image.layer import epoch_of  # noqa: E402
 from k3env.log import Log  # noqa: E402
-from k3env.state import State  # noqa: E402
 
 IMPORT = "import time; t = time.perf_counter(); import vllm; print(time.perf_counter() - t)"
 
@@ -57,11 +54,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    engine = DockerEngine()
-    state = State()
-    lock = load_lock(REPO / "pins/k3.lock.toml")
-    (spec,) = load_specs(REPO / "images", lock, (args.image,))
-    build = make_builder(lock, engine, state, Log(quiet=True), True).build(spec)
+    engine, state, build = twin_build(args.image)
     image = engine.inspect(build.image_id)
     assert image is not None
     when = str(epoch_of(image.created))
@@ -113,7 +106,7 @@ def main() -> int:
         finally:
             subprocess.run(["docker", "rmi", "-f", "k3env-bench/exported:x"], capture_output=True)
         result = {
-            "image": spec.name,
+            "image": args.image,
             "size_gb": round(first.size / 1e9, 2),
             "k3env_export_s": round(k3env_s, 2),
             "docker_export_tar_mksquashfs_s": round(plain_s, 2),
@@ -130,7 +123,7 @@ def main() -> int:
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print(f"export of {spec.name} ({result['size_gb']} GB squashfs, {first.mksquashfs})")
+        print(f"export of {args.image} ({result['size_gb']} GB squashfs, {first.mksquashfs})")
         print(f"  k3env export (streamed)            {result['k3env_export_s']:>7.2f}s")
         plain = result["docker_export_tar_mksquashfs_s"]
         print(f"  docker export | tar -x; mksquashfs {plain:>7.2f}s")

@@ -24,12 +24,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from k3env.config.lock import load_lock  # noqa: E402
-from k3env.config.spec import load_specs  # noqa: E402
+from twin_image import twin_build  # noqa: E402
+
 from k3env.engine import registry as api  # noqa: E402
-from k3env.engine.dockerd import DockerEngine  # noqa: E402
 from k3env.handoff.publish import MOUNTED, PRESENT, SENT, publish  # noqa: E402
-from k3env.image.build import make_builder  # noqa: E402
 from k3env.log import Log  # noqa: E402
 from k3env.state import State  # noqa: E402
 
@@ -84,11 +82,7 @@ def main() -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
 
-    engine = DockerEngine()
-    state = State()
-    lock = load_lock(REPO / "pins/k3.lock.toml")
-    (spec,) = load_specs(REPO / "images", lock, (args.image,))
-    build = make_builder(lock, engine, state, Log(quiet=True), True).build(spec)
+    _engine, state, build = twin_build(args.image)
     tag = build.reference.rsplit(":", 1)[1]
     with tempfile.TemporaryDirectory(prefix="k3env-bench-publish-", dir="/var/tmp") as tmp:
         cold = _cold(state, build.image_id, tag, Path(tmp))

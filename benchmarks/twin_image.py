@@ -1,0 +1,25 @@
+"""What several benchmarks start from: one image spec built over the CPU twin (cached), with
+the engine and state it was built in."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from k3env.config.lock import load_lock  # noqa: E402
+from k3env.config.spec import load_specs  # noqa: E402
+from k3env.engine.dockerd import DockerEngine  # noqa: E402
+from k3env.image.build import BuildResult, make_builder  # noqa: E402
+from k3env.log import Log  # noqa: E402
+from k3env.state import State  # noqa: E402
+
+
+def twin_build(image: str) -> tuple[DockerEngine, State, BuildResult]:
+    engine = DockerEngine()
+    state = State()
+    lock = load_lock(REPO / "pins/k3.lock.toml")
+    (spec,) = load_specs(REPO / "images", lock, (image,))
+    return engine, state, make_builder(lock, engine, state, Log(quiet=True), True).build(spec)
