@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from k3env import __version__
 from k3env.config.cluster import DEFAULT_CLUSTER
 from k3env.config.lock import DEFAULT_LOCK, Lock, check_files, load_lock
-from k3env.config.shapes import DEFAULT_PLATFORM, MACHINES
+from k3env.config.shapes import DEFAULT_PLATFORM, MACHINES, platform_option
 from k3env.config.spec import DEFAULT_IMAGES, ImageSpec, load_specs
 from k3env.errors import CheckFailed, ConfigError, K3envError, StateError
 from k3env.files import write_atomic
@@ -405,7 +405,7 @@ def cmd_srt_recipe(args: argparse.Namespace, log: Log) -> int:
     facts: dict[str, Any] = {}
     if container is None:
         # The cluster's nodes import their own platform's manifest: name that one's digest.
-        on = "" if cluster.platform == DEFAULT_PLATFORM else f" --platform {cluster.platform}"
+        on = platform_option(cluster.platform)
         build = last_build(state, lock, spec, cluster.platform) or {}
         record = pushed_record(state, str(build.get("image_id", ""))) if build else None
         if record is None:
@@ -592,7 +592,7 @@ def cmd_preflight(args: argparse.Namespace, log: Log) -> int:
             print(f.line())
         for name, source in report.facts_from.items():
             print(f"{name}: facts from {source}")
-        on = "" if cluster.platform == DEFAULT_PLATFORM else f" --platform {cluster.platform}"
+        on = platform_option(cluster.platform)
         for name, facts in report.lacked.items():
             print(f"{name}: lacked facts {list(facts)} (run `k3env verify{on}` to learn them)")
         print(

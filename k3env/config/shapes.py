@@ -25,6 +25,11 @@ PLATFORM_FIX = 'write "linux/amd64" or "linux/arm64"'
 DEFAULT_PLATFORM = "linux/amd64"
 
 
+def platform_option(platform: str) -> str:
+    """`` --platform P`` for a printed command line; nothing for the default platform."""
+    return "" if platform == DEFAULT_PLATFORM else f" --platform {platform}"
+
+
 def platform_name(os_name: str, architecture: str, variant: str | None = None) -> str:
     """``os/architecture[/variant]``, as an index names a platform and ``--platform`` takes."""
     return "/".join(p for p in (os_name, architecture, variant) if p)

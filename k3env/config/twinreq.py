@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 from k3env.config.lock import Lock, TwinPin
+from k3env.config.shapes import platform_option
 from k3env.versions import requirement_name, satisfies
 
 
@@ -48,7 +49,7 @@ def twin_disagreements(lock: Lock) -> list[str]:
 
 def _disagreements(lock: Lock, twin: TwinPin) -> list[str]:
     path = lock.resolve_path(twin.requirements)
-    again = "" if twin.key == "twin" else f" --platform {twin.platform}"
+    again = platform_option(twin.platform)
     table = "[twin]" if twin.key == "twin" else f'[twin.platforms."{twin.platform}"]'
     if not path.is_file():
         return [f"{twin.requirements} is missing: run `k3env twin --resolve{again}`"]

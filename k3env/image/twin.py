@@ -30,7 +30,7 @@ from pathlib import Path
 
 from k3env import __version__
 from k3env.config.lock import BasePin, Lock, TwinPin, verify_pinned_file
-from k3env.config.shapes import DEFAULT_PLATFORM, MACHINES
+from k3env.config.shapes import DEFAULT_PLATFORM, MACHINES, platform_option
 from k3env.engine.protocol import BaseImage, Engine
 from k3env.engine.registry import manifest_exists, refuse_to_move
 from k3env.errors import EngineError, LockError
@@ -90,7 +90,7 @@ class Deb:
 
 def _pinned_file(lock: Lock, twin: TwinPin, key: str) -> Path:
     rel, sha = getattr(twin, key), getattr(twin, f"{key}_sha256")
-    again = "" if twin.platform == DEFAULT_PLATFORM else f" --platform {twin.platform}"
+    again = platform_option(twin.platform)
     return verify_pinned_file(
         lock, rel, sha, key=f"{twin.key}.{key}", label="", what="twin file",
         sha_key=f"{twin.key}.{key}_sha256",
