@@ -62,15 +62,28 @@ def _head_manifest(repository: str, reference: str) -> str:
     return _manifest(repository, reference, "HEAD")[0]
 
 
-def _fetch(url: str, *, method: str = "GET", headers: dict[str, str]) -> tuple[Any, bytes]:
-    """One registry request: (response headers, body; empty for HEAD). When the registry asks
-    for a token (401 + ``WWW-Authenticate``), once more with an anonymous one. ``HTTPError``
-    and ``OSError`` are the caller's to name."""
+def _fetch(
+    url: str,
+    *,
+    method: str = "GET",
+    headers: dict[str, str],
+    into: Path | None = None,
+    timeout: float = 30,
+) -> tuple[Any, bytes]:
+    """One registry request: (response headers, body; empty for HEAD, and when the body is
+    streamed into the file ``into``). When the registry asks for a token (401 +
+    ``WWW-Authenticate``), once more with an anonymous one. ``HTTPError`` and ``OSError``
+    are the caller's to name."""
     headers = dict(headers)
     while True:
         request = urllib.request.Request(url, method=method, headers=headers)
         try:
-            with urllib.request.urlopen(request, timeout=30) as response:
+            with urllib.request.urlopen(request, timeout=timeout) as response:
+                if into is not None:
+                    with into.open("wb") as f:
+                        while block := response.read(1 << 22):
+                            f.write(block)
+                    return response.headers, b""
                 return response.headers, response.read() if method == "GET" else b""
         except urllib.error.HTTPError as e:
             if e.code == 401 and "Authorization" not in headers:
@@ -281,28 +294,18 @@ def read_blob(repository: str, digest: str, into: Path) -> None:
     the registry asks for one)."""
     base, repo = _base_url(repository)
     url = f"{base}/v2/{repo}/blobs/{digest}"
-    headers: dict[str, str] = {}
-    for _ in range(2):
-        try:
-            request = urllib.request.Request(url, headers=headers)
-            with urllib.request.urlopen(request, timeout=120) as r, into.open("wb") as f:
-                while block := r.read(1 << 22):
-                    f.write(block)
-            return
-        except urllib.error.HTTPError as e:
-            token = _token(e.headers.get("WWW-Authenticate", "")) if e.code == 401 else None
-            if token and not headers:
-                headers["Authorization"] = f"Bearer {token}"
-                continue
-            raise EngineError(
-                f"cannot read blob {digest[:19]} of {repository} (HTTP {e.code})",
-                where=url, fix="check that the image is still in its registry",
-            ) from e  # fmt: skip
-        except OSError as e:
-            raise EngineError(
-                f"cannot read blob {digest[:19]} of {repository}: {e}",
-                where=url, fix="check the network / registry",
-            ) from e  # fmt: skip
+    try:
+        _fetch(url, headers={}, into=into, timeout=120)
+    except urllib.error.HTTPError as e:
+        raise EngineError(
+            f"cannot read blob {digest[:19]} of {repository} (HTTP {e.code})",
+            where=url, fix="check that the image is still in its registry",
+        ) from e  # fmt: skip
+    except OSError as e:
+        raise EngineError(
+            f"cannot read blob {digest[:19]} of {repository}: {e}",
+            where=url, fix="check the network / registry",
+        ) from e  # fmt: skip
 
 
 def copy_blob(source: str, repository: str, digest: str, into: Path) -> None:
