@@ -225,9 +225,10 @@ def _resolve_twin(args: argparse.Namespace, lock: Lock, log: Log) -> int:
 # push / export (the cluster handoff)
 # ---------------------------------------------------------------------------------------------
 def _builds(
-    args: argparse.Namespace, log: Log
+    args: argparse.Namespace, log: Log, *, registry_form: bool = False
 ) -> tuple[Lock, list[ImageSpec], Engine, State, list[BuildResult]]:
-    """The one build loop of every command that needs images: load, build (cached), record."""
+    """The one build loop of every command that needs images: load, build (cached), record.
+    ``registry_form``: a publish follows, so each image's layers and config must be kept."""
     from k3env.image.build import build_all, make_builder
 
     lock = load_lock(args.lock)
@@ -238,7 +239,9 @@ def _builds(
     state = State()
     builds, each = [], []
     for platform in args.platform:
-        builder = make_builder(lock, engine, state, log, args.twin, platform)
+        builder = make_builder(
+            lock, engine, state, log, args.twin, platform, registry_form=registry_form
+        )
         builds += build_all(builder, specs)
         each += specs
     return lock, each, engine, state, builds
@@ -248,7 +251,8 @@ def cmd_push(args: argparse.Namespace, log: Log) -> int:
     from k3env.handoff.enroot import cluster_commands
     from k3env.handoff.push import publish_images, push_image
 
-    _lock, every, engine, state, builds = _builds(args, log)
+    # A --via-engine push sends the engine's own bytes; the registry API sends the kept ones.
+    _lock, every, engine, state, builds = _builds(args, log, registry_form=not args.via_engine)
     pushed, specs = [], []
     if args.via_engine:
         if len(args.platform) > 1:

@@ -137,8 +137,8 @@ def plan_image(state: State, image_id: str) -> PlatformImage:
         raise StateError(
             f"the registry form of image {image_id[:19]} is not kept on this host",
             where=str(state.path("configs")),
-            fix="run `k3env build` for it again (a cache hit rebuilds what is not kept: the "
-            "same bytes)",
+            fix="publish with `k3env push` (it makes what is not kept again: the same bytes, "
+            "checked by image ID), or push through the engine with --via-engine",
         )
     config = json.loads(config_blob.path.read_bytes())
     platform = platform_of(config)

@@ -215,6 +215,7 @@ class Builder:
         resolve_base: Callable[[BasePin, str], ResolvedBase],
         twin: bool = False,
         platform: str = DEFAULT_PLATFORM,
+        registry_form: bool = False,
     ) -> None:
         self.lock = lock
         self.engine = engine
@@ -224,6 +225,10 @@ class Builder:
         self._bases: dict[str, ResolvedBase] = {}
         self.twin = twin
         self.platform = platform
+        # The engine is the cache: an image it holds under its content tag is a hit. Only a
+        # publish needs the registry form (the layers and config kept in the state) as well;
+        # where that is gone the image is made again, the same bytes, checked by ID.
+        self.registry_form = registry_form
 
     def resolve_base(self, pin: BasePin) -> ResolvedBase:
         """Each base once per run (pull or twin build included)."""
@@ -282,7 +287,7 @@ class Builder:
         if (
             existing is not None
             and existing.labels.get(f"{LABEL_PREFIX}.inputs") == inputs
-            and kept_image(self.state, existing.id)
+            and (not self.registry_form or kept_image(self.state, existing.id))
         ):
             self.log.info(f"    {spec.name}: cache hit {reference}")
             return result(existing.id, True, _cached_patches(existing.labels, spec, skipped))
@@ -294,7 +299,9 @@ class Builder:
                 source_wheels(self.engine, self.state, self.log, base, self._component(c))
                 for c in spec.components
             ]
-            under, baked = bake(self.engine, self.state, self.log, base, pins)
+            under, baked = bake(
+                self.engine, self.state, self.log, base, pins, registry_form=self.registry_form
+            )
         results, files = self._apply_patches(spec, under, todo)
         results = [*results, *skipped]
         labels = self._labels(spec, base, inputs, results)
@@ -482,6 +489,8 @@ def make_builder(
     log: Log,
     twin: bool,
     platform: str = DEFAULT_PLATFORM,
+    *,
+    registry_form: bool = False,
 ) -> Builder:
     """A Builder whose bases come by digest from a registry, or as the locally built twin,
     for ``platform`` (another architecture's containers run under qemu-user emulation)."""
@@ -493,7 +502,7 @@ def make_builder(
         return registry(pin, on)
 
     return Builder(lock=lock, engine=engine, state=state, log=log, resolve_base=resolve,
-                   twin=twin, platform=platform)  # fmt: skip
+                   twin=twin, platform=platform, registry_form=registry_form)  # fmt: skip
 
 
 def build_all(builder: Builder, specs: Sequence[ImageSpec]) -> list[BuildResult]:

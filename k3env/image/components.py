@@ -82,13 +82,25 @@ def requirements_text(pins: Sequence[ComponentPin]) -> str:
 
 
 def bake(
-    engine: Engine, state: State, log: Log, base: ResolvedBase, pins: Sequence[ComponentPin]
+    engine: Engine,
+    state: State,
+    log: Log,
+    base: ResolvedBase,
+    pins: Sequence[ComponentPin],
+    *,
+    registry_form: bool = False,
 ) -> tuple[ResolvedBase, Baked]:
-    """``base`` + one layer holding ``pins``' wheels; built once per (base ID, wheels)."""
+    """``base`` + one layer holding ``pins``' wheels; built once per (base ID, wheels): the
+    engine's image under its content tag is a hit (and, with ``registry_form``, only when the
+    state also keeps the layer and config a publish sends)."""
     key = components_key(base, pins)
     reference = f"{REPOSITORY}:{key[:20]}"
     found = engine.lookup(reference)
-    if found is not None and found.labels.get(LABEL) == key and kept_image(state, found.id):
+    if (
+        found is not None
+        and found.labels.get(LABEL) == key
+        and (not registry_form or kept_image(state, found.id))
+    ):
         image = engine.inspect(found.id)
         assert image is not None
         return _over(base, reference, image), _baked(key, reference, found.id, pins, found.labels)

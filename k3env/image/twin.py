@@ -23,6 +23,8 @@ writes, dated the same instant), so the image ID is known before the engine load
 from __future__ import annotations
 
 import json
+import os
+import re
 import tempfile
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -36,9 +38,9 @@ from k3env.engine.registry import manifest_exists, refuse_to_move
 from k3env.errors import EngineError, LockError
 from k3env.hashing import canonical_sha256, file_sha256
 from k3env.image.bases import ResolvedBase
-from k3env.image.install import install_tree, load_checked
+from k3env.image.install import Native, install_tree, load_checked
 from k3env.image.layer import archive_file, tree_layer
-from k3env.image.wheels import download_wheels
+from k3env.image.wheels import download_wheels, platform_tags
 from k3env.log import Log
 from k3env.runner import require_tool, run
 from k3env.state import State
@@ -346,32 +348,101 @@ def build_twin(
 
 
 def _stage2(lock: Lock, p: TwinPlan, engine: Engine, state: State, log: Log) -> str:
-    stage1_id = ensure_stage1(lock, p, engine, log)
-    stage1 = engine.inspect(stage1_id)
-    if stage1 is None:
-        raise EngineError("stage 1 vanished", where=p.stage1_ref, fix="run `k3env twin` again")
-    wheelhouse = download_wheels(p.requirements, state, log, p.platform)
+    stage1 = _stage1_image(lock, p, engine, log)
     with tempfile.TemporaryDirectory(prefix="k3env-twin-") as tmp:
-        req, out, meta = (Path(tmp) / d for d in ("req", "out", "meta"))
-        for d in (req, out, meta):
-            d.mkdir()
-        (req / "requirements.txt").write_bytes(p.requirements.read_bytes())
-        with log.step(f"install the pinned wheels for {p.reference} (minutes; progress below)"):
-            # Stage 1 has no pip of its own: it runs from its pinned wheel. Timestamp .pyc,
-            # their headers the clamp instant (cold imports 16-18 s -> 6-8 s).
-            info = install_tree(
-                engine, stage1_id, "python3", requirements=req / "requirements.txt",
-                wheelhouse=wheelhouse, out=out, meta=meta, epoch=p.epoch, pyc="TIMESTAMP",
-                pip_from_wheel=True, replace=(), log=log, where=p.reference,
-            )  # fmt: skip
-        layer, archive = Path(tmp) / "layer.tar", Path(tmp) / "image.tar"
+        diff_id, layer = _stage2_layer(lock, p, stage1, engine, state, log, Path(tmp))
+        archive = Path(tmp) / "image.tar"
         with log.step(f"assemble {p.reference} (one layer over stage 1)"):
-            diff_id = tree_layer(out, layer, mtime=p.epoch, owners=False, dirs=info["dirs"])
             image_id = archive_file(
                 _json(_stage2_config(stage1, diff_id, p)), layer,
                 [*stage1.diff_ids, diff_id], archive,
             )  # fmt: skip
         return load_checked(engine, archive, image_id, p.reference, log)
+
+
+def stage2_diff_id(
+    lock: Lock, engine: Engine, state: State, log: Log, platform: str, *, emulate: bool
+) -> str:
+    """The diff ID of the twin's second layer for ``platform``, built into a scratch
+    directory and nothing loaded; ``emulate``: every step in the platform's own Python (under
+    qemu-user for another architecture), else unpacking and byte-compiling natively where
+    they can. The two must agree byte for byte (``benchmarks/bench_grace.py --prove-native``)."""
+    p = plan(lock, platform)
+    stage1 = _stage1_image(lock, p, engine, log)
+    with tempfile.TemporaryDirectory(prefix="k3env-twin-") as tmp:
+        return _stage2_layer(lock, p, stage1, engine, state, log, Path(tmp), emulate=emulate)[0]
+
+
+def _stage1_image(lock: Lock, p: TwinPlan, engine: Engine, log: Log) -> BaseImage:
+    stage1_id = ensure_stage1(lock, p, engine, log)
+    stage1 = engine.inspect(stage1_id)
+    if stage1 is None:
+        raise EngineError("stage 1 vanished", where=p.stage1_ref, fix="run `k3env twin` again")
+    return stage1
+
+
+def _stage2_layer(
+    lock: Lock,
+    p: TwinPlan,
+    stage1: BaseImage,
+    engine: Engine,
+    state: State,
+    log: Log,
+    tmp: Path,
+    *,
+    emulate: bool = False,
+) -> tuple[str, Path]:
+    wheelhouse = download_wheels(p.requirements, state, log, p.platform)
+    native = None if emulate else native_helper(lock, p, engine, log)
+    req, out, meta = (tmp / d for d in ("req", "out", "meta"))
+    for d in (req, out, meta):
+        d.mkdir()
+    (req / "requirements.txt").write_bytes(p.requirements.read_bytes())
+    how = " natively" if native is not None else ""
+    with log.step(f"install the pinned wheels for {p.reference}{how} (minutes; progress below)"):
+        # Stage 1 has no pip of its own: it runs from its pinned wheel. Timestamp .pyc,
+        # their headers the clamp instant (cold imports 16-18 s -> 6-8 s).
+        info = install_tree(
+            engine, stage1.id, "python3", requirements=req / "requirements.txt",
+            wheelhouse=wheelhouse, out=out, meta=meta, epoch=p.epoch, pyc="TIMESTAMP",
+            pip_from_wheel=True, replace=(), log=log, where=p.reference, native=native,
+        )  # fmt: skip
+    layer = tmp / "layer.tar"
+    with log.step(f"write the layer of {p.reference}"):
+        diff_id = tree_layer(out, layer, mtime=p.epoch, owners=False, dirs=info["dirs"])
+    return diff_id, layer
+
+
+# The Debian packages that make the twin's Python: the same versions on two architectures
+# are the same interpreter and standard library, whose .pyc bytes do not depend on the CPU.
+_PYTHON_DEBS = re.compile(r"^(lib)?python3(\.\d+)?(-minimal|-stdlib)?$")
+
+
+def python_release(debs: dict[str, Deb]) -> dict[str, str]:
+    """Package -> version of the Debian packages that make up the twin's Python."""
+    return {name: d.version for name, d in sorted(debs.items()) if _PYTHON_DEBS.match(name)}
+
+
+def native_helper(lock: Lock, p: TwinPlan, engine: Engine, log: Log) -> Native | None:
+    """For a twin of another architecture than this host's: the host platform's stage 1,
+    when its Debian Python is the same release (unpacking wheels and byte-compiling then
+    run at native speed, only the reading of the base under emulation); else ``None``."""
+    host = next((name for name, m in MACHINES.items() if m == os.uname().machine), None)
+    if host is None or host == p.platform or lock.twin is None:
+        return None
+    try:
+        other = plan(lock, host)
+    except LockError:
+        return None
+    if p.debian is None or other.debian is None:
+        return None
+    mine = python_release(read_debian_list(p.debian))
+    theirs = python_release(read_debian_list(other.debian))
+    if not mine or mine != theirs:
+        log.info(f"    {host}'s Debian Python is not {p.platform}'s: installing under emulation")
+        return None
+    return Native(image=ensure_stage1(lock, other, engine, log),
+                  platform_tags=tuple(platform_tags(p.platform)))  # fmt: skip
 
 
 def _stage2_config(stage1: BaseImage, diff_id: str, p: TwinPlan) -> dict[str, object]:

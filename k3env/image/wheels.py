@@ -14,22 +14,26 @@ from k3env.runner import attempt, run
 from k3env.state import State
 
 
-def platform_flags(platform: str = DEFAULT_PLATFORM) -> list[str]:
-    """pip's ``--platform`` flags for the twin on ``platform``: Debian bookworm has glibc
-    2.36, so every manylinux tag up to that fits. Older pips do not expand a --platform to
-    the older tags themselves, so each is listed."""
+def platform_tags(platform: str = DEFAULT_PLATFORM) -> list[str]:
+    """The wheel platform tags of the twin on ``platform``: Debian bookworm has glibc 2.36, so
+    every manylinux tag up to that fits. Older pips do not expand a --platform to the older
+    tags themselves, so each is listed."""
     machine = MACHINES[platform]
     legacy = (
         ("manylinux2014", "manylinux2010", "manylinux1")
         if machine == "x86_64"
         else ("manylinux2014",)
     )
-    tags = (
+    return [
         *(f"manylinux_2_{minor}_{machine}" for minor in range(36, 4, -1)),
         *(f"{name}_{machine}" for name in legacy),
         f"linux_{machine}",
-    )
-    return [flag for tag in tags for flag in ("--platform", tag)]
+    ]
+
+
+def platform_flags(platform: str = DEFAULT_PLATFORM) -> list[str]:
+    """pip's ``--platform`` flags for the twin on ``platform``."""
+    return [flag for tag in platform_tags(platform) for flag in ("--platform", tag)]
 
 
 def held_hashes(wheelhouse: Path) -> set[str]:
