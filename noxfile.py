@@ -123,11 +123,13 @@ def grace(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Benchmarks: build vs `docker build` over the twin, no-op rebuild, preflight, verify,
-    export, publish (registry API) vs `docker push`."""
+    export, publish (registry API) vs `docker push`, components. `-- --quick`: each path once
+    (CI: a broken benchmark fails, its figures are no verdict); the full run is for people
+    and closing notes. `--quick` and `--json` go to every benchmark, other args (`--repeat N`)
+    to bench_build and bench_components."""
     # Installed as users install it (not editable: an editable finder adds ~9 ms per start).
     session.install(".")
-    session.run("python", "benchmarks/bench_build.py", *session.posargs)
-    session.run("python", "benchmarks/bench_verify.py")
-    session.run("python", "benchmarks/bench_export.py")
-    session.run("python", "benchmarks/bench_publish.py")
-    session.run("python", "benchmarks/bench_components.py", *session.posargs)
+    every = [a for a in session.posargs if a in ("--quick", "--json")]
+    for name in ("build", "verify", "export", "publish", "components"):
+        args = session.posargs if name in ("build", "components") else every
+        session.run("python", f"benchmarks/bench_{name}.py", *args)

@@ -116,7 +116,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="every path once (CI: the benchmark still runs, its figures are no verdict)",
+    )
     args = ap.parse_args()
+    if args.quick:
+        args.repeat = 1
 
     engine = DockerEngine()
     lock = load_lock(REPO / "pins/k3.lock.toml")
@@ -176,7 +183,7 @@ def main() -> int:
     from k3env.config.spec import load_specs
 
     pre_in, pre_cmd = [], []
-    for _ in range(max(args.repeat, 5)):
+    for _ in range(1 if args.quick else max(args.repeat, 5)):
         start = time.perf_counter()
         pre_lock = load_lock(REPO / "pins/k3.lock.toml")
         pre_specs = load_specs(REPO / "images", pre_lock)

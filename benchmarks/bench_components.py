@@ -46,6 +46,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="the same as --repeat 1 (each path runs once already)",
+    )
     args = ap.parse_args()
 
     engine = DockerEngine()

@@ -80,12 +80,21 @@ def main() -> int:
     ap.add_argument("--image", default="kimi-k3-dynamo")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="one warm round, no cold pair (a cold docker push of the twin is minutes)",
+    )
     args = ap.parse_args()
+    if args.quick:
+        args.rounds = 1
 
     _engine, state, build = twin_build(args.image)
     tag = build.reference.rsplit(":", 1)[1]
-    with tempfile.TemporaryDirectory(prefix="k3env-bench-publish-", dir="/var/tmp") as tmp:
-        cold = _cold(state, build.image_id, tag, Path(tmp))
+    cold: dict[str, float] = {}
+    if not args.quick:
+        with tempfile.TemporaryDirectory(prefix="k3env-bench-publish-", dir="/var/tmp") as tmp:
+            cold = _cold(state, build.image_id, tag, Path(tmp))
     # Both have published once to the local registry before the warm rounds.
     publish(state, f"{REGISTRY}/k3env-bench/warmup", tag, [build.image_id], Log(quiet=True))
     _docker_push(build.image_id, f"{REGISTRY}/k3env-bench/warmup-docker", tag)
@@ -121,18 +130,22 @@ def main() -> int:
             "k3env_s": round(cold["k3env"], 2),
             "docker_push_s": round(cold["docker"], 2),
             "ratio": round(cold["k3env"] / cold["docker"], 2),
-        },
+        }
+        if cold
+        else None,
         "rounds": rows,
         "median_ratio": ratios[len(ratios) // 2],
         "goal": "<= 1.0x docker push",
     }
-    result["goal_met"] = result["median_ratio"] <= 1.0 and result["cold"]["ratio"] <= 1.0
+    result["goal_met"] = result["median_ratio"] <= 1.0 and (
+        not cold or cold["k3env"] <= cold["docker"]
+    )
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        c = result["cold"]
-        print(f"cold (empty registry): k3env {c['k3env_s']:.2f} s vs docker push "
-              f"{c['docker_push_s']:.2f} s: {c['ratio']:.2f}x")  # fmt: skip
+        if c := result["cold"]:
+            print(f"cold (empty registry): k3env {c['k3env_s']:.2f} s vs docker push "
+                  f"{c['docker_push_s']:.2f} s: {c['ratio']:.2f}x")  # fmt: skip
         for r in rows:
             print(
                 f"round {r['round']}: k3env {r['k3env_s']:.2f} s ({r['k3env_sent']} sent, "

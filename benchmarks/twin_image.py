@@ -22,4 +22,6 @@ def twin_build(image: str) -> tuple[DockerEngine, State, BuildResult]:
     state = State()
     lock = load_lock(REPO / "pins/k3.lock.toml")
     (spec,) = load_specs(REPO / "images", lock, (image,))
-    return engine, state, make_builder(lock, engine, state, Log(quiet=True), True).build(spec)
+    # The registry form too: bench_publish sends the kept layers and config.
+    builder = make_builder(lock, engine, state, Log(quiet=True), True, registry_form=True)
+    return engine, state, builder.build(spec)
