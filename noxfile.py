@@ -19,9 +19,18 @@ def _install(session: nox.Session, *extras: str) -> None:
 
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
-    """Run the test suite: unit tests, then the real-engine tests (dockerd, registry, twin)."""
+    """The test suite: unit tests (no Docker), then the real-engine tests (dockerd, registry,
+    the twin), each listing its slowest tests. Args go to both pytest runs."""
     _install(session, "test")
-    session.run("pytest", *session.posargs)
+    session.run("pytest", "tests", "--ignore=tests/engine", "--durations=10", *session.posargs)
+    session.run("pytest", "tests/engine", "--durations=25", *session.posargs)
+
+
+@nox.session(name="tests-unit", python=PYTHON, default=False)
+def tests_unit(session: nox.Session) -> None:
+    """The unit tests only: no Docker engine, no registry, no twin."""
+    _install(session, "test")
+    session.run("pytest", "tests", "--ignore=tests/engine", "--durations=10", *session.posargs)
 
 
 @nox.session(python=PYTHON)
