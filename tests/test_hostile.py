@@ -21,7 +21,6 @@ import tomlkit
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from k3env import cli
 from k3env.cli import main
 from k3env.handoff.enroot import enroot_files
 from k3env.image.tarstream import filter_tar
@@ -111,8 +110,12 @@ def mutation(draw: st.DrawFn, text: str) -> tuple[str, bool]:
     return tomlkit.dumps(doc), injected
 
 
-def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, dict[str, Any]]:
-    code = main([*argv, "--json"])  # a traceback would raise out of here and fail the test
+def _run(
+    argv: list[str], capsys: pytest.CaptureFixture[str], engine: FakeEngine | None = None
+) -> tuple[int, dict[str, Any]]:
+    code = main(
+        [*argv, "--json"], engine=engine
+    )  # a traceback would raise out of here and fail the test
     out = capsys.readouterr().out
     payload = json.loads(out)  # exactly one JSON document, success or failure
     assert isinstance(payload, dict) or code == 0
@@ -175,7 +178,6 @@ def test_mutated_specs_never_tag_a_wrong_image(
     capsys: pytest.CaptureFixture[str],
     data: st.DataObject,
 ) -> None:
-    monkeypatch.setattr(cli, "_engine", lambda: fake_engine)
     spec = fake_project.spec_path
     original = spec.read_text()
     text, injected = data.draw(mutation(original))
@@ -183,7 +185,7 @@ def test_mutated_specs_never_tag_a_wrong_image(
     lock_before = fake_project.lock_path.read_bytes()
     mark = len(fake_engine.calls)
     try:
-        code, payload = _run(["build", "--lock", str(fake_project.lock_path)], capsys)
+        code, payload = _run(["build", "--lock", str(fake_project.lock_path)], capsys, fake_engine)
         assert code in (0, 2, 3, 4), payload
         verbs = [verb for verb, _ in fake_engine.calls[mark:]]
         if code != 0:
@@ -282,8 +284,7 @@ def test_unwritable_state_directory_is_exit_3(
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("")
     monkeypatch.setenv("K3ENV_STATE_DIR", str(blocker / "state"))
-    monkeypatch.setattr(cli, "_engine", lambda: fake_engine)
-    code, payload = _run(["build", "--lock", str(fake_project.lock_path)], capsys)
+    code, payload = _run(["build", "--lock", str(fake_project.lock_path)], capsys, fake_engine)
     assert code == 3 and payload["error"]["error"] == "StateError", payload
 
 

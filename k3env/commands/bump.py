@@ -1,0 +1,119 @@
+"""Change one pin (`bases.NAME TAG` resolves and records the digest; `dynamo TAG|COMMIT` resolved
+on the source, name, version, commit and the baked wheels (by sha256) together; `srt-slurm
+TAG`; `aiperf VERSION`; `container_patches.NAME`) in place (only the changed leaves differ),
+rebuild, verify and preflight before and after, report each container patch as applies /
+upstream (drop it) / conflicts, and write a PR title and markdown body; the lock is replaced
+atomically only when everything passes (or `--keep-failing`); `--commit` makes a local branch
+and commit, never a push; `--twin` builds, verifies and tests patches over the CPU twins (the
+offline default). `.github/workflows/pin-bump.yml` runs it for each pin `k3env outdated` finds,
+one PR each
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from k3env.commands.app import App
+from k3env.config.cluster import DEFAULT_CLUSTER
+from k3env.config.lock import load_lock
+from k3env.config.spec import DEFAULT_IMAGES, load_specs
+from k3env.errors import CheckFailed
+
+if TYPE_CHECKING:
+    pass
+
+NAME = "bump"
+HELP = "change one pin, rebuild, verify, preflight, and write a PR title and body"
+
+
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("pin", help="bases.NAME | dynamo | srt-slurm | aiperf | container_patches.NAME")
+    p.add_argument("value", nargs="?", help="tag, tag@digest, commit or version")
+    p.add_argument("--images", type=Path, default=DEFAULT_IMAGES, help="image spec directory")
+    p.add_argument(
+        "--twin",
+        action="store_true",
+        help="build, verify and test patches over each base's CPU twin (the offline default)",
+    )
+    p.add_argument("--cluster", type=Path, default=DEFAULT_CLUSTER, help="cluster profile")
+    p.add_argument(
+        "--source", help="git URL or mirror to resolve an srt-slurm or Dynamo tag (or commit)"
+    )
+    p.add_argument(
+        "--wheels-from",
+        action="append",
+        metavar="DIR",
+        help="find a component's wheels here only (no package index); default: the index",
+    )
+    p.add_argument("--body", type=Path, help="write the PR body (markdown) here")
+    p.add_argument(
+        "--keep-failing", action="store_true", help="write the lock even when checks fail"
+    )
+    p.add_argument("--commit", action="store_true", help="local branch + commit (never pushed)")
+    p.add_argument("--skip-verify", action="store_true", help="build and preflight only")
+    p.add_argument(
+        "--edit-only", action="store_true", help="only edit the lock (no build, no checks)"
+    )
+
+
+def run(args: argparse.Namespace, app: App) -> int:
+    log = app.log
+    from k3env.bump.body import as_json, body, title
+    from k3env.bump.evaluate import evaluate
+    from k3env.bump.pins import candidate_lock, commit_branch, commit_to_tag, finish, leaf_changes
+    from k3env.config.cluster import load_cluster
+    from k3env.engine.registry import resolve_digest
+    from k3env.image.wheels import wheel_sha256s
+
+    lock = load_lock(args.lock)
+    changes_wanted = leaf_changes(
+        lock,
+        args.pin,
+        args.value,
+        resolve_digest=resolve_digest,
+        resolve_tag_commit=lambda url, tag: commit_to_tag(args.source or url, tag),
+        dynamo_source=args.source,
+        wheel_sha256s=lambda reqs, platform: wheel_sha256s(
+            reqs, log, find_links=tuple(args.wheels_from or ()), platform=platform
+        ),
+    )
+    new_lock, changes = candidate_lock(lock, changes_wanted)
+    if args.edit_only:
+        from k3env.config.lock_edit import set_leaves
+
+        set_leaves(lock.path, changes_wanted)
+        app.emit(
+            {"changes": [c.__dict__ for c in changes]},
+            lambda: print("\n".join(f"{c.key}: {c.old} -> {c.new}" for c in changes)),
+        )
+        return 0
+    engine = app.engine()
+    state = app.state()
+    cluster = load_cluster(args.cluster)
+    with log.step("before: build, verify, preflight on the current lock"):
+        before = evaluate(lock, load_specs(args.images, lock), engine=engine, state=state,
+                          log=log, cluster=cluster, run_verify=not args.skip_verify,
+                          srt_source=args.source, twin=args.twin)  # fmt: skip
+    with log.step("after: build, verify, preflight on the bumped lock"):
+        after = evaluate(new_lock, load_specs(args.images, new_lock), engine=engine, state=state,
+                         log=log, cluster=cluster, run_verify=not args.skip_verify,
+                         srt_source=args.source, twin=args.twin)  # fmt: skip
+    text = body(new_lock, args.pin, changes, before, after)
+    written = finish(lock, changes_wanted, after, args.keep_failing)
+    if args.body:
+        args.body.write_text(text)
+    branch = None
+    if args.commit and written:
+        branch = commit_branch(lock.root, lock, title(args.pin, changes), text)
+    payload = {**as_json(args.pin, changes, before, after, written, text), "branch": branch}
+    app.emit(payload, lambda: print(text))
+    if after.failed:
+        raise CheckFailed(
+            "checks fail after the bump: "
+            + ("the lock was written (--keep-failing)" if written else "the lock is unchanged"),
+            where=str(lock.path),
+            fix="read the PR body above: fix the failing checks or patches, then bump again",
+        )
+    return 0

@@ -1,0 +1,50 @@
+"""For every pin, the newer versions its source offers: a base image's registry tags (and whether
+the pinned tag now names another digest), git tags for srt-slurm and Dynamo, package-index
+releases for aiperf; each with the `k3env bump` that takes it; a source that cannot be asked is
+said so, never reported up to date
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from k3env.commands.app import App
+from k3env.config.lock import load_lock
+
+if TYPE_CHECKING:
+    pass
+
+NAME = "outdated"
+HELP = "list, for every pin, the newer versions its source offers"
+
+
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--find-links", type=Path, help="a wheel directory instead of the package index")
+
+
+def run(args: argparse.Namespace, app: App) -> int:
+    log = app.log
+    from k3env.bump.outdated import outdated
+
+    lock = load_lock(args.lock)
+    index_args = ["--no-index", "--find-links", str(args.find_links)] if args.find_links else []
+    found = outdated(lock, log, index_args=index_args)
+    payload = {"lock": str(args.lock), "pins": [o.as_json() for o in found],
+               "outdated": [o.pin for o in found if o.outdated]}  # fmt: skip
+
+    def human() -> None:
+        for o in found:
+            if o.error:
+                print(f"?  {o.pin:24} {o.current}: could not ask its source: {o.error}")
+            elif not o.outdated:
+                print(f"ok {o.pin:24} {o.current}")
+            else:
+                what = ", ".join(o.newer) + (f" (tag now names {o.moved})" if o.moved else "")
+                print(f"-> {o.pin:24} {o.current}: {what}")
+                for line in o.bump[:3]:
+                    print(f"     {line}")
+
+    app.emit(payload, human)
+    return 0
