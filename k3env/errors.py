@@ -1,4 +1,6 @@
-"""The one error tree of k3env. Only ``cli.main`` catches these.
+"""The one error tree of k3env. ``cli.main`` turns them into exit codes; elsewhere one is
+caught only where the failure is itself an answer (``checks.variants``: a variant wheel that
+cannot be fetched is said as not inspected), never to be hidden.
 
 Every message says what failed, where (file and key, patch, image) and what to do next.
 Exit codes follow cibuildwheel: 2 for input the user must fix, 3 for the engine or the

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     pass
 
 NAME = "preflight"
-HELP = "check serve profiles against the bring-up's failure rules (no engine, < 1 s)"
+HELP = "check serve profiles against the bring-up's failure rules (no engine, ~10 ms)"
 
 
 def arguments(p: argparse.ArgumentParser) -> None:

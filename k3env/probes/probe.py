@@ -2,7 +2,7 @@
 
 Carried into the container at run time (mounted read-only, never baked), started once per
 image with no network. Stdlib only, plus whatever the image has. Reads a plan (JSON) and
-prints one result line per check, then the facts it learned, after MARK on stdout.
+writes one JSON document after MARK on stdout: each plan's checks and the facts it learned.
 
 Every check asks the image's own code: vLLM's and Dynamo's own argument parsers and
 registries, Dynamo's Rust frontend loading a tokenizer, the files on the image's sys.path.
