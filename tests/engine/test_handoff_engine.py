@@ -5,7 +5,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +17,7 @@ from k3env.cli import main
 from k3env.engine.dockerd import DockerEngine
 from k3env.state import State
 
-from .conftest import REGISTRY, TEST_LOCK, run_json
+from .conftest import REGISTRY, TEST_LOCK, BaseFixture, run_json, write_project
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry]
 
@@ -146,15 +148,34 @@ def test_export_is_deterministic_and_laid_out_as_enroot_does(
     assert main(["export", "--lock", LOCK, "--check", sqsh]) == 0
 
 
-@pytest.fixture
-def enroot_import(project: Path, capsys: pytest.CaptureFixture[str]) -> Path:
-    """The rootfs of the exported image, re-laid as `enroot import` lays it out: /etc/rc and
-    /etc/environment written from the image config in enroot's documented form."""
-    exported = run_json(capsys, "export", "--out", "a")["images"][0]
-    root = _unsquash(exported["path"], project / "rootfs")
+@pytest.fixture(scope="module")
+def exported_root(
+    tmp_path_factory: pytest.TempPathFactory, test_base: BaseFixture
+) -> Iterator[Path]:
+    """The rootfs of the test image, exported once for the module and re-laid as `enroot
+    import` lays it out: /etc/rc and /etc/environment written from the image config in
+    enroot's documented form."""
+    root = tmp_path_factory.mktemp("exported")
+    write_project(root, test_base)
+    proc = subprocess.run(
+        [sys.executable, "-m", "k3env", "export", "--lock", LOCK, "--out", "a", "--json", "-q"],
+        cwd=root, env={**os.environ, "K3ENV_STATE_DIR": str(root / "state")},
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    exported = json.loads(proc.stdout)["images"][0]
+    rootfs = _unsquash(str(root / exported["path"]), root / "rootfs")
     config = _inspect(exported["image_id"])
-    (root / "etc/rc").write_text(_enroot_rc(config))
-    (root / "etc/environment").write_text("".join(f"{e}\n" for e in config["Env"]))  # type: ignore[union-attr]
+    (rootfs / "etc/rc").write_text(_enroot_rc(config))
+    (rootfs / "etc/environment").write_text("".join(f"{e}\n" for e in config["Env"]))  # type: ignore[union-attr]
+    yield rootfs
+
+
+@pytest.fixture
+def enroot_import(exported_root: Path, project: Path) -> Path:
+    """This test's own copy of the exported rootfs, to tamper with."""
+    root = project / "rootfs"
+    subprocess.run(["cp", "-a", str(exported_root), str(root)], check=True)
     return root
 
 
