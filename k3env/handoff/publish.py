@@ -24,11 +24,17 @@ from k3env.config.shapes import platform_name
 from k3env.engine import registry
 from k3env.errors import CheckFailed, EngineError, LockError, StateError
 from k3env.hashing import canonical_sha256, sha256_digest
-from k3env.image.blobs import LAYER_MEDIA_TYPE, Blob, kept_config, kept_layer
+from k3env.image.blobs import (
+    LAYER_MEDIA_TYPE,
+    MANIFEST_MEDIA_TYPE,
+    Blob,
+    kept_config,
+    kept_layer,
+)
 from k3env.log import Log
 from k3env.state import State
 
-MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+MANIFEST = MANIFEST_MEDIA_TYPE
 INDEX = "application/vnd.oci.image.index.v1+json"
 _DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 _DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"

@@ -22,6 +22,7 @@ from k3env.state import State
 
 LAYER_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
 CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
+MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
 LEVEL = 6
 _CHUNK = 1 << 20
 
@@ -40,9 +41,10 @@ def _layer_path(state: State, diff_id: str) -> Path:
     return state.path("layers", f"{digest_hex(diff_id)}.tar.gz")
 
 
-def keep_layer(state: State, layer: Path | bytes, diff_id: str) -> Blob:
+def keep_layer(state: State, layer: Path | bytes, diff_id: str, level: int = LEVEL) -> Blob:
     """Compress ``layer`` (a tar file or its bytes, whose sha256 is ``diff_id``) into the
-    state, checking the diff ID on the way; the blob's record is written last."""
+    state at zlib ``level``, checking the diff ID on the way; the blob's record is written
+    last. A layer kept once is not compressed again, whatever the level asked."""
     found = kept_layer(state, diff_id)
     if found is not None:
         return found
@@ -53,7 +55,7 @@ def keep_layer(state: State, layer: Path | bytes, diff_id: str) -> Blob:
         with partial.open("wb") as out:
             sink = HashingWriter(out)
             plain = HashingWriter(_Null())
-            z = zlib.compressobj(LEVEL, zlib.DEFLATED, 31)
+            z = zlib.compressobj(level, zlib.DEFLATED, 31)
             for chunk in _chunks(layer):
                 plain.write(chunk)
                 sink.write(z.compress(chunk))

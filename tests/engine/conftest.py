@@ -105,7 +105,7 @@ def _make_base(
     tag: str = "1",
 ) -> BaseFixture:
     lock = load_lock(REPO / "pins/k3.lock.toml")
-    stage1 = twin.ensure_stage1(lock, twin.plan(lock, platform), engine, Log())
+    stage1 = twin.ensure_stage1(lock, twin.plan(lock, platform), engine, Log(), State())
     repository = f"{registry}/k3env-test/{name}"
     # k3test is an installed distribution: its RECORD lists each file's sha256, as pip writes.
     site = "/usr/lib/python3/dist-packages"

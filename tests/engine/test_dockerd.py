@@ -23,6 +23,7 @@ from k3env.errors import EngineError
 from k3env.image import twin
 from k3env.image.layer import LayerFile, assemble, docker_archive
 from k3env.log import Log
+from k3env.state import State
 
 from ..conftest import REPO
 
@@ -83,7 +84,7 @@ def tiny(engine: DockerEngine, tmp_path_factory: pytest.TempPathFactory) -> Iter
 @pytest.fixture(scope="module")
 def stage1(engine: DockerEngine) -> str:
     lock = load_lock(REPO / "pins/k3.lock.toml")
-    return twin.ensure_stage1(lock, twin.plan(lock), engine, Log())
+    return twin.ensure_stage1(lock, twin.plan(lock), engine, Log(), State())
 
 
 def test_describe_names_the_daemon(engine: DockerEngine) -> None:

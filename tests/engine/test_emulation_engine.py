@@ -10,6 +10,7 @@ from k3env.config.lock import load_lock
 from k3env.engine.dockerd import DockerEngine
 from k3env.image import twin
 from k3env.log import Log
+from k3env.state import State
 
 from .conftest import REPO
 
@@ -23,7 +24,7 @@ READ = (
 
 def _stage1(engine: DockerEngine, platform: str) -> str:
     lock = load_lock(REPO / "pins/k3.lock.toml")
-    return twin.ensure_stage1(lock, twin.plan(lock, platform), engine, Log(quiet=True))
+    return twin.ensure_stage1(lock, twin.plan(lock, platform), engine, Log(quiet=True), State())
 
 
 def test_an_emulated_arm64_container_reads_a_neoverse_v2_midr(engine: DockerEngine) -> None:

@@ -109,8 +109,8 @@ def test_a_native_install_for_arm64_is_the_emulated_one_byte_for_byte(
     engine: DockerEngine, wheelhouse: tuple[Path, Path], tmp_path: Path
 ) -> None:
     lock = load_lock(REPO / "pins/k3.lock.toml")
-    arm = twin.ensure_stage1(lock, twin.plan(lock, ARM), engine, Log(quiet=True))
-    amd = twin.ensure_stage1(lock, twin.plan(lock, AMD), engine, Log(quiet=True))
+    arm = twin.ensure_stage1(lock, twin.plan(lock, ARM), engine, Log(quiet=True), State())
+    amd = twin.ensure_stage1(lock, twin.plan(lock, AMD), engine, Log(quiet=True), State())
     emulated, info_e = _install(engine, wheelhouse, tmp_path / "e", arm, None)
     native = Native(image=amd, platform_tags=tuple(platform_tags(ARM)))
     natively, info_n = _install(engine, wheelhouse, tmp_path / "n", arm, native)
@@ -128,7 +128,7 @@ def test_without_the_platform_tags_the_native_pip_refuses_the_arm64_wheel(
     engine: DockerEngine, wheelhouse: tuple[Path, Path], tmp_path: Path
 ) -> None:
     lock = load_lock(REPO / "pins/k3.lock.toml")
-    amd = twin.ensure_stage1(lock, twin.plan(lock, AMD), engine, Log(quiet=True))
+    amd = twin.ensure_stage1(lock, twin.plan(lock, AMD), engine, Log(quiet=True), State())
     with pytest.raises(EngineError, match=r"No matching distribution found for k3arch==1\.0"):
         _install(engine, wheelhouse, tmp_path, amd, None)
 

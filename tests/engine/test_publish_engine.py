@@ -178,3 +178,49 @@ def test_an_image_whose_base_layers_are_not_the_pinned_bases_is_not_published(
         publish(state, repository, "x", [forged.digest], Log(quiet=True))
     with pytest.raises(EngineError, match="HTTP 404"):  # nothing was written there
         api.list_tags(repository)
+
+
+def test_the_twin_is_pushed_from_its_kept_blobs_as_an_oci_manifest(
+    registry: str, tmp_path: Path
+) -> None:
+    """The twin's push: its layers kept at gzip level 1 as they were built, sent through the
+    registry API, one OCI manifest whose layers unpack to the config's diff IDs."""
+    import gzip
+    import hashlib
+    import io
+    import tarfile
+
+    from k3env.image.blobs import keep_config, keep_layer
+    from k3env.image.twin import TWIN_LEVEL, publish_kept
+
+    state = State(tmp_path / "state")
+    layer = io.BytesIO()
+    with tarfile.open(fileobj=layer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        data = b"twin layer\n" * 1000
+        info = tarfile.TarInfo("etc/k3env-twin-test")
+        info.size = len(data)
+        tar.addfile(info, io.BytesIO(data))
+    raw = layer.getvalue()
+    diff_id = "sha256:" + hashlib.sha256(raw).hexdigest()
+    reference = f"{registry}/k3env-test/twin-api:{diff_id[7:27]}"
+    config = json.dumps({"architecture": "amd64", "os": "linux", "config": {},
+                         "rootfs": {"type": "layers", "diff_ids": [diff_id]}}).encode()  # fmt: skip
+    image_id = keep_config(state, config).digest
+    # Nothing kept yet: the engine pushes instead (None), and nothing reached the registry.
+    assert publish_kept(reference, image_id, State(tmp_path / "empty"), Log(quiet=True)) is None
+    kept = keep_layer(state, raw, diff_id, level=TWIN_LEVEL)
+    assert kept.size < len(raw)
+    digest = publish_kept(reference, image_id, state, Log(quiet=True))
+    assert digest is not None
+    repository = reference.rsplit(":", 1)[0]
+    got, media_type, body = api.get_manifest(repository, digest)
+    manifest = json.loads(body)
+    assert (got, media_type) == (digest, "application/vnd.oci.image.manifest.v1+json")
+    assert manifest["config"]["digest"] == image_id
+    assert api.tagged_config(repository, reference.rsplit(":", 1)[1]) == image_id
+    (entry,) = manifest["layers"]
+    api.read_blob(repository, entry["digest"], tmp_path / "blob")
+    assert (
+        hashlib.sha256(gzip.decompress((tmp_path / "blob").read_bytes())).hexdigest()
+        == (diff_id[7:])
+    )
