@@ -18,6 +18,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -48,6 +49,55 @@ def _import_seconds(image: str, repeat: int = 3) -> float:
     return sorted(times)[len(times) // 2]
 
 
+def _compare(build: Any, first: Any, root: Path, options: list[str], repeat: int) -> dict[str, Any]:
+    """The usual way beside k3env's, and the cold import in both images."""
+    # The usual way: docker export | tar -x, then mksquashfs of the directory.
+    start = time.perf_counter()
+    cid = subprocess.run(
+        ["docker", "create", build.image_id, "k3env"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    rootfs = root / "rootfs"
+    rootfs.mkdir()
+    try:
+        subprocess.run(
+            f"docker export {cid} | tar -C {rootfs} -px --exclude='dev/*' --exclude=.dockerenv",
+            shell=True,
+            check=True,
+        )
+    finally:
+        subprocess.run(["docker", "rm", "-f", cid], capture_output=True, check=False)
+    subprocess.run(
+        ["mksquashfs", str(rootfs), str(root / "plain.sqsh"), "-noappend", "-no-progress",
+         "-quiet", *options],
+        check=True,
+    )  # fmt: skip
+    plain_s = time.perf_counter() - start
+    shutil.rmtree(rootfs)
+    # Cold import in the exported image vs the image itself (read-only root, no network).
+    unpacked = root / "unpacked"
+    subprocess.run(["unsquashfs", "-q", "-n", "-d", str(unpacked), first.path], check=True)
+    subprocess.run(
+        f"tar -C {unpacked} -c . | docker import - k3env-bench/exported:x",
+        shell=True, check=True, capture_output=True,
+    )  # fmt: skip
+    shutil.rmtree(unpacked)
+    try:
+        source_import = _import_seconds(build.image_id, repeat)
+        export_import = _import_seconds("k3env-bench/exported:x", repeat)
+    finally:
+        subprocess.run(["docker", "rmi", "-f", "k3env-bench/exported:x"], capture_output=True)
+    return {
+        "docker_export_tar_mksquashfs_s": round(plain_s, 2),
+        "import_vllm_source_s": round(source_import, 2),
+        "import_vllm_exported_s": round(export_import, 2),
+        "import_ratio": round(export_import / source_import, 3),
+        "plain_sha256": file_sha256(root / "plain.sqsh"),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--image", default="kimi-k3-direct-f")
@@ -55,7 +105,7 @@ def main() -> int:
     ap.add_argument(
         "--quick",
         action="store_true",
-        help="one k3env export (not two compared) and one import each (not a median of 3)",
+        help="one k3env export: not two compared, no docker export or import beside it",
     )
     args = ap.parse_args()
 
@@ -73,65 +123,29 @@ def main() -> int:
         second = None if args.quick else export_image(engine, state, build, root / "k3env-2",
                                                       Log(quiet=True))  # fmt: skip
 
-        # The usual way: docker export | tar -x, then mksquashfs of the directory.
-        start = time.perf_counter()
-        cid = subprocess.run(
-            ["docker", "create", build.image_id, "k3env"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        rootfs = root / "rootfs"
-        rootfs.mkdir()
-        try:
-            subprocess.run(
-                f"docker export {cid} | tar -C {rootfs} -px --exclude='dev/*' --exclude=.dockerenv",
-                shell=True,
-                check=True,
-            )
-        finally:
-            subprocess.run(["docker", "rm", "-f", cid], capture_output=True, check=False)
-        subprocess.run(
-            ["mksquashfs", str(rootfs), str(root / "plain.sqsh"), "-noappend", "-no-progress",
-             "-quiet", *options],
-            check=True,
-        )  # fmt: skip
-        plain_s = time.perf_counter() - start
-        shutil.rmtree(rootfs)
-        # Cold import in the exported image vs the image itself (read-only root, no network).
-        unpacked = root / "unpacked"
-        subprocess.run(["unsquashfs", "-q", "-n", "-d", str(unpacked), first.path], check=True)
-        subprocess.run(
-            f"tar -C {unpacked} -c . | docker import - k3env-bench/exported:x",
-            shell=True, check=True, capture_output=True,
-        )  # fmt: skip
-        shutil.rmtree(unpacked)
-        try:
-            repeat = 1 if args.quick else 3
-            source_import = _import_seconds(build.image_id, repeat)
-            export_import = _import_seconds("k3env-bench/exported:x", repeat)
-        finally:
-            subprocess.run(["docker", "rmi", "-f", "k3env-bench/exported:x"], capture_output=True)
+        # --quick: the k3env export only (the comparisons are minutes of docker export,
+        # mksquashfs and imports of a 6 GB image; they are for people and closing notes).
+        compared = {} if args.quick else _compare(build, first, root, options, 3)
         result = {
             "image": args.image,
             "size_gb": round(first.size / 1e9, 2),
             "k3env_export_s": round(k3env_s, 2),
-            "docker_export_tar_mksquashfs_s": round(plain_s, 2),
-            "ratio": round(k3env_s / plain_s, 3),
             "identical_bytes": None if second is None else first.sha256 == second.sha256,
-            "import_vllm_source_s": round(source_import, 2),
-            "import_vllm_exported_s": round(export_import, 2),
-            "import_ratio": round(export_import / source_import, 3),
             "sha256": first.sha256,
-            "plain_sha256": file_sha256(root / "plain.sqsh"),
             "mksquashfs": first.mksquashfs,
+            **compared,
             "options": list(first.options),
         }
+        if compared:
+            result["ratio"] = round(k3env_s / compared["docker_export_tar_mksquashfs_s"], 3)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
         print(f"export of {args.image} ({result['size_gb']} GB squashfs, {first.mksquashfs})")
         print(f"  k3env export (streamed)            {result['k3env_export_s']:>7.2f}s")
+        if not compared:
+            print(f"  (--quick: no comparison) sha256 {first.sha256[:16]}")
+            return 0
         plain = result["docker_export_tar_mksquashfs_s"]
         print(f"  docker export | tar -x; mksquashfs {plain:>7.2f}s")
         print(f"  ratio {result['ratio']:.3f} (goal <= 1.0); two exports identical: "
