@@ -9,8 +9,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from k3env.commands.app import App
-from k3env.config.lock import check_files, load_lock
-from k3env.errors import CheckFailed
+from k3env.config.lock import load_lock
 
 if TYPE_CHECKING:
     pass
@@ -48,58 +47,9 @@ def run(args: argparse.Namespace, app: App) -> int:
             ),
         )
         return 0
-    from k3env.config.twinreq import twin_disagreements
+    from k3env.config.lockcheck import check_lock
 
-    files = check_files(lock)
-    stale = [f for f in files if f.expected is not None and f.actual != f.expected]
-    disagree = twin_disagreements(lock)
-    payload = {
-        "lock": str(args.lock),
-        "version": lock.version,
-        "sha256": lock.sha256,
-        "pins": lock.pins_summary(),
-        "unresolved": [{"key": u.key, "hint": u.hint} for u in lock.unresolved],
-        "files": [
-            {"key": f.key, "file": f.file, "expected": f.expected, "actual": f.actual, "ok": f.ok}
-            for f in files
-        ],
-        "stale": [f.key for f in stale],
-        "twin_disagreements": disagree,
-        "ok": not stale and not disagree and (not args.require_resolved or not lock.unresolved),
-    }
-
-    def human() -> None:
-        print(f"{args.lock}: version {lock.version}, content sha256 {lock.sha256[:16]}")
-        for key, value in lock.pins_summary().items():
-            print(f"  {key:34} {value}")
-        for u in lock.unresolved:
-            print(f"  UNRESOLVED {u.key}  (resolve: {u.hint})")
-        for f in files:
-            if f.expected is None:
-                continue
-            state = "ok" if f.ok else ("MISSING" if f.actual is None else "SHA256 DIFFERS")
-            print(f"  {state:14} {f.file}  ({f.key})")
-        for d in disagree:
-            print(f"  TWIN DISAGREES {d}")
-        print(f"{len(lock.unresolved)} unresolved pin(s), {len(stale)} stale file hash(es)")
-
-    app.emit(payload, human)
-    if stale:
-        raise CheckFailed(
-            f"{len(stale)} pinned file(s) differ from the lock: {[f.key for f in stale]}",
-            where=str(args.lock),
-            fix="restore the files, or record deliberate edits with `k3env lock --update-hashes`",
-        )
-    if disagree:
-        raise CheckFailed(
-            f"the twin's requirements and the lock disagree ({len(disagree)}): {disagree[0]}",
-            where=str(args.lock),
-            fix="regenerate them from the lock with `k3env twin --resolve`",
-        )
-    if args.require_resolved and lock.unresolved:
-        raise CheckFailed(
-            f"{len(lock.unresolved)} pin(s) unresolved: {[u.key for u in lock.unresolved]}",
-            where=str(args.lock),
-            fix="resolve them on a host that reaches their source (hints above)",
-        )
+    report = check_lock(lock, args.lock, require_resolved=args.require_resolved)
+    app.emit(report.as_json(), lambda: print("\n".join(report.lines())))
+    report.raise_for_problems()
     return 0

@@ -1,0 +1,101 @@
+"""The verdict of ``k3env lock --check``: every pinned file against its sha256, the twin's
+requirements against the lock's pins, and (when asked) every pin resolved. Computed once,
+rendered as JSON or for a person, and raised as one ``CheckFailed`` naming the first kind
+of problem found."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from k3env.config.lock import FileCheck, Lock, check_files
+from k3env.config.twinreq import twin_disagreements
+from k3env.errors import CheckFailed
+
+
+@dataclass(frozen=True, kw_only=True)
+class LockReport:
+    path: Path
+    lock: Lock
+    files: tuple[FileCheck, ...]
+    disagree: tuple[str, ...]
+    require_resolved: bool
+
+    @property
+    def stale(self) -> list[FileCheck]:
+        return [f for f in self.files if f.expected is not None and f.actual != f.expected]
+
+    @property
+    def ok(self) -> bool:
+        unresolved = self.require_resolved and bool(self.lock.unresolved)
+        return not self.stale and not self.disagree and not unresolved
+
+    def as_json(self) -> dict[str, Any]:
+        lock = self.lock
+        return {
+            "lock": str(self.path),
+            "version": lock.version,
+            "sha256": lock.sha256,
+            "pins": lock.pins_summary(),
+            "unresolved": [{"key": u.key, "hint": u.hint} for u in lock.unresolved],
+            "files": [
+                {
+                    "key": f.key,
+                    "file": f.file,
+                    "expected": f.expected,
+                    "actual": f.actual,
+                    "ok": f.ok,
+                }
+                for f in self.files
+            ],
+            "stale": [f.key for f in self.stale],
+            "twin_disagreements": list(self.disagree),
+            "ok": self.ok,
+        }
+
+    def lines(self) -> list[str]:
+        lock = self.lock
+        out = [f"{self.path}: version {lock.version}, content sha256 {lock.sha256[:16]}"]
+        out += [f"  {key:34} {value}" for key, value in lock.pins_summary().items()]
+        out += [f"  UNRESOLVED {u.key}  (resolve: {u.hint})" for u in lock.unresolved]
+        for f in self.files:
+            if f.expected is not None:
+                state = "ok" if f.ok else ("MISSING" if f.actual is None else "SHA256 DIFFERS")
+                out.append(f"  {state:14} {f.file}  ({f.key})")
+        out += [f"  TWIN DISAGREES {d}" for d in self.disagree]
+        out.append(
+            f"{len(lock.unresolved)} unresolved pin(s), {len(self.stale)} stale file hash(es)"
+        )
+        return out
+
+    def raise_for_problems(self) -> None:
+        where = str(self.path)
+        if self.stale:
+            raise CheckFailed(
+                f"{len(self.stale)} pinned file(s) differ from the lock: "
+                f"{[f.key for f in self.stale]}",
+                where=where,
+                fix="restore the files, or record deliberate edits with "
+                "`k3env lock --update-hashes`",
+            )
+        if self.disagree:
+            raise CheckFailed(
+                f"the twin's requirements and the lock disagree ({len(self.disagree)}): "
+                f"{self.disagree[0]}",
+                where=where,
+                fix="regenerate them from the lock with `k3env twin --resolve`",
+            )
+        unresolved = self.lock.unresolved
+        if self.require_resolved and unresolved:
+            raise CheckFailed(
+                f"{len(unresolved)} pin(s) unresolved: {[u.key for u in unresolved]}",
+                where=where,
+                fix="resolve them on a host that reaches their source (hints above)",
+            )
+
+
+def check_lock(lock: Lock, path: Path, *, require_resolved: bool) -> LockReport:
+    return LockReport(path=path, lock=lock, files=tuple(check_files(lock)),
+                      disagree=tuple(twin_disagreements(lock)),
+                      require_resolved=require_resolved)  # fmt: skip
