@@ -13,7 +13,6 @@ import argparse
 from typing import TYPE_CHECKING
 
 from k3env.commands.app import App, image_args, platform_arg
-from k3env.errors import ConfigError
 
 if TYPE_CHECKING:
     pass
@@ -38,30 +37,15 @@ def arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, app: App) -> int:
     log = app.log
     from k3env.handoff.enroot import cluster_commands
-    from k3env.handoff.push import publish_images, push_image
+    from k3env.handoff.push import publish_by_spec, push_by_engine
 
     # A --via-engine push sends the engine's own bytes; the registry API sends the kept ones.
     _lock, every, engine, state, builds = app.builds(args, registry_form=not args.via_engine)
-    pushed, specs = [], []
     if args.via_engine:
-        if len(args.platform) > 1:
-            raise ConfigError(
-                "an engine holds one platform per tag: it cannot push an index",
-                where="--via-engine", fix="publish through the registry API (drop --via-engine)",
-            )  # fmt: skip
-        for spec, build in zip(every, builds, strict=True):
-            with log.step(f"push {build.reference} to {args.registry} (through the engine)"):
-                pushed.append(push_image(engine, state, build, args.registry, log))
-                specs.append(spec)
+        done = push_by_engine(engine, state, every, builds, args.registry, log)
     else:
-        # One spec's images for every platform under one tag: an OCI index.
-        for spec in {s.name: s for s in every}.values():
-            group = [b for s, b in zip(every, builds, strict=True) if s.name == spec.name]
-            what = ", ".join(b.platform for b in group)
-            with log.step(f"publish {spec.name} ({what}) to {args.registry} (registry API)"):
-                for p in publish_images(state, group, args.registry, log):
-                    pushed.append(p)
-                    specs.append(spec)
+        done = publish_by_spec(state, every, builds, args.registry, log)
+    specs, pushed = [s for s, _ in done], [p for _, p in done]
     app.emit(
         {"images": [p.as_json() for p in pushed]},
         lambda: print(

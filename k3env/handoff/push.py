@@ -7,8 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from k3env.config.spec import ImageSpec
 from k3env.engine.protocol import Engine
 from k3env.engine.registry import refuse_to_move
+from k3env.errors import ConfigError
 from k3env.handoff.publish import MOUNTED, PRESENT, SENT, index_tag, publish
 from k3env.image.build import BuildResult
 from k3env.log import Log
@@ -91,6 +93,45 @@ def publish_images(
         )
         state.write_record(pushed.as_json(), "pushed", build.image_id)
         out.append(pushed)
+    return out
+
+
+def push_by_engine(
+    engine: Engine,
+    state: State,
+    specs: Sequence[ImageSpec],
+    builds: Sequence[BuildResult],
+    registry: str,
+    log: Log,
+) -> list[tuple[ImageSpec, Pushed]]:
+    """``docker push`` each build (its own credentials): one platform per tag."""
+    if len({b.platform for b in builds}) > 1:
+        raise ConfigError(
+            "an engine holds one platform per tag: it cannot push an index",
+            where="--via-engine", fix="publish through the registry API (drop --via-engine)",
+        )  # fmt: skip
+    out = []
+    for spec, build in zip(specs, builds, strict=True):
+        with log.step(f"push {build.reference} to {registry} (through the engine)"):
+            out.append((spec, push_image(engine, state, build, registry, log)))
+    return out
+
+
+def publish_by_spec(
+    state: State,
+    specs: Sequence[ImageSpec],
+    builds: Sequence[BuildResult],
+    registry: str,
+    log: Log,
+) -> list[tuple[ImageSpec, Pushed]]:
+    """Publish through the registry API: one spec's images for every platform under one
+    tag (an OCI index when there are several)."""
+    out = []
+    for spec in {s.name: s for s in specs}.values():
+        group = [b for s, b in zip(specs, builds, strict=True) if s.name == spec.name]
+        what = ", ".join(b.platform for b in group)
+        with log.step(f"publish {spec.name} ({what}) to {registry} (registry API)"):
+            out += [(spec, p) for p in publish_images(state, group, registry, log)]
     return out
 
 
