@@ -53,40 +53,17 @@ def run(args: argparse.Namespace, app: App) -> int:
 
 
 def _resolve_twin(args: argparse.Namespace, lock: Lock, app: App) -> int:
-    log = app.log
-    from k3env.config.lock_edit import set_leaves
-    from k3env.files import write_atomic
-    from k3env.hashing import digest_hex, sha256_digest
-    from k3env.image.twin import resolve_debian
-    from k3env.image.twinresolve import resolve_twin
+    from k3env.image.twinrecord import record_resolved
 
     assert lock.twin is not None
     twin = lock.twin.for_platform(args.platform)
-    resolved = resolve_twin(
-        lock, log, find_links=args.find_links, index_url=args.index_url, platform=args.platform
-    )
-    files = {"requirements": (twin.requirements, resolved.text)}
-    if twin.debian:
-        files["debian"] = (twin.debian, resolve_debian(lock, log, args.platform))
-    # The files first, then their hashes: an interruption between leaves a mismatch that
-    # `k3env lock --check` reports, never a lock that vouches for a file it has not seen.
-    hashes = {}
-    for key, (rel, text) in files.items():
-        write_atomic(lock.resolve_path(rel), text.encode())
-        hashes[f"{twin.key}.{key}_sha256"] = digest_hex(sha256_digest(text.encode()))
-    changes = set_leaves(args.lock, hashes)
-    payload = {
-        "platform": args.platform,
-        "files": {rel: hashes[f"{twin.key}.{key}_sha256"] for key, (rel, _) in files.items()},
-        "packages": resolved.packages,
-        "components": resolved.components,
-        "changes": [c.__dict__ for c in changes],
-    }
+    done = record_resolved(lock, args.lock, app.log, platform=args.platform,
+                           find_links=args.find_links, index_url=args.index_url)  # fmt: skip
     app.emit(
-        payload,
+        done.as_json(),
         lambda: print(
-            f"{twin.requirements}: {resolved.packages} pinned wheels "
-            f"(+{resolved.components} baked as components)"
+            f"{twin.requirements}: {done.packages} pinned wheels "
+            f"(+{done.components} baked as components)"
             + (f"; {twin.debian}: the Debian package set" if twin.debian else "")
             + f"; sha256 recorded in {args.lock}"
         ),

@@ -1,0 +1,71 @@
+"""``k3env twin --resolve``: the twin's pinned files regenerated (its requirements from the
+lock by uv, its Debian package set from the mirror) and their sha256 recorded in the lock.
+
+The files are written first, then their hashes: an interruption between the two leaves a
+mismatch that ``k3env lock --check`` reports, never a lock that vouches for a file it has
+not seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from k3env.config.lock import Lock
+from k3env.config.lock_edit import Change, set_leaves
+from k3env.files import write_atomic
+from k3env.hashing import digest_hex, sha256_digest
+from k3env.image.twin import resolve_debian
+from k3env.image.twinresolve import resolve_twin
+from k3env.log import Log
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recorded:
+    platform: str
+    files: dict[str, str]  # pinned file -> its new sha256
+    packages: int
+    components: int
+    changes: tuple[Change, ...]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "platform": self.platform,
+            "files": self.files,
+            "packages": self.packages,
+            "components": self.components,
+            "changes": [c.__dict__ for c in self.changes],
+        }
+
+
+def record_resolved(
+    lock: Lock,
+    lock_path: Path,
+    log: Log,
+    *,
+    platform: str,
+    find_links: Sequence[str],
+    index_url: str | None,
+) -> Recorded:
+    assert lock.twin is not None
+    twin = lock.twin.for_platform(platform)
+    resolved = resolve_twin(
+        lock, log, find_links=find_links, index_url=index_url, platform=platform
+    )
+    files = {"requirements": (twin.requirements, resolved.text)}
+    if twin.debian:
+        files["debian"] = (twin.debian, resolve_debian(lock, log, platform))
+    hashes = {}
+    for key, (rel, text) in files.items():
+        write_atomic(lock.resolve_path(rel), text.encode())
+        hashes[f"{twin.key}.{key}_sha256"] = digest_hex(sha256_digest(text.encode()))
+    changes = set_leaves(lock_path, hashes)
+    return Recorded(
+        platform=platform,
+        files={rel: hashes[f"{twin.key}.{key}_sha256"] for key, (rel, _) in files.items()},
+        packages=resolved.packages,
+        components=resolved.components,
+        changes=tuple(changes),
+    )
