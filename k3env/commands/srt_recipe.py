@@ -38,10 +38,9 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, app: App) -> int:
     log = app.log
-    from k3env.checks.rules import MODELS
     from k3env.config.cluster import load_cluster
     from k3env.handoff.push import pushed_record
-    from k3env.handoff.recipe import recipe, to_yaml
+    from k3env.handoff.recipe import precision_of, recipe, to_yaml
     from k3env.image.envpolicy import merged_env
     from k3env.image.records import last_build
 
@@ -78,7 +77,6 @@ def run(args: argparse.Namespace, app: App) -> int:
         raise ConfigError(
             "no model path", where=str(args.cluster), fix="set model_path, or pass --model-path"
         )
-    model = MODELS.get(profile.tokenizer_model_type or "", {})
     base = lock.bases[spec.base]
     text = to_yaml(
         recipe(
@@ -88,7 +86,7 @@ def run(args: argparse.Namespace, app: App) -> int:
             merged_env(lock, spec, base),
             container=container,
             model_path=model_path,
-            precision="fp4" if model.get("moe_quant") == "mxfp4" else "bf16",
+            precision=precision_of(profile.tokenizer_model_type),
             dynamo_baked=bool((facts.get("versions") or {}).get("dynamo")),
             dynamo_commit=lock.dynamo.commit if lock.dynamo else None,
             aiperf_version=lock.aiperf.version if lock.aiperf else None,

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from k3env.checks.argv import parse_options
+from k3env.checks.rules import MODELS
 from k3env.config.cluster import Cluster
 from k3env.config.spec import ImageSpec, ServeProfile
 from k3env.errors import SpecError
@@ -41,6 +42,12 @@ def _scalar(value: str | bool) -> Any:
         except ValueError:
             continue
     return value
+
+
+def precision_of(model_type: str | None) -> str:
+    """The recipe's precision for a model type: ``fp4`` for a model whose experts the rules'
+    model facts say are MXFP4 (Kimi-K3), else ``bf16``."""
+    return "fp4" if MODELS.get(model_type or "", {}).get("moe_quant") == "mxfp4" else "bf16"
 
 
 def recipe(
