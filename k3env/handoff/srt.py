@@ -20,6 +20,7 @@ import re
 import shutil
 import sys
 import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -225,117 +226,28 @@ def _relocate_venv(built: Path, final: Path) -> None:
 
 
 def materialize(lock: Lock, state: State, log: Log, *, source: str | None = None) -> Materialized:
+    """The pinned srt-slurm + its PR patches with srtctl installed, in the state's cache
+    (built in a temporary directory renamed at the end): clone, check the tag, apply the
+    patches, install srtctl, record every file of its venv."""
     srt = _pin(lock)
     patches = _patch_files(lock, srt)
     requirements = _requirements(lock, srt)
-    key = cache_key(srt)
-    final = state.path("srt", key[:20])
+    final = state.path("srt", cache_key(srt)[:20])
     origin = require_git_source(source, "--source") if source else srt.git
     if final.exists():
         record = _check_cache(final, log)
         log.info(f"    srt-slurm {srt.version} + {len(patches)} patch(es): cache hit {final}")
-        return Materialized(
-            path=final,
-            source=record["source"],
-            version=srt.version,
-            commit=srt.commit,
-            head=record["head"],
-            patches=tuple(record["patches"]),
-            python=final / "venv/bin/python",
-            reused=True,
-        )
+        return _materialized(final, record, reused=True)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.{os.getpid()}.partial")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         src = tmp / "src"
-        with log.step(f"clone {origin}"):
-            _git(
-                ["clone", "--quiet", "--no-checkout", "--", origin, str(src)], log, what="git clone"
-            )
-        code, tagged = attempt(
-            [
-                require_tool("git", "git"),
-                "rev-parse",
-                "--verify",
-                "--quiet",
-                f"refs/tags/{srt.version}^{{commit}}",
-            ],
-            log,
-            cwd=src,
-        )
-        tagged = tagged.strip()
-        if code != 0 or not tagged:
-            raise LockError(
-                f"tag {srt.version} does not exist in {origin}",
-                where=f"{lock.path}: srt_slurm.version",
-                fix="check the tag name (git ls-remote --tags URL), or the repository",
-            )
-        if tagged != srt.commit:
-            raise LockError(
-                f"tag {srt.version} is commit {tagged} in {origin}; the lock pins {srt.commit}",
-                where=f"{lock.path}: srt_slurm.commit",
-                fix="pin the tag's commit, or check that the mirror is the right repository",
-            )
-        _git(["checkout", "--quiet", "--detach", srt.commit], log, cwd=src, what="git checkout")
-        applied = []
-        for pin, path in patches:
-            label = pin.label
-            code, check = attempt(
-                [require_tool("git", "git"), "apply", "--check", "--verbose", str(path)],
-                log,
-                cwd=src,
-            )
-            if code != 0:
-                raise PatchError(
-                    f"srt-slurm patch {label} ({pin.file}) does not apply to {srt.version} + "
-                    f"the patches before it: {_conflict(path, check)}",
-                    where=f"{lock.path}: srt_slurm.patches[{pin.index}]",
-                    fix="rebase the patch on the pinned version (or drop it if it is upstream), "
-                    "then `k3env lock --update-hashes`",
-                )
-            _git(["apply", "--index", str(path)], log, cwd=src, what="git apply")
-            _git(
-                ["commit", "--quiet", "--no-verify", "-m", f"k3env: apply {label}: {pin.title}"],
-                log,
-                cwd=src,
-                what="git commit",
-            )
-            applied.append(label)
+        _checkout(lock, srt, origin, src, log)
+        applied = _apply_patches(lock, srt, patches, src, log)
         head = _git(["rev-parse", "HEAD"], log, cwd=src, what="git rev-parse").strip()
         with log.step("install srtctl into an isolated environment"):
-            # From a copy: a build writes build/ and *.egg-info into its source tree, and the
-            # checkout must stay exactly the pinned commit + patches.
-            pkg = tmp / "pkg"
-            shutil.copytree(src, pkg, ignore=shutil.ignore_patterns(".git"))
-            run([sys.executable, "-m", "venv", str(tmp / "venv")], log, what="venv")
-            pip = [str(tmp / "venv/bin/python"), "-m", "pip", "install", "--quiet",
-                   "--disable-pip-version-check"]  # fmt: skip
-            if requirements is None:
-                log.info(
-                    "    warning: srtctl's dependencies are not pinned (no "
-                    "srt_slurm.requirements in the lock): pip resolves srt-slurm's version "
-                    "ranges as of today"
-                )
-                run([*pip, str(pkg)], log, capture=True, what="pip install srtctl")
-            else:
-                # The pinned closure by hash, wheels only; then srtctl itself, built with the
-                # pinned backend from that closure, resolving nothing.
-                run([*pip, "--require-hashes", "--no-deps", "--only-binary", ":all:",
-                     "-r", str(requirements)], log, capture=True,
-                    what="pip install srtctl's pinned requirements")  # fmt: skip
-                run([*pip, "--no-deps", "--no-index", "--no-build-isolation", str(pkg)], log,
-                    capture=True, what="pip install srtctl")  # fmt: skip
-                code, broken = attempt([str(tmp / "venv/bin/python"), "-m", "pip", "check"], log)
-                if code != 0:
-                    raise LockError(
-                        f"srtctl's pinned requirements do not satisfy srt-slurm {srt.version}: "
-                        f"{broken.strip()[-1500:]}",
-                        where=f"{lock.path}: srt_slurm.requirements",
-                        fix="regenerate the requirements from srt-slurm's pyproject.toml "
-                        "dependencies (the command is in the file's header)",
-                    )
-            shutil.rmtree(pkg)
+            _install_srtctl(lock, srt, requirements, src, tmp, log)
             # pip writes the venv's absolute path into each script's first line (and venv
             # into activate): point them at where the cache entry will live.
             _relocate_venv(tmp / "venv", final / "venv")
@@ -353,16 +265,117 @@ def materialize(lock: Lock, state: State, log: Log, *, source: str | None = None
         os.rename(tmp, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    return _materialized(final, record, reused=False)
+
+
+def _materialized(final: Path, record: dict[str, Any], *, reused: bool) -> Materialized:
     return Materialized(
         path=final,
-        source=origin,
-        version=srt.version,
-        commit=srt.commit,
-        head=head,
-        patches=tuple(applied),
+        source=record["source"],
+        version=record["version"],
+        commit=record["commit"],
+        head=record["head"],
+        patches=tuple(record["patches"]),
         python=final / "venv/bin/python",
-        reused=False,
+        reused=reused,
     )
+
+
+def _checkout(lock: Lock, srt: SrtSlurmPin, origin: str, src: Path, log: Log) -> None:
+    """Clone ``origin`` and check out the pinned commit, which the pinned tag must name."""
+    with log.step(f"clone {origin}"):
+        _git(["clone", "--quiet", "--no-checkout", "--", origin, str(src)], log, what="git clone")
+    code, tagged = attempt(
+        [require_tool("git", "git"), "rev-parse", "--verify", "--quiet",
+         f"refs/tags/{srt.version}^{{commit}}"],
+        log,
+        cwd=src,
+    )  # fmt: skip
+    tagged = tagged.strip()
+    if code != 0 or not tagged:
+        raise LockError(
+            f"tag {srt.version} does not exist in {origin}",
+            where=f"{lock.path}: srt_slurm.version",
+            fix="check the tag name (git ls-remote --tags URL), or the repository",
+        )
+    if tagged != srt.commit:
+        raise LockError(
+            f"tag {srt.version} is commit {tagged} in {origin}; the lock pins {srt.commit}",
+            where=f"{lock.path}: srt_slurm.commit",
+            fix="pin the tag's commit, or check that the mirror is the right repository",
+        )
+    _git(["checkout", "--quiet", "--detach", srt.commit], log, cwd=src, what="git checkout")
+
+
+def _apply_patches(
+    lock: Lock, srt: SrtSlurmPin, patches: Sequence[tuple[SrtPatchPin, Path]], src: Path, log: Log
+) -> list[str]:
+    """Each PR patch in order, checked first (a conflict names the patch, file and hunk),
+    one commit each; their labels."""
+    applied = []
+    for pin, path in patches:
+        label = pin.label
+        code, check = attempt(
+            [require_tool("git", "git"), "apply", "--check", "--verbose", str(path)],
+            log,
+            cwd=src,
+        )
+        if code != 0:
+            raise PatchError(
+                f"srt-slurm patch {label} ({pin.file}) does not apply to {srt.version} + "
+                f"the patches before it: {_conflict(path, check)}",
+                where=f"{lock.path}: srt_slurm.patches[{pin.index}]",
+                fix="rebase the patch on the pinned version (or drop it if it is upstream), "
+                "then `k3env lock --update-hashes`",
+            )
+        _git(["apply", "--index", str(path)], log, cwd=src, what="git apply")
+        _git(
+            ["commit", "--quiet", "--no-verify", "-m", f"k3env: apply {label}: {pin.title}"],
+            log,
+            cwd=src,
+            what="git commit",
+        )
+        applied.append(label)
+    return applied
+
+
+def _install_srtctl(
+    lock: Lock, srt: SrtSlurmPin, requirements: Path | None, src: Path, tmp: Path, log: Log
+) -> None:
+    """srtctl into ``tmp/venv``: the pinned closure by hash, then srtctl itself resolving
+    nothing (``pip check`` after); unpinned, pip resolves srt-slurm's ranges."""
+    # From a copy: a build writes build/ and *.egg-info into its source tree, and the
+    # checkout must stay exactly the pinned commit + patches.
+    pkg = tmp / "pkg"
+    shutil.copytree(src, pkg, ignore=shutil.ignore_patterns(".git"))
+    run([sys.executable, "-m", "venv", str(tmp / "venv")], log, what="venv")
+    pip = [str(tmp / "venv/bin/python"), "-m", "pip", "install", "--quiet",
+           "--disable-pip-version-check"]  # fmt: skip
+    if requirements is None:
+        log.info(
+            "    warning: srtctl's dependencies are not pinned (no "
+            "srt_slurm.requirements in the lock): pip resolves srt-slurm's version "
+            "ranges as of today"
+        )
+        run([*pip, str(pkg)], log, capture=True, what="pip install srtctl")
+    else:
+        # The pinned closure by hash, wheels only; then srtctl itself, built with the
+        # pinned backend from that closure, resolving nothing.
+        run([*pip, "--require-hashes", "--no-deps", "--only-binary", ":all:",
+             "-r", str(requirements)], log, capture=True,
+            what="pip install srtctl's pinned requirements")  # fmt: skip
+        run([*pip, "--no-deps", "--no-index", "--no-build-isolation", str(pkg)], log,
+            capture=True, what="pip install srtctl")  # fmt: skip
+        code, broken = attempt([str(tmp / "venv/bin/python"), "-m", "pip", "check"], log)
+        if code != 0:
+            raise LockError(
+                f"srtctl's pinned requirements do not satisfy srt-slurm {srt.version}: "
+                f"{broken.strip()[-1500:]}",
+                where=f"{lock.path}: srt_slurm.requirements",
+                fix="regenerate the requirements from srt-slurm's pyproject.toml "
+                "dependencies (the command is in the file's header)",
+            )
+    shutil.rmtree(pkg)
 
 
 # --- validate ------------------------------------------------------------------------------------
