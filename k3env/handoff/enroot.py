@@ -434,11 +434,12 @@ def _record_items(fs: Squashfs, listing: list[str], patched: set[str], log: Log)
 def check_squashfs(
     sqsh: Path, lock: Lock, specs: Mapping[str, ImageSpec], log: Log
 ) -> list[CheckItem]:
-    """Every difference between ``sqsh`` and what its image and this lock say it holds."""
+    """Every difference between ``sqsh`` and what its image and this lock say it holds:
+    first against the image (its provenance, /etc/rc, /etc/environment, k3env's files, every
+    RECORD), then against this checkout (lock, spec, env, patches)."""
     fs = Squashfs(sqsh, log)
     prov, raw = _provenance(fs)
     config = prov["config"]
-    items: list[CheckItem] = []
     labels = dict(config.get("Labels") or {})
     # The provenance file against its hash in the image's labels (/etc/rc carries them).
     labels[PROVENANCE_LABEL] = digest_hex(sha256_digest(raw))
@@ -449,25 +450,35 @@ def check_squashfs(
     except ConfigError as e:
         return [CheckItem(what="config", ok=False, detail=e.message)]
     rc = fs.cat("etc/rc")
-    carried = re.search(
-        rb"^# " + re.escape(PROVENANCE_LABEL.encode()) + rb" ([0-9a-f]{64})$", rc or b"", re.M
-    )
-    ok = carried is not None and carried.group(1).decode() == labels[PROVENANCE_LABEL]
-    items.append(
-        CheckItem(
-            what="provenance",
-            ok=ok,
-            detail=f"{PROVENANCE_PATH} has the sha256 the image's config names"
-            if ok
-            else f"{PROVENANCE_PATH} sha256 {labels[PROVENANCE_LABEL][:16]} differs from the image "
-            f"config's {PROVENANCE_LABEL} ({_short(carried)})",
-        )
-    )
+    items = [_provenance_item(rc, labels[PROVENANCE_LABEL])]
     items += _rc_items(expected["etc/rc"].decode(), rc)
     env_actual = (fs.cat("etc/environment") or b"").decode(errors="replace").splitlines()
     items += _lines_diff("etc/environment", list(config.get("Env") or []), env_actual)
-    # Every file of k3env's layer, by sha256.
-    for path, sha in sorted((prov.get("files") or {}).items()):
+    items += _file_items(fs, prov.get("files") or {})
+    patched = {p.lstrip("/") for p in prov.get("files") or {}}
+    items += _record_items(fs, fs.listing(), patched, log)
+    return items + _checkout_items(fs, prov, lock, specs, set(env_actual))
+
+
+def _provenance_item(rc: bytes | None, digest: str) -> CheckItem:
+    carried = re.search(
+        rb"^# " + re.escape(PROVENANCE_LABEL.encode()) + rb" ([0-9a-f]{64})$", rc or b"", re.M
+    )
+    ok = carried is not None and carried.group(1).decode() == digest
+    return CheckItem(
+        what="provenance",
+        ok=ok,
+        detail=f"{PROVENANCE_PATH} has the sha256 the image's config names"
+        if ok
+        else f"{PROVENANCE_PATH} sha256 {digest[:16]} differs from the image "
+        f"config's {PROVENANCE_LABEL} ({_short(carried)})",
+    )
+
+
+def _file_items(fs: Squashfs, files: Mapping[str, str]) -> list[CheckItem]:
+    """Every file of k3env's layer, by sha256."""
+    items = []
+    for path, sha in sorted(files.items()):
         content = fs.cat(path)
         got = digest_hex(sha256_digest(content)) if content is not None else None
         items.append(
@@ -479,25 +490,30 @@ def check_squashfs(
                 else ("missing" if got is None else f"sha256 {got[:16]}, built {sha[:16]}"),
             )
         )
-    patched = {p.lstrip("/") for p in prov.get("files") or {}}
-    items += _record_items(fs, fs.listing(), patched, log)
-    # Then against this checkout: the lock and spec the image was built from, and its env.
+    return items
+
+
+def _checkout_items(
+    fs: Squashfs,
+    prov: Mapping[str, Any],
+    lock: Lock,
+    specs: Mapping[str, ImageSpec],
+    env_lines: set[str],
+) -> list[CheckItem]:
+    """The image against this checkout: the lock and spec it was built from, its env, and
+    each patch it applied still present."""
     spec = specs.get(str(prov.get("image", "")))
     lock_sha = str((prov.get("lock") or {}).get("sha256"))
-    items.append(
+    items = [
         CheckItem(
             what="provenance.lock",
             ok=lock_sha == lock.sha256,
             detail=f"image built from lock {lock_sha[:16]}, this lock is {lock.sha256[:16]}",
         )
-    )
+    ]
     if spec is None:
-        items.append(
-            CheckItem(
-                what="provenance.spec", ok=False, detail=f"no spec named {prov.get('image')!r} here"
-            )
-        )
-        return items
+        return [*items, CheckItem(what="provenance.spec", ok=False,
+                                  detail=f"no spec named {prov.get('image')!r} here")]  # fmt: skip
     spec_sha = str((prov.get("spec") or {}).get("sha256"))
     items.append(
         CheckItem(
@@ -508,9 +524,8 @@ def check_squashfs(
     )
     base_pin = lock.bases.get(str((prov.get("base") or {}).get("pin", "")))
     if base_pin is not None:
-        lines = set(env_actual)
         for name, value in sorted(merged_env(lock, spec, base_pin).items()):
-            ok = f"{name}={value}" in lines
+            ok = f"{name}={value}" in env_lines
             items.append(
                 CheckItem(
                     what=f"env {name}",
@@ -518,30 +533,24 @@ def check_squashfs(
                     detail=f"/etc/environment {'has' if ok else 'lacks'} {name}={value}",
                 )
             )
-    for p in prov.get("patches", []):
-        if p.get("status") not in (APPLIED, ALREADY_PRESENT):
-            items.append(
-                CheckItem(what=f"patch {p.get('name')}", ok=True, detail=str(p.get("status")))
-            )
-            continue
-        pin = lock.container_patches.get(str(p.get("name")))
-        if pin is None:
-            items.append(
-                CheckItem(what=f"patch {p.get('name')}", ok=False, detail="not in this lock")
-            )
-            continue
-        patch = load_patch_file(pin, verify_patch_file(lock, pin))
-        text = (fs.cat(str(p["target"])) or b"").decode(errors="replace")
-        missing = missing_edits(patch, text)
-        items.append(
-            CheckItem(
-                what=f"patch {p['name']}",
-                ok=not missing,
-                detail=f"{p['target']}: "
-                + ("; ".join(missing) if missing else f"{len(patch.edits)} edit(s) present"),
-            )
-        )
-    return items
+    return items + [_patch_item(fs, p, lock) for p in prov.get("patches", [])]
+
+
+def _patch_item(fs: Squashfs, p: Mapping[str, Any], lock: Lock) -> CheckItem:
+    if p.get("status") not in (APPLIED, ALREADY_PRESENT):
+        return CheckItem(what=f"patch {p.get('name')}", ok=True, detail=str(p.get("status")))
+    pin = lock.container_patches.get(str(p.get("name")))
+    if pin is None:
+        return CheckItem(what=f"patch {p.get('name')}", ok=False, detail="not in this lock")
+    patch = load_patch_file(pin, verify_patch_file(lock, pin))
+    text = (fs.cat(str(p["target"])) or b"").decode(errors="replace")
+    missing = missing_edits(patch, text)
+    return CheckItem(
+        what=f"patch {p['name']}",
+        ok=not missing,
+        detail=f"{p['target']}: "
+        + ("; ".join(missing) if missing else f"{len(patch.edits)} edit(s) present"),
+    )
 
 
 def require_ok(sqsh: Path, items: list[CheckItem]) -> None:
