@@ -466,12 +466,47 @@ def verify_images(
     files are the same (``files_key``) share one container and one import of the entrypoints
     (each image's checks run under its own environment; the probe says when an image cannot
     share, and that image is probed on its own). ``share=False`` probes each on its own."""
-    from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-
     log = log or Log(quiet=True)
     start = time.monotonic()
-    outputs: dict[int, tuple[ProbeOutput, bool]] = {}
-    finished: dict[int, float] = {}  # when each image's verdicts were in
+    done = _Done(outputs={}, finished={})
+    jobs = _plan_jobs(engine, state, lock, pairs, twin=twin, share=share, done=done)
+    groups = _groups(engine, jobs, share=share)
+    _schedule(engine, state, jobs, groups, done, timeout=timeout, log=log,
+              cores=workers or max(1, os.cpu_count() or 1))  # fmt: skip
+    return [
+        _report(
+            state,
+            lock,
+            spec,
+            build,
+            *done.outputs[i],
+            twin=twin,
+            log=log,
+            seconds=done.finished[i] - start,
+        )
+        for i, (spec, build) in enumerate(pairs)
+    ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Done:
+    """Each image's probe output (and whether it came from its record), and when it was in."""
+
+    outputs: dict[int, tuple[ProbeOutput, bool]]
+    finished: dict[int, float]
+
+
+def _plan_jobs(
+    engine: Engine,
+    state: State,
+    lock: Lock,
+    pairs: Sequence[tuple[ImageSpec, BuildResult]],
+    *,
+    twin: bool,
+    share: bool,
+    done: _Done,
+) -> dict[int, _Job]:
+    """What each image must be asked; an image answered by its record goes into ``done``."""
     jobs: dict[int, _Job] = {}
     for i, (spec, build) in enumerate(pairs):
         base_pin = select_base(lock, spec, twin)  # the base the builder used
@@ -483,13 +518,18 @@ def verify_images(
         recorded = state.read_record("verify", key)
         # --isolated asks for an image's own import: a recorded shared verdict does not do.
         if isinstance(recorded, dict) and (share or "shared_import" not in recorded["facts"]):
-            outputs[i] = (ProbeOutput(**recorded), True)
-            finished[i] = time.monotonic()
+            done.outputs[i] = (ProbeOutput(**recorded), True)
+            done.finished[i] = time.monotonic()
             continue
         inspected = engine.inspect(build.image_id)
         env = probe_env((inspected.config.get("Env") or []) if inspected else [])
         jobs[i] = _Job(spec=spec, build=build, python=base_pin.python, plan=plan, key=key,
                        env=env, image=inspected)  # fmt: skip
+    return jobs
+
+
+def _groups(engine: Engine, jobs: Mapping[int, _Job], *, share: bool) -> list[list[int]]:
+    """The images that can share one container, largest group first."""
     groups: dict[Any, list[int]] = {}
     for i, job in jobs.items():
         # The same files, interpreter and entrypoints to import (and the same modules the
@@ -502,6 +542,23 @@ def verify_images(
             else i
         )  # fmt: skip
         groups.setdefault(group, []).append(i)
+    return sorted(groups.values(), key=len, reverse=True)
+
+
+def _schedule(
+    engine: Engine,
+    state: State,
+    jobs: Mapping[int, _Job],
+    groups: Sequence[list[int]],
+    done: _Done,
+    *,
+    timeout: float,
+    log: Log,
+    cores: int,
+) -> None:
+    """Probe every group, ``cores`` containers at once; a group whose container failed as a
+    whole goes again image by image. Each answer is recorded as it comes in."""
+    from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 
     def probe(members: list[int]) -> list[ProbeOutput | str]:
         first = jobs[members[0]]
@@ -527,15 +584,13 @@ def verify_images(
                 raise
             return [f"the group's container failed: {e.message[:300]}" for _ in members]
 
-    cores = workers or max(1, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=cores) as pool:
         running: dict[Future[list[ProbeOutput | str]], list[int]] = {
-            pool.submit(probe_or_alone, members): members
-            for members in sorted(groups.values(), key=len, reverse=True)
+            pool.submit(probe_or_alone, members): members for members in groups
         }
         while running:
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for future in done:
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
                 members = running.pop(future)
                 for i, out in zip(members, future.result(), strict=True):
                     if isinstance(out, str):
@@ -543,21 +598,8 @@ def verify_images(
                         running[pool.submit(probe, [i])] = [i]
                         continue
                     state.write_record(dataclasses.asdict(out), "verify", jobs[i].key)
-                    outputs[i] = (out, False)
-                    finished[i] = time.monotonic()
-    return [
-        _report(
-            state,
-            lock,
-            spec,
-            build,
-            *outputs[i],
-            twin=twin,
-            log=log,
-            seconds=finished[i] - start,
-        )
-        for i, (spec, build) in enumerate(pairs)
-    ]
+                    done.outputs[i] = (out, False)
+                    done.finished[i] = time.monotonic()
 
 
 def _report(
