@@ -3,7 +3,7 @@ each container patch and srt-slurm PR patch on the pinned versions."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from k3env.checks.preflight import contexts, run_rules
@@ -11,7 +11,7 @@ from k3env.checks.rules import RULES
 from k3env.checks.verify import CHECKS, ImageReport, verify_images
 from k3env.config.cluster import Cluster
 from k3env.config.lock import BasePin, Lock, verify_patch_file
-from k3env.config.patchfile import load_patch_file
+from k3env.config.patchfile import PatchFile, load_patch_file
 from k3env.config.shapes import DEFAULT_PLATFORM
 from k3env.config.spec import ImageSpec
 from k3env.engine.protocol import Engine
@@ -74,7 +74,6 @@ def evaluate(
 ) -> Outcome:
     """Build every image on ``lock``, verify and preflight it, and test each container patch.
     ``twin``: images built and verified over each base's CPU twin (the offline default)."""
-    fates: list[PatchFate] = []
     registry = registry_base(engine, log)
 
     def resolve(pin: BasePin, platform: str = DEFAULT_PLATFORM) -> ResolvedBase:
@@ -92,6 +91,34 @@ def evaluate(
         # bytes it pinned are gone). A state that cannot be built, said so; never a crash.
         return Outcome(reports=(), preflight_errors={}, patches=(), error=describe_error(e),
                        twin=twin)  # fmt: skip
+    fates = _container_patch_fates(lock, patch_files, resolve, engine, state, log)
+    fates += _srt_patch_fates(lock, log, srt_source)
+    try:
+        builder = make_builder(lock, engine, state, log, twin)
+        builds = list(zip(specs, build_all(builder, specs), strict=True))
+    except K3envError as e:
+        return Outcome(reports=(), preflight_errors={}, patches=fates, error=describe_error(e),
+                       twin=twin)  # fmt: skip
+    reports = verify_images(engine, state, lock, builds, twin=twin) if run_verify else []
+    pre = run_rules(contexts(lock, specs, cluster, state), RULES)
+    errors = {spec.name: 0 for spec in specs}
+    for f in pre.findings:
+        if f.severity == "error":
+            errors[f.image] = errors.get(f.image, 0) + 1
+    return Outcome(reports=reports, preflight_errors=errors, patches=fates, twin=twin)
+
+
+def _container_patch_fates(
+    lock: Lock,
+    patch_files: Mapping[str, PatchFile],
+    resolve: Callable[[BasePin], ResolvedBase],
+    engine: Engine,
+    state: State,
+    log: Log,
+) -> list[PatchFate]:
+    """Each container patch on each base it was written for: applies, upstream (drop it),
+    conflicts, or skipped (its base cannot be had here)."""
+    fates: list[PatchFate] = []
     for name, pin in lock.container_patches.items():
         patch = patch_files[name]
         for base_name in pin.bases:
@@ -127,24 +154,23 @@ def evaluate(
             except PatchError as e:
                 fates.append(PatchFate(name=name, base=base_name, status="conflicts",
                                        detail=e.message))  # fmt: skip
-    if lock.srt_slurm is not None and lock.srt_slurm.patches:
-        try:
-            for fate in patch_fates(lock, log, source=srt_source):
-                fates.append(PatchFate(name=fate.label, base=f"srt-slurm {lock.srt_slurm.version}",
-                                       status=fate.status, detail=fate.detail))  # fmt: skip
-        except K3envError as e:
-            fates.append(PatchFate(name="srt-slurm patches", base=lock.srt_slurm.version,
-                                   status="skipped", detail=describe_error(e)))  # fmt: skip
+    return fates
+
+
+def _srt_patch_fates(lock: Lock, log: Log, srt_source: str | None) -> list[PatchFate]:
+    """Each srt-slurm PR patch on the pinned version (or why they could not be tried)."""
+    if lock.srt_slurm is None or not lock.srt_slurm.patches:
+        return []
     try:
-        builder = make_builder(lock, engine, state, log, twin)
-        builds = list(zip(specs, build_all(builder, specs), strict=True))
+        return [
+            PatchFate(
+                name=fate.label,
+                base=f"srt-slurm {lock.srt_slurm.version}",
+                status=fate.status,
+                detail=fate.detail,
+            )
+            for fate in patch_fates(lock, log, source=srt_source)
+        ]
     except K3envError as e:
-        return Outcome(reports=(), preflight_errors={}, patches=fates, error=describe_error(e),
-                       twin=twin)  # fmt: skip
-    reports = verify_images(engine, state, lock, builds, twin=twin) if run_verify else []
-    pre = run_rules(contexts(lock, specs, cluster, state), RULES)
-    errors = {spec.name: 0 for spec in specs}
-    for f in pre.findings:
-        if f.severity == "error":
-            errors[f.image] = errors.get(f.image, 0) + 1
-    return Outcome(reports=reports, preflight_errors=errors, patches=fates, twin=twin)
+        return [PatchFate(name="srt-slurm patches", base=lock.srt_slurm.version,
+                          status="skipped", detail=describe_error(e))]  # fmt: skip
