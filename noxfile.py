@@ -35,8 +35,9 @@ def tests_unit(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
-    """ruff (lint + format check), mypy --strict, and the layout check (no import cycle)."""
-    _install(session, "lint")
+    """ruff (lint + format check), mypy --strict (k3env, tests, benchmarks, scripts), and the
+    layout check (no import cycle)."""
+    _install(session, "lint", "test")  # mypy reads the tests, which import pytest and the rest
     session.run("python", "scripts/check_layout.py", "k3env")
     paths = ("k3env", "tests", "noxfile.py", "benchmarks", "scripts")
     session.run("ruff", "check", *paths)

@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -77,11 +78,12 @@ def main() -> int:
             shutil.copytree(REPO / d, workdir / d)
         argv = ["k3env", "matrix", "--variant", VARIANT, IMAGE, "--json", "-q"]
 
-        def run() -> dict:
+        def run() -> dict[str, Any]:
             proc = subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True)
             if proc.returncode != 0:
                 sys.exit(f"benchmark command failed: {' '.join(argv)}\n{proc.stderr}")
-            return json.loads(proc.stdout)
+            out: dict[str, Any] = json.loads(proc.stdout)
+            return out
 
         first = run()  # the pinned cell's records, the variant's wheels
         cell = next(c for c in first["cells"] if c["variant"] == VARIANT)

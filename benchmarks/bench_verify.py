@@ -50,7 +50,10 @@ def main() -> int:
     rows = []
     for spec in specs[:1] if args.quick else specs:
         build = builder.build(spec)
-        imports, serves, verifies, failures = [], [], [], 0
+        imports: list[float] = []
+        serves: list[float] = []
+        verifies: list[float] = []
+        failures = 0
         for _ in range(args.repeat):
             for stmt, times in (("import vllm", imports), (f"import {SERVE}", serves)):
                 start = time.perf_counter()

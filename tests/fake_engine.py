@@ -31,7 +31,7 @@ import posixpath
 import shlex
 import tarfile
 import textwrap
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +40,7 @@ from k3env.config.lock import Lock, load_lock
 from k3env.config.spec import ImageSpec, load_spec
 from k3env.engine.protocol import (
     BaseImage,
+    Engine,
     HistoryEntry,
     ImageFile,
     Progress,
@@ -745,7 +746,7 @@ class FakeEngine:
         )
         return PushResult(digest=digest, layers=layers)
 
-    def export(self, image: str) -> Iterator[bytes]:
+    def export(self, image: str) -> Generator[bytes, None, None]:
         """The image's filesystem as a tar stream (its files' own mtimes), with what a
         container's init layer adds to it (at ``self.container_created``)."""
         self._call("export", image)
@@ -773,7 +774,7 @@ class FakeEngine:
                     info.mode, info.uid, info.gid, info.size = f.mode, f.uid, f.gid, len(f.content)
                     tar.addfile(info, io.BytesIO(f.content))
         data = buf.getvalue()
-        return iter([data[i : i + 65536] for i in range(0, len(data), 65536)])
+        return (data[i : i + 65536] for i in range(0, len(data), 65536))
 
 
 def _apply_changes(config: dict[str, Any], changes: Sequence[str]) -> dict[str, Any]:
@@ -933,3 +934,9 @@ def write_project(
     ]
     (root / SPEC).write_text("\n".join(spec) + "\n" + textwrap.dedent(spec_tail))
     return Project(root=root, bases=dict(bases))
+
+
+def _as_engine(fake: FakeEngine) -> Engine:
+    """Never called: mypy checks here that the fake is an ``Engine`` (the protocol), so the
+    unit tests' engine cannot drift from the real one's interface."""
+    return fake

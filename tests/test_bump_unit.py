@@ -156,7 +156,7 @@ def test_a_build_that_fails_outright_is_the_outcomes_error(
     assert fake_engine.tags("k3env-test/probe") == []
 
 
-def probe_answer(rows: list[dict[str, Published]], facts: dict[str, Published]) -> RunResult:
+def probe_answer(rows: list[dict[str, object]], facts: dict[str, object]) -> RunResult:
     payload = {"plans": [{"results": rows, "facts": facts, "patch_targets": {}}]}
     return RunResult(exit_code=0, stdout=MARK + json.dumps(payload) + "\n", stderr="")
 

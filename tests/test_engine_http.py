@@ -271,9 +271,8 @@ def test_run_past_its_timeout_is_killed(fake: FakeDaemon) -> None:
 def test_push_retries_then_names_the_registry(
     fake: FakeDaemon, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import k3env.engine.dockerd
 
-    monkeypatch.setattr(k3env.engine.dockerd.time, "sleep", lambda _: None)
+    monkeypatch.setattr("k3env.engine.dockerd.time.sleep", lambda _: None)
     fake.route = routes({"POST /images/reg:5000/x/push": (500, b'{"message": "registry down"}')})
     lines: list[str] = []
     with pytest.raises(EngineError) as e:

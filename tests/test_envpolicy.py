@@ -5,9 +5,10 @@ from pathlib import Path
 import pytest
 
 from k3env.config.lock import load_lock
+from k3env.config.secrets import credential_reason
 from k3env.config.spec import load_spec
 from k3env.errors import SecretError
-from k3env.image.envpolicy import baked_env, credential_reason, merge_env
+from k3env.image.envpolicy import baked_env, merge_env
 
 
 @pytest.mark.parametrize(

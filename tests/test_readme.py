@@ -22,7 +22,10 @@ def test_every_command_is_in_the_table_with_a_description() -> None:
     rows = [r for r in table.splitlines()[2:]]
     names = [r.split("`")[1].split(" [")[0].split(" {")[0] for r in rows]
     assert "k3env srt recipe" in " ".join(names)
-    subs = parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    group = parser()._subparsers
+    assert group is not None
+    subs = group._group_actions[0].choices
+    assert isinstance(subs, dict)
     for name in subs:
         assert any(n.startswith(f"k3env {name}") for n in names), name
     assert all(not r.endswith("|  |") for r in rows), [r for r in rows if r.endswith("|  |")]

@@ -25,7 +25,9 @@ def registry() -> Iterator[tuple[str, list[str]]]:
         def log_message(self, *args: object) -> None:
             pass
 
-        def _send(self, code: int, body: bytes = b"", headers: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+        def _send(
+            self, code: int, body: bytes = b"", headers: dict[str, str] | None = None
+        ) -> None:
             self.send_response(code)
             for k, v in (headers or {}).items():
                 self.send_header(k, v)

@@ -7,7 +7,7 @@ import json
 import tomllib
 from pathlib import Path
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 import pytest
 
 from k3env.cli import main

@@ -242,7 +242,7 @@ def test_a_spec_with_an_unknown_dynamo_install_mode_is_refused(srt_repo: Path) -
     path.write_text('dynamo_install = "at-job-start"\n' + path.read_text())
     with pytest.raises(SpecError, match="unknown Dynamo install mode") as e:
         load_spec(path, load_lock(LOCK))
-    assert e.value.where.endswith("dynamo_install")
+    assert e.value.where is not None and e.value.where.endswith("dynamo_install")
 
 
 def test_patch_whose_sha256_differs_is_refused(

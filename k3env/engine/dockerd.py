@@ -18,7 +18,7 @@ import os
 import posixpath
 import tarfile
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -606,7 +606,7 @@ class DockerEngine:
             raise EngineError("the registry returned no digest", where=where, fix="push again")
         return PushResult(digest=str(digest), layers=layers)
 
-    def export(self, image: str) -> Iterator[bytes]:
+    def export(self, image: str) -> Generator[bytes, None, None]:
         container = self._create(image, {"Entrypoint": ["k3env-export"], "Cmd": []})
         try:
             with self._reported("docker export", image):

@@ -6,7 +6,7 @@ real dockerd in the tests marked ``engine``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -131,7 +131,7 @@ class Engine(Protocol):
     def push(self, repository: str, tag: str, progress: Progress) -> PushResult:
         """Push ``repository:tag``: the registry's manifest digest and each layer's fate."""
 
-    def export(self, image: str) -> Iterator[bytes]:
+    def export(self, image: str) -> Generator[bytes, None, None]:
         """The image's root filesystem as a tar stream (``docker create`` + ``export``).
 
         The container is removed when the stream is exhausted or closed."""

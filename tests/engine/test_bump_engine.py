@@ -148,7 +148,7 @@ def test_a_bump_runs_over_the_cpu_twin_on_the_offline_default(
     base, is not judged on the twin (its vLLM is another release): skipped, never a conflict."""
     import shutil
 
-    from .conftest import REPO
+    from ..conftest import REPO
 
     shutil.copytree(REPO / "clusters", repo / "clusters")
     images = repo / "only-d"

@@ -12,7 +12,7 @@ from k3env.image import twin
 from k3env.log import Log
 from k3env.state import State
 
-from .conftest import REPO
+from ..conftest import REPO
 
 pytestmark = [pytest.mark.engine]
 

@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +133,7 @@ def test_export_is_deterministic_and_laid_out_as_enroot_does(
 
     config = _inspect(a["image_id"])
     assert cat("etc/environment").splitlines() == config["Env"]
-    assert "A=1" in config["Env"] and "STACK_WIDE=1" in config["Env"]  # type: ignore[operator]
+    assert "A=1" in config["Env"] and "STACK_WIDE=1" in config["Env"]
     assert cat("etc/rc") == _enroot_rc(config)
     assert "idx_mapping.long()" in cat("usr/lib/python3/dist-packages/k3test/mod.py")
     listing = subprocess.run(
@@ -167,7 +167,9 @@ def exported_root(
     rootfs = _unsquash(str(root / exported["path"]), root / "rootfs")
     config = _inspect(exported["image_id"])
     (rootfs / "etc/rc").write_text(_enroot_rc(config))
-    (rootfs / "etc/environment").write_text("".join(f"{e}\n" for e in config["Env"]))  # type: ignore[union-attr]
+    env = config["Env"]
+    assert isinstance(env, list)
+    (rootfs / "etc/environment").write_text("".join(f"{e}\n" for e in env))
     yield rootfs
 
 
@@ -197,7 +199,7 @@ def _replace(path: Path, old: str, new: str) -> None:
 
 
 K3TEST_INIT = "usr/lib/python3/dist-packages/k3test/__init__.py"
-TAMPERING = {
+TAMPERING: dict[str, tuple[Callable[[Path], None], str]] = {
     "env-appended": (lambda r: _append(r / "etc/environment", "PYTHONHASHSEED=43\n"),
                      "etc/environment: extra line 'PYTHONHASHSEED=43'"),
     "ld-preload": (lambda r: _append(r / "etc/environment", "LD_PRELOAD=/x.so\n"),

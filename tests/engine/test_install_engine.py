@@ -23,7 +23,7 @@ from k3env.image.wheels import platform_tags
 from k3env.log import Log
 from k3env.state import State
 
-from .conftest import REPO
+from ..conftest import REPO
 
 pytestmark = [pytest.mark.engine]
 
