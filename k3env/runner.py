@@ -14,12 +14,15 @@ from k3env.log import Log
 
 
 def require_tool(name: str, package: str) -> str:
+    """The path of ``name``; else the error names how to install it: ``package`` is a Debian
+    package, or a whole command (``pip install uv``) where Debian has none."""
     path = shutil.which(name)
     if path is None:
+        how = package if " " in package else f"apt-get install -y {package}"
         raise ToolError(
             f"`{name}` is not installed",
             where="PATH",
-            fix=f"apt-get install -y {package} (or `nix develop`, which pins it)",
+            fix=f"{how} (or `nix develop`, which pins it)",
         )
     return path
 

@@ -101,3 +101,18 @@ def test_pin_bump_workflow_structure() -> None:
     assert "gh pr create" in runs and "--body-file pr-body.md" in runs
     for step in job["steps"]:
         assert set(step) <= {"name", "id", "if", "uses", "with", "run", "env"}, step
+
+
+def test_a_missing_tool_names_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    from k3env.errors import ToolError
+    from k3env.runner import require_tool
+
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(ToolError) as debian:
+        require_tool("mksquashfs", "squashfs-tools")
+    assert debian.value.fix is not None and debian.value.fix.startswith(
+        "apt-get install -y squashfs-tools"
+    )
+    with pytest.raises(ToolError) as pip:
+        require_tool("uv", "pip install uv")
+    assert pip.value.fix is not None and pip.value.fix.startswith("pip install uv (")
