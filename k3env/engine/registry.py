@@ -145,14 +145,15 @@ def manifest_exists(repository: str, digest: str) -> bool:
         return False
 
 
-def refuse_to_move(repository: str, tag: str, image_id: str) -> None:
+def refuse_to_move(repository: str, tag: str, image_id: str) -> str | None:
     """Fail when the registry's ``repository:tag`` already names another image: a tag is the
     content hash of an image's inputs, so another image under it means the bytes moved (a
-    build that is not reproducible), and moving it would change what others pull."""
+    build that is not reproducible), and moving it would change what others pull. Returns
+    the image the tag names now (``image_id``, or ``None``: no such tag, or no answer)."""
     try:
         current = tagged_config(repository, tag)
     except EngineError:
-        return  # the registry is unreachable: the push itself will say so
+        return None  # the registry is unreachable: the push itself will say so
     if current is not None and current != image_id:
         raise CheckFailed(
             f"{repository}:{tag} already names image {current[:19]}, not {image_id[:19]}: "
@@ -161,6 +162,7 @@ def refuse_to_move(repository: str, tag: str, image_id: str) -> None:
             fix="do not overwrite it: find what differs (`docker image inspect` both, compare "
             "layers); pull the registry's image by digest to build on the same bytes",
         )
+    return current
 
 
 def list_tags(repository: str) -> list[str]:

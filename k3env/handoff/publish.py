@@ -30,6 +30,7 @@ from k3env.image.blobs import (
     Blob,
     kept_config,
     kept_layer,
+    oci_manifest,
 )
 from k3env.log import Log
 from k3env.state import State
@@ -195,17 +196,7 @@ def plan_image(state: State, image_id: str) -> PlatformImage:
     layers += [
         Layer(digest=b.digest, size=b.size, media_type=b.media_type, kept=b, source="") for b in own
     ]
-    manifest = {
-        "schemaVersion": 2,
-        "mediaType": MANIFEST,
-        "config": {
-            "mediaType": config_blob.media_type,
-            "digest": config_blob.digest,
-            "size": config_blob.size,
-        },
-        "layers": [{"mediaType": x.media_type, "digest": x.digest, "size": x.size} for x in layers],
-    }
-    body = _json(manifest)
+    body = oci_manifest(config_blob, layers)
     return PlatformImage(
         platform=platform, image_id=image_id, digest=sha256_digest(body), size=len(body),
         body=body, config=config_blob, layers=tuple(layers),

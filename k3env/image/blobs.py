@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import json
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from k3env.errors import StateError
 from k3env.hashing import HashingWriter, digest_hex, sha256_digest
@@ -35,6 +36,29 @@ class Blob:
     size: int
     media_type: str
     path: Path
+
+
+class Described(Protocol):
+    """What a manifest says of a blob."""
+
+    @property
+    def digest(self) -> str: ...
+    @property
+    def size(self) -> int: ...
+    @property
+    def media_type(self) -> str: ...
+
+
+def oci_manifest(config: Described, layers: Sequence[Described]) -> bytes:
+    """An OCI image manifest naming ``config`` and ``layers``, in the one byte form k3env
+    writes (sorted keys, no spaces): its sha256 is the digest a registry serves it by."""
+    doc = {
+        "schemaVersion": 2,
+        "mediaType": MANIFEST_MEDIA_TYPE,
+        "config": {"mediaType": config.media_type, "digest": config.digest, "size": config.size},
+        "layers": [{"mediaType": x.media_type, "digest": x.digest, "size": x.size} for x in layers],
+    }
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
 def _layer_path(state: State, diff_id: str) -> Path:

@@ -45,6 +45,7 @@ from k3env.image.blobs import (
     keep_layer,
     kept_config,
     kept_layer,
+    oci_manifest,
 )
 from k3env.image.install import Native, install_tree, load_checked
 from k3env.image.layer import archive_file, tree_layer
@@ -404,16 +405,7 @@ def publish_kept(reference: str, image_id: str, state: State, log: Log) -> str |
         if not registry.blob_exists(repository, blob.digest):
             with log.step(f"send {blob.digest[7:19]} ({blob.size / 1e6:.0f} MB)"):
                 registry.put_blob(repository, blob.digest, blob.path)
-    body = _json(
-        {
-            "schemaVersion": 2,
-            "mediaType": MANIFEST_MEDIA_TYPE,
-            "config": {"mediaType": config.media_type, "digest": config.digest,
-                       "size": config.size},
-            "layers": [{"mediaType": b.media_type, "digest": b.digest, "size": b.size}
-                       for b in blobs],
-        }
-    )  # fmt: skip
+    body = oci_manifest(config, blobs)
     return registry.put_manifest(repository, tag, body, MANIFEST_MEDIA_TYPE)
 
 
@@ -555,10 +547,9 @@ def ensure_twin(
     image = engine.lookup(p.reference)
     if image is None:
         raise EngineError("twin image vanished", where=p.reference, fix="run `k3env twin` again")
-    if _tagged(repository, tag) == image.id:  # pushed before: the tag stays where it is
+    if refuse_to_move(repository, tag, image.id) == image.id:  # pushed before: it stays
         digest = registry.resolve_digest(repository, tag)
     else:
-        refuse_to_move(repository, tag, image.id)
         with log.step(f"push {p.reference}"):
             digest = (
                 publish_kept(p.reference, image.id, state, log)
@@ -566,13 +557,6 @@ def ensure_twin(
             )
     state.write_record({"reference": p.reference, "digest": digest}, "twin", p.inputs)
     return p.reference, digest
-
-
-def _tagged(repository: str, tag: str) -> str | None:
-    try:
-        return registry.tagged_config(repository, tag)
-    except EngineError:
-        return None  # the registry is unreachable: the push itself will say so
 
 
 def twin_base(
