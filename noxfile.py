@@ -10,6 +10,8 @@ nox.options.sessions = ["tests", "lint"]
 nox.options.reuse_venv = "yes"
 
 PYTHON = "3.11"
+# The unit tests: no Docker engine, no registry, no twin.
+UNIT = ("pytest", "tests", "--ignore=tests/engine", "--durations=10")
 
 
 def _install(session: nox.Session, *extras: str) -> None:
@@ -22,7 +24,7 @@ def tests(session: nox.Session) -> None:
     """The test suite: unit tests (no Docker), then the real-engine tests (dockerd, registry,
     the twin), each listing its slowest tests. Args go to both pytest runs."""
     _install(session, "test")
-    session.run("pytest", "tests", "--ignore=tests/engine", "--durations=10", *session.posargs)
+    session.run(*UNIT, *session.posargs)
     session.run("pytest", "tests/engine", "--durations=25", *session.posargs)
 
 
@@ -30,7 +32,7 @@ def tests(session: nox.Session) -> None:
 def tests_unit(session: nox.Session) -> None:
     """The unit tests only: no Docker engine, no registry, no twin."""
     _install(session, "test")
-    session.run("pytest", "tests", "--ignore=tests/engine", "--durations=10", *session.posargs)
+    session.run(*UNIT, *session.posargs)
 
 
 @nox.session(python=PYTHON)
