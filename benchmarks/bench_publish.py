@@ -138,7 +138,7 @@ def main() -> int:
         "goal": "<= 1.0x docker push",
     }
     result["goal_met"] = result["median_ratio"] <= 1.0 and (
-        not cold or cold["k3env"] <= cold["docker"]
+        result["cold"] is None or result["cold"]["ratio"] <= 1.0
     )
     if args.json:
         print(json.dumps(result, indent=2))
