@@ -8,12 +8,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import TYPE_CHECKING
 
 from k3env.commands.app import App, image_args, platform_arg
-
-if TYPE_CHECKING:
-    pass
 
 NAME = "build"
 HELP = "build derived images from specs"

@@ -13,16 +13,12 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from k3env.commands.app import App
 from k3env.config.cluster import DEFAULT_CLUSTER
 from k3env.config.lock import load_lock
 from k3env.config.spec import DEFAULT_IMAGES, load_specs
 from k3env.errors import CheckFailed
-
-if TYPE_CHECKING:
-    pass
 
 NAME = "bump"
 HELP = "change one pin, rebuild, verify, preflight, and write a PR title and body"

@@ -13,14 +13,11 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from k3env.commands.app import App, image_args, platform_arg
 from k3env.config.lock import load_lock
 from k3env.config.spec import load_specs
-
-if TYPE_CHECKING:
-    pass
 
 NAME = "export"
 HELP = "write enroot squashfs images (.sqsh), or --check one against the lock"

@@ -6,13 +6,9 @@ kept; atomic).
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
 from k3env.commands.app import App
 from k3env.config.lock import load_lock
-
-if TYPE_CHECKING:
-    pass
 
 NAME = "lock"
 HELP = "check the lockfile against what it pins"

@@ -7,16 +7,13 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from k3env.commands.app import App, image_args, platform_arg
 from k3env.config.lock import Lock, load_lock
 from k3env.config.spec import ImageSpec, load_specs
 from k3env.errors import ConfigError
 from k3env.files import write_atomic
-
-if TYPE_CHECKING:
-    pass
 
 NAME = "matrix"
 HELP = "verify every image on the twin with each variant of the pinned components"

@@ -8,13 +8,9 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from k3env.commands.app import App
 from k3env.config.lock import load_lock
-
-if TYPE_CHECKING:
-    pass
 
 NAME = "outdated"
 HELP = "list, for every pin, the newer versions its source offers"

@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from k3env.commands.app import App, image_args
 from k3env.config.cluster import DEFAULT_CLUSTER
@@ -15,9 +14,6 @@ from k3env.config.lock import load_lock
 from k3env.config.shapes import platform_option
 from k3env.config.spec import load_specs
 from k3env.errors import CheckFailed, ConfigError
-
-if TYPE_CHECKING:
-    pass
 
 NAME = "preflight"
 HELP = "check serve profiles against the bring-up's failure rules (no engine, ~10 ms)"

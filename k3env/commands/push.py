@@ -10,12 +10,8 @@ manifest digest by image ID, print the `enroot import docker://REGISTRY#REPO@sha
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
 from k3env.commands.app import App, image_args, platform_arg
-
-if TYPE_CHECKING:
-    pass
 
 NAME = "push"
 HELP = "push images to a registry, record each digest"

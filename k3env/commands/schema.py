@@ -8,16 +8,12 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from k3env.commands.app import App
 from k3env.config.lock import load_lock
 from k3env.config.spec import DEFAULT_IMAGES
 from k3env.errors import ConfigError
 from k3env.files import write_atomic
-
-if TYPE_CHECKING:
-    pass
 
 NAME = "schema"
 HELP = "write the JSON Schema of the lock or of image specs (for editors)"

@@ -9,13 +9,9 @@ recorded and an edit to it is an error on the next use
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
 from k3env.commands.app import SOURCE_HELP, App
 from k3env.config.lock import load_lock
-
-if TYPE_CHECKING:
-    pass
 
 NAME = "srt materialize"
 HELP = "clone the pinned srt-slurm, apply its PR patches"

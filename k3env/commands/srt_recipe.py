@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from k3env.commands.app import App
 from k3env.config.cluster import DEFAULT_CLUSTER
@@ -18,9 +18,6 @@ from k3env.config.shapes import platform_option
 from k3env.config.spec import DEFAULT_IMAGES, load_specs
 from k3env.errors import ConfigError
 from k3env.files import write_atomic
-
-if TYPE_CHECKING:
-    pass
 
 NAME = "srt recipe"
 HELP = "generate an srt-slurm recipe from an image spec profile"

@@ -8,14 +8,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from k3env.commands.app import SOURCE_HELP, App
 from k3env.config.lock import load_lock
 from k3env.errors import CheckFailed, ConfigError
-
-if TYPE_CHECKING:
-    pass
 
 NAME = "srt validate"
 HELP = "validate recipes with srt-slurm's own config loading"

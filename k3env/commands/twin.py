@@ -7,13 +7,9 @@ are left to the builder) and record their sha256
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
 from k3env.commands.app import App, platform_arg
 from k3env.config.lock import Lock, load_lock
-
-if TYPE_CHECKING:
-    pass
 
 NAME = "twin"
 HELP = "build and push the CPU twin base"

@@ -17,14 +17,10 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from k3env.commands.app import App, image_args, platform_arg
 from k3env.errors import CheckFailed
 from k3env.files import write_atomic
-
-if TYPE_CHECKING:
-    pass
 
 NAME = "verify"
 HELP = "check each image from inside: args, parsers, tokenizer, imports, patches, env"
