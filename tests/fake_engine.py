@@ -513,6 +513,7 @@ class FakeEngine:
         writable: Mapping[str, str] | None = None,
         user: str | None = None,
         progress: Progress | None = None,
+        shm_bytes: int | None = None,
     ) -> RunResult:
         self._call("run", image, tuple(argv))
         self._require(image, "cannot create a container")

@@ -19,6 +19,7 @@ def all_commands() -> list[ModuleType]:
         preflight,
         push,
         schema,
+        smoke,
         srt_materialize,
         srt_recipe,
         srt_validate,
@@ -27,4 +28,4 @@ def all_commands() -> list[ModuleType]:
     )
 
     return [lock, schema, build, matrix, twin, push, export, srt_materialize, srt_validate,
-            srt_recipe, verify, bump, outdated, preflight]  # fmt: skip
+            srt_recipe, verify, smoke, bump, outdated, preflight]  # fmt: skip

@@ -203,6 +203,27 @@ class ComponentPin:
 
 
 @dataclass(frozen=True, kw_only=True)
+class DebPin:
+    """One Debian package file, by its path below the twin's mirror and its sha256."""
+
+    name: str
+    file: str  # e.g. pool/main/n/numactl/libnuma1_2.0.16-1_amd64.deb
+    sha256: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class SmokePin:
+    """What ``k3env smoke`` starts the twin's images with on a CPU: the CPU build of the
+    pinned engine (mounted over the image's own for the run only, never baked) and the shared
+    libraries it needs that the twin's Debian lacks."""
+
+    stands_in_for: str  # the distribution the engine wheel replaces for a run ("vllm")
+    engine: ComponentPin
+    debs: tuple[DebPin, ...]
+    platform: str = DEFAULT_PLATFORM  # the one platform it is pinned for
+
+
+@dataclass(frozen=True, kw_only=True)
 class VariantPin:
     """Other releases of pinned components, to verify against on the twin (``k3env matrix``)."""
 
@@ -295,6 +316,7 @@ class Lock:
     variants: Mapping[str, VariantPin] = field(default_factory=dict)
     # Credential-looking names the lock's [env] / [bases.NAME.env] set deliberately.
     allow_credentials: tuple[str, ...] = field(default=())
+    smoke: SmokePin | None = None
 
     def base(self, name: str, where: str) -> BasePin:
         try:
@@ -404,6 +426,7 @@ def load_lock(path: Path) -> Lock:
     variants = each_entry(
         top.table("variants", required=False), lambda n, t: _variant(n, t, pinned)
     )
+    smoke = _smoke(top.table("smoke")) if top.has("smoke") else None
     top.done()
     return Lock(
         path=path,
@@ -420,7 +443,34 @@ def load_lock(path: Path) -> Lock:
         unresolved=tuple(unresolved),
         variants=variants,
         allow_credentials=allow,
+        smoke=smoke,
     )
+
+
+def _smoke(t: Table) -> SmokePin:
+    engine = _component("smoke", t)
+    if engine is None or len(engine.wheels) != 1:
+        raise t.fail("wheels", "the smoke engine is one wheel", "pin the CPU build's wheel")
+    stands_in_for = t.matching("stands_in_for", re.compile(r"^[a-z0-9][a-z0-9._-]*$"), "e.g. vllm")
+    debs = []
+    for d in t.tables("debs"):
+        file = d.matching(
+            "file",
+            re.compile(r"^pool/[a-z0-9][a-z0-9+._/-]*\.deb$"),
+            "the .deb's path below the mirror, e.g. pool/main/n/numactl/libnuma1_2.0.16-1_amd64.deb",
+        )
+        if ".." in str(file).split("/"):
+            raise d.fail("file", f"{file!r} leaves the mirror", "write a path below pool/")
+        debs.append(
+            DebPin(
+                name=str(d.matching("name", re.compile(r"^[a-z0-9][a-z0-9+.-]*$"), "e.g. libnuma1")),
+                file=str(file),
+                sha256=str(d.matching("sha256", SHA256_RE, _SHA_FIX)),
+            )
+        )
+        d.done()
+    t.done()
+    return SmokePin(stands_in_for=str(stands_in_for), engine=engine, debs=tuple(debs))
 
 
 def _base(name: str, t: Table, unresolved: list[Unresolved], allow: tuple[str, ...]) -> BasePin:

@@ -374,6 +374,7 @@ class DockerEngine:
         writable: Mapping[str, str] | None = None,
         user: str | None = None,
         progress: Progress | None = None,
+        shm_bytes: int | None = None,
     ) -> RunResult:
         container = self._create(
             image,
@@ -385,6 +386,7 @@ class DockerEngine:
                 "HostConfig": {
                     "NetworkMode": "none",
                     "Binds": _binds({**(mounts or {}), **self._cpu_binds(image)}, writable),
+                    **({"ShmSize": shm_bytes} if shm_bytes else {}),
                 },
                 **({"User": user} if user else {}),
             },

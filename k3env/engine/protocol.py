@@ -98,11 +98,13 @@ class Engine(Protocol):
         writable: Mapping[str, str] | None = None,
         user: str | None = None,
         progress: Progress | None = None,
+        shm_bytes: int | None = None,
     ) -> RunResult:
         """Run ``argv`` (entrypoint replaced) with no network; the container is always removed.
         ``mounts`` are read-only host directories, ``writable`` read-write ones; ``user`` is
         ``UID:GID`` to run as (the image's user otherwise); ``progress`` gets each output line
-        as it comes (the run's own timeout then bounds only the wait after it)."""
+        as it comes (the run's own timeout then bounds only the wait after it); ``shm_bytes``
+        sizes the container's /dev/shm (the engine's default otherwise: 64 MiB on dockerd)."""
 
     def load(self, archive: bytes | Path) -> str:
         """``docker load`` an archive; returns the loaded image ID."""

@@ -1,0 +1,282 @@
+"""The smoke run inside the image: start the profile's processes, send the battery, stop them.
+
+Runs with the image's own ``python3`` (standard library only; this file is mounted into the
+container, never imported by k3env on the host). It reads the plan k3env wrote
+(``/k3env-smoke/plan.json``), prints one progress line per stage, and writes every gate's
+verdict to ``/k3env-smoke/out/result.json``, also when a stage fails or the plan's time runs
+out: the processes are stopped in any case (and the container is removed by k3env after).
+
+A verdict carries the process's own words: for a role that stopped, its command line, its
+last error line and the tail of its log; for a request, the status and the body's start.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+PLAN = Path(os.environ.get("K3ENV_SMOKE_PLAN", "/k3env-smoke/plan.json"))
+TAIL = 40  # log lines kept with a failure
+BODY = 600  # characters of a reply kept as evidence
+
+
+class StageFailed(Exception):
+    def __init__(self, detail: str, output: str = "") -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.output = output
+
+
+def say(text: str) -> None:
+    print(f"[smoke] {text}", flush=True)
+
+
+def tail(path: Path, n: int = TAIL) -> str:
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(lines[-n:])
+
+
+def error_line(text: str) -> str:
+    """The process's own last word on what went wrong: the last line naming an error."""
+    marks = ("Error", "error:", "Exception", "ERROR", "Traceback", "refused", "invalid")
+    for line in reversed(text.splitlines()):
+        if any(m in line for m in marks) and "Traceback" not in line:
+            return line.strip()[:400]
+    lines = [x for x in text.splitlines() if x.strip()]
+    return lines[-1].strip()[:400] if lines else "(no output)"
+
+
+class Role:
+    def __init__(self, spec: dict[str, Any], logs: Path) -> None:
+        self.name: str = spec["role"]
+        self.argv: list[str] = spec["argv"]
+        self.env = {**os.environ, **spec.get("env", {})}
+        for key, value in spec.get("prepend", {}).items():
+            old = os.environ.get(key)
+            self.env[key] = f"{value}:{old}" if old else value
+        for key in spec.get("unset", []):
+            self.env.pop(key, None)
+        self.log = logs / f"{self.name}.log"
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with open(self.log, "wb") as out:
+            # A session of its own: a stop signal reaches the role and its children.
+            self.proc = subprocess.Popen(
+                self.argv, stdout=out, stderr=subprocess.STDOUT, env=self.env,
+                start_new_session=True, cwd="/tmp",
+            )  # fmt: skip
+
+    def exited(self) -> int | None:
+        return None if self.proc is None else self.proc.poll()
+
+    def words(self) -> str:
+        return tail(self.log)
+
+    def failure(self, what: str) -> StageFailed:
+        text = self.words()
+        return StageFailed(
+            f"{self.name}: {what}: {error_line(text)}",
+            f"$ {' '.join(self.argv)}\n{text}",
+        )
+
+    def stop(self, timeout: float) -> tuple[bool, str]:
+        """SIGINT (a server's clean shutdown), then SIGKILL after ``timeout``."""
+        if self.proc is None:
+            return True, "not started"
+        if self.proc.poll() is not None:
+            return False, f"had exited with status {self.proc.returncode}"
+        os.killpg(self.proc.pid, signal.SIGINT)
+        try:
+            code = self.proc.wait(timeout)
+            return True, f"stopped on SIGINT (status {code})"
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+            return False, f"still running {timeout:.0f} s after SIGINT: killed"
+
+
+def http(url: str, body: dict[str, Any] | None, timeout: float) -> tuple[int, str]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data, {"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
+            return reply.status, reply.read(1 << 22).decode(errors="replace")
+    except urllib.error.HTTPError as e:
+        return e.code, e.read(1 << 16).decode(errors="replace")
+
+
+def wait_listed(url: str, served: str, roles: list[Role], timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    last = "no answer yet"
+    while time.monotonic() < deadline:
+        for role in roles:
+            code = role.exited()
+            if code is not None:
+                raise role.failure(f"exited with status {code} before the model was listed")
+        try:
+            status, body = http(f"{url}/v1/models", None, 2)
+            ids = [m.get("id") for m in json.loads(body).get("data", [])] if status == 200 else []
+            if served in ids:
+                return f"/v1/models lists {served!r}"
+            last = f"/v1/models answered {status}: {body[:200]}"
+        except (OSError, ValueError) as e:
+            last = f"/v1/models: {e}"
+        time.sleep(0.5)
+    roles_words = "\n".join(f"--- {r.name}\n{r.words()}" for r in roles)
+    raise StageFailed(f"{served!r} not listed within {timeout:.0f} s ({last})", roles_words)
+
+
+def post_json(url: str, body: dict[str, Any], timeout: float) -> dict[str, Any]:
+    try:
+        status, text = http(url, body, timeout)
+    except OSError as e:
+        raise StageFailed(f"POST {url}: {e}") from e
+    if status != 200:
+        raise StageFailed(f"POST {url} answered {status}: {text[:BODY]}")
+    try:
+        reply: dict[str, Any] = json.loads(text)
+    except ValueError as e:
+        raise StageFailed(f"POST {url}: not JSON: {text[:BODY]}") from e
+    return reply
+
+
+def chat(plan: dict[str, Any], timeout: float) -> tuple[str, dict[str, Any]]:
+    reply = post_json(f"{plan['url']}/v1/chat/completions", plan["chat"], timeout)
+    tokens = (reply.get("usage") or {}).get("completion_tokens") or 0
+    if tokens <= 0:
+        raise StageFailed(f"200 with {tokens} completion tokens", json.dumps(reply)[:BODY])
+    return f"200, {tokens} completion tokens", reply
+
+
+def reasoning(reply: dict[str, Any]) -> str:
+    message = ((reply.get("choices") or [{}])[0]).get("message") or {}
+    text = message.get("reasoning") or message.get("reasoning_content") or ""
+    if text:
+        return f"accepted at start; the reply's reasoning field holds {len(text)} characters"
+    return "accepted at start; the reply carried no reasoning (the model never opened it)"
+
+
+def tools(plan: dict[str, Any], timeout: float) -> str:
+    reply = post_json(f"{plan['url']}/v1/chat/completions", plan["tools"], timeout)
+    choice = (reply.get("choices") or [{}])[0]
+    calls = (choice.get("message") or {}).get("tool_calls") or []
+    want = plan["tools"]["tools"][0]["function"]["name"]
+    names = [((c.get("function") or {}).get("name")) for c in calls]
+    if want not in names:
+        raise StageFailed(
+            f"no parsed tool_calls naming {want!r} (finish_reason {choice.get('finish_reason')!r})",
+            json.dumps(choice)[:BODY],
+        )
+    return f"200, parsed tool_calls {names} (finish_reason {choice.get('finish_reason')!r})"
+
+
+def metric(data: dict[str, Any], key: str) -> float | None:
+    """One aiperf export metric's value (``{"unit": ..., "avg": N}``), or None."""
+    value = data.get(key)
+    if isinstance(value, dict) and isinstance(value.get("avg"), (int, float)):
+        return float(value["avg"])
+    return None
+
+
+def bench(plan: dict[str, Any], timeout: float, logs: Path) -> str:
+    spec = plan["bench"]
+    log = logs / "aiperf.log"
+    env = {k: v for k, v in os.environ.items() if k not in spec.get("unset", [])}
+    with open(log, "wb") as out:
+        try:
+            code = subprocess.run(
+                spec["argv"], stdout=out, stderr=subprocess.STDOUT, env=env, timeout=timeout,
+                cwd="/tmp",
+            ).returncode  # fmt: skip
+        except subprocess.TimeoutExpired as e:
+            raise StageFailed(f"aiperf still running after {timeout:.0f} s", tail(log)) from e
+    words = f"$ {' '.join(spec['argv'])}\n{tail(log)}"
+    if code != 0:
+        raise StageFailed(f"aiperf exited with status {code}: {error_line(tail(log))}", words)
+    export = Path(spec["artifacts"]) / "profile_export_aiperf.json"
+    try:
+        data = json.loads(export.read_text())
+    except (OSError, ValueError) as e:
+        raise StageFailed(f"aiperf's export {export}: {e}", words) from e
+    requests = metric(data, "completed_request_count") or metric(data, "request_count") or 0
+    errors = data.get("error_summary") or []
+    tokens = metric(data, "total_usage_completion_tokens") or metric(data, "total_osl") or 0
+    summary = f"aiperf: {requests:g} requests, {len(errors)} error kinds, {tokens:g} output tokens"
+    if requests <= 0 or errors or tokens <= 0:
+        raise StageFailed(summary, json.dumps(errors)[:BODY] + "\n" + words)
+    return summary
+
+
+def main() -> int:
+    plan = json.loads(PLAN.read_text())
+    out = Path(plan["out"])
+    logs = out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    limits = plan["timeouts"]
+    roles = [Role(r, logs) for r in plan["roles"]]
+    gates: list[dict[str, Any]] = []
+
+    def gate(name: str, fn: Any, *args: Any) -> Any:
+        say(f"{name} ...")
+        t0 = time.monotonic()
+        try:
+            result = fn(*args)
+        except StageFailed as e:
+            took = time.monotonic() - t0
+            gates.append({"gate": name, "status": "failed", "seconds": round(took, 2),
+                          "detail": e.detail, "output": e.output[-6000:]})  # fmt: skip
+            say(f"{name}: FAILED ({took:.1f} s): {e.detail}")
+            raise
+        took = time.monotonic() - t0
+        evidence, value = result if isinstance(result, tuple) else (result, None)
+        gates.append({"gate": name, "status": "passed", "seconds": round(took, 2),
+                      "detail": evidence})  # fmt: skip
+        say(f"{name}: ok ({took:.1f} s): {evidence}")
+        return value
+
+    try:
+        for role in roles:
+            say(f"start {role.name}: {' '.join(role.argv)}")
+            role.start()
+        gate("listed", wait_listed, plan["url"], plan["served"], roles, limits["ready"])
+        reply = gate("chat", chat, plan, limits["request"])
+        if plan.get("reasoning_parser"):
+            gate("reasoning", lambda: reasoning(reply))
+        if plan.get("tools"):
+            gate("tool-calls", tools, plan, limits["request"])
+        if plan.get("bench"):
+            gate("benchmark", bench, plan, limits["bench"], logs)
+    except StageFailed:
+        pass
+    finally:
+        say("stop ...")
+        t0 = time.monotonic()
+        clean, words = True, []
+        for role in reversed(roles):
+            ok, what = role.stop(limits["stop"])
+            clean = clean and ok
+            words.append(f"{role.name} {what}")
+        failed = any(g["status"] == "failed" for g in gates)
+        if not failed or not clean:
+            gates.append({"gate": "stop", "status": "passed" if clean else "failed",
+                          "seconds": round(time.monotonic() - t0, 2), "detail": "; ".join(words),
+                          **({} if clean else {"output": "\n".join(f"--- {r.name}\n{r.words()}" for r in roles)})})  # fmt: skip
+        say(f"stop: {'; '.join(words)}")
+        (out / "result.json").write_text(json.dumps({"gates": gates}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

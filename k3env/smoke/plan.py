@@ -1,0 +1,311 @@
+"""What a smoke run starts and sends, from a serve profile (pure: no engine, no files).
+
+Each command of the profile is started as the job would start it, with what a 2-core CPU
+host cannot run reduced, and every reduction said: the parallel layout to one process, GPU
+memory settings dropped, the checkpoint replaced by random weights of a small model k3env
+writes, CUDA graphs and torch.compile off, CUDA-only KV connectors dropped. What that leaves
+unseen is listed per profile as not checked; nothing is dropped silently.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from k3env.config.spec import Command, ImageSpec, ServeProfile
+from k3env.smoke.model import STEER, SmokeModel, thinks
+
+# Where the run's files are inside the container.
+ROOT = "/k3env-smoke"
+MODEL = f"{ROOT}/model"
+ENGINE = f"{ROOT}/engine"  # the CPU engine: site/ (Python) and lib/ (shared libraries)
+BIN = f"{ROOT}/bin"  # driver.py and plan.json
+OUT = f"{ROOT}/out"
+
+# (flags, why): flags whose value is dropped, with the reason the report gives.
+PARALLEL = (
+    "--tensor-parallel-size", "-tp", "--pipeline-parallel-size", "-pp",
+    "--data-parallel-size", "-dp", "--data-parallel-size-local", "--nnodes", "--node-rank",
+    "--master-addr", "--master-port", "--data-parallel-address", "--data-parallel-rpc-port",
+)  # fmt: skip
+MEMORY = ("--gpu-memory-utilization", "--kv-cache-memory-bytes", "--cpu-offload-gb")
+CONNECTORS = ("--kv-transfer-config", "--kv-events-config")
+REPLACED = {"--load-format": "dummy", "--dtype": "float32"}
+ADDED = (("--load-format", "dummy"), ("--dtype", "float32"), ("--enforce-eager", None))
+# Without etcd and NATS (none on a build host): file discovery, TCP requests, ZMQ events.
+DYNAMO_PLANES = ("--discovery-backend", "file", "--request-plane", "tcp", "--event-plane", "zmq")
+
+BENCH_REQUESTS = 5
+TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+NOT_CHECKED = (
+    "GPU kernels and attention backends (the CPU build's kernels ran)",
+    "CUDA graph capture (--enforce-eager) and torch.compile",
+    "memory sizing: weights, KV cache and activations on the GPU",
+    "the parallel layout: tensor / pipeline parallel ranks and multi-node start",
+    "the model's own architecture and checkpoint (random weights of a 2-layer Llama)",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Role:
+    role: str
+    argv: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+    prepend: Mapping[str, str] = field(default_factory=dict)  # PATH-like: value first
+    unset: tuple[str, ...] = ()
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "role": self.role,
+            "argv": list(self.argv),
+            "env": dict(self.env),
+            "prepend": dict(self.prepend),
+            "unset": list(self.unset),
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class SmokePlan:
+    image: str
+    profile: str
+    roles: tuple[Role, ...]
+    url: str
+    served: str
+    chat: Mapping[str, Any]
+    tools: Mapping[str, Any] | None
+    reasoning_parser: str | None
+    bench: Mapping[str, Any] | None
+    reductions: tuple[str, ...]
+    not_checked: tuple[str, ...]
+    timeouts: Mapping[str, float]
+
+    @property
+    def gates(self) -> tuple[str, ...]:
+        """The gates the driver runs, in order."""
+        return (
+            "listed",
+            "chat",
+            *(("reasoning",) if self.reasoning_parser else ()),
+            *(("tool-calls",) if self.tools else ()),
+            *(("benchmark",) if self.bench else ()),
+            "stop",
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        """The driver's input (and, hashed, what a record of this run is keyed by)."""
+        return {
+            "image": self.image,
+            "profile": self.profile,
+            "roles": [r.as_json() for r in self.roles],
+            "url": self.url,
+            "served": self.served,
+            "chat": dict(self.chat),
+            "tools": None if self.tools is None else dict(self.tools),
+            "reasoning_parser": self.reasoning_parser,
+            "bench": None if self.bench is None else dict(self.bench),
+            "timeouts": dict(self.timeouts),
+            "out": OUT,
+        }
+
+    def dumps(self) -> str:
+        return json.dumps(self.as_json(), indent=1, sort_keys=True) + "\n"
+
+
+def _value(argv: Sequence[str], flag: str) -> str | None:
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith(flag + "="):
+            return arg.split("=", 1)[1]
+    return None
+
+
+def _takes_value(argv: Sequence[str], i: int) -> bool:
+    return i + 1 < len(argv) and not argv[i + 1].startswith("-")
+
+
+def reduce_engine_argv(
+    argv: Sequence[str], *, model_flag: str | None
+) -> tuple[tuple[str, ...], list[str]]:
+    """The engine's command line as a CPU host can run it, and what was changed (one line
+    each). ``model_flag``: ``--model`` for Dynamo's worker; None for ``vllm serve MODEL``."""
+    out: list[str] = []
+    said: list[str] = []
+    i = 0
+    positional_model = model_flag is None
+    while i < len(argv):
+        arg = argv[i]
+        flag = arg.split("=", 1)[0]
+        inline = "=" in arg
+        has_value = inline or _takes_value(argv, i)
+        value = arg.split("=", 1)[1] if inline else (argv[i + 1] if has_value else None)
+        step = 1 if inline or not has_value else 2
+        if flag in PARALLEL:
+            said.append(f"{flag} {value}: dropped (one CPU process)")
+        elif flag in MEMORY:
+            said.append(f"{flag} {value}: dropped (no GPU memory to size)")
+        elif flag in CONNECTORS:
+            said.append(f"{flag} {value}: dropped (a KV connector is not checkable on a CPU)")
+        elif flag in REPLACED:
+            said.append(f"{flag} {value}: {REPLACED[flag]} here")
+        elif flag in ("--model", "--tokenizer") and flag == model_flag or flag == "--tokenizer":
+            out += [flag, MODEL]
+        elif flag == "--max-model-len":
+            said.append(f"{flag} {value}: the small model's 2048")
+        elif flag == "--headless":
+            said.append("--headless: dropped (the one process serves)")
+            step = 1
+        elif positional_model and not arg.startswith("-") and out[-1:] == ["serve"]:
+            out.append(MODEL)
+            positional_model = False
+            step = 1
+        else:
+            out.append(arg)
+            step = 1
+        i += step
+    for flag, value in ADDED:
+        out += [flag] + ([value] if value else [])
+    said.append("--enforce-eager: added (no CUDA graphs on a CPU)")
+    said.append("--load-format dummy: random weights of a small model k3env writes")
+    return tuple(out), said
+
+
+def _engine_role(cmd: Command) -> bool:
+    argv = cmd.argv
+    return "serve" in argv[:3] and "vllm" in argv[0] or "dynamo.vllm" in argv
+
+
+def _port(argv: Sequence[str], flag: str) -> int:
+    value = _value(argv, flag)
+    return int(value) if value and value.isdigit() else 8000
+
+
+def plan_profile(
+    spec: ImageSpec,
+    profile: ServeProfile,
+    model: SmokeModel,
+    *,
+    ready_timeout: float = 300.0,
+) -> SmokePlan:
+    """The smoke plan of one profile of one image."""
+    roles: list[Role] = []
+    reductions: list[str] = []
+    not_checked = list(NOT_CHECKED)
+    engine_env = {
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "TORCH_COMPILE_DISABLE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "DYN_FILE_KV": "/tmp/k3env-dynamo-kv",
+    }
+    prepend = {"PYTHONPATH": f"{ENGINE}/site", "LD_LIBRARY_PATH": f"{ENGINE}/lib"}
+    url = "http://127.0.0.1:8000"
+    served = "k3env-smoke"
+    dynamo = any("dynamo.frontend" in c.argv or "dynamo.vllm" in c.argv for c in profile.commands)
+    for cmd in profile.commands:
+        argv = list(cmd.argv)
+        if _engine_role(cmd):
+            worker = "dynamo.vllm" in argv
+            reduced, said = reduce_engine_argv(argv, model_flag="--model" if worker else None)
+            if model.engine_config:
+                reduced = (*reduced, "--hf-config-path", f"{MODEL}/{model.engine_config}")
+                said.append(
+                    f"--hf-config-path: a 2-layer Llama's config (the tokenizer's model_type "
+                    f"{model.model_type!r} stays in config.json for the frontend)"
+                )
+            if worker:
+                reduced = (*reduced, *DYNAMO_PLANES)
+            reductions += [f"{cmd.role}: {s}" for s in said]
+            served = _value(argv, "--served-model-name") or served
+            if not worker:
+                url = f"http://127.0.0.1:{_port(argv, '--port')}"
+            for flag in CONNECTORS:
+                if _value(argv, flag):
+                    not_checked.append(f"{cmd.role}: {flag} {_value(argv, flag)}")
+            roles.append(Role(role=cmd.role, argv=reduced, env=engine_env, prepend=prepend))
+        elif "dynamo.frontend" in argv:
+            url = f"http://127.0.0.1:{_port(argv, '--http-port')}"
+            roles.append(
+                Role(role=cmd.role, argv=(*argv, *DYNAMO_PLANES), env=engine_env, prepend=prepend)
+            )
+        else:
+            roles.append(Role(role=cmd.role, argv=tuple(argv), env=engine_env, prepend=prepend))
+    if dynamo:
+        reductions.append(
+            "dynamo: --discovery-backend file --request-plane tcp --event-plane zmq "
+            "(no etcd or NATS on a build host)"
+        )
+        not_checked.append("etcd / NATS discovery and request planes (file, TCP and ZMQ here)")
+    reductions.append("env: TORCH_COMPILE_DISABLE=1 (the twin has no C++ compiler for inductor)")
+    chat = {
+        "model": served,
+        "messages": [{"role": "user", "content": "Say hello."}],
+        "max_tokens": 8,
+    }
+    tools: dict[str, Any] | None = None
+    if profile.tool_call_parser:
+        tools = {
+            "model": served,
+            "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+            "tools": [TOOL],
+            "tool_choice": "required",
+            # Markers are spelled out token by token by the grammar: room for the envelope.
+            "max_tokens": 300,
+        }
+        steer = STEER.get(profile.tool_call_parser)
+        if steer:
+            # Random weights never choose to close a channel: a bias toward the parser's
+            # markers stands in for a trained model's choice (the grammar keeps it valid).
+            tools["logit_bias"] = {str(model.token_id(t)): b for t, b in steer.items()}
+            reductions.append(
+                f"tool-calls: logit_bias toward {sorted(steer)} (random weights never close "
+                "a channel on their own)"
+            )
+        if profile.reasoning_parser and thinks(profile.reasoning_parser):
+            tools["chat_template_kwargs"] = {"thinking": False}
+    bench = None
+    if "aiperf" in spec.components:
+        artifacts = f"{OUT}/aiperf"
+        bench = {
+            "argv": [
+                "aiperf", "profile", "--model", served, "--url", url, "--endpoint-type", "chat",
+                "--request-count", str(BENCH_REQUESTS), "--concurrency", "1",
+                "--tokenizer", MODEL, "--artifact-dir", artifacts,
+            ],
+            "artifacts": artifacts,
+            # aiperf 0.13.0 reads a local tokenizer path as a hub repo id under HF_HUB_OFFLINE=1.
+            "unset": ["HF_HUB_OFFLINE"],
+        }  # fmt: skip
+        kind = profile.benchmark.get("type") if profile.benchmark else None
+        reductions.append(
+            f"benchmark: {BENCH_REQUESTS} synthetic chat requests at concurrency 1"
+            + (f" (the profile's {kind!r} workload is not run)" if kind else "")
+        )
+    return SmokePlan(
+        image=spec.name,
+        profile=profile.name,
+        roles=tuple(roles),
+        url=url,
+        served=served,
+        chat=chat,
+        tools=tools,
+        reasoning_parser=profile.reasoning_parser,
+        bench=bench,
+        reductions=tuple(reductions),
+        not_checked=tuple(not_checked),
+        timeouts={"ready": ready_timeout, "request": 120.0, "bench": 300.0, "stop": 30.0},
+    )

