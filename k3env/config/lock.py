@@ -220,6 +220,9 @@ class SmokePin:
     stands_in_for: str  # the distribution the engine wheel replaces for a run ("vllm")
     engine: ComponentPin
     debs: tuple[DebPin, ...]
+    # Packages the twin omits that a role imports on its way to serving: stood in for (each
+    # named in the report) when they are imported and not installed.
+    absent: tuple[str, ...] = ()
     platform: str = DEFAULT_PLATFORM  # the one platform it is pinned for
 
 
@@ -469,8 +472,14 @@ def _smoke(t: Table) -> SmokePin:
             )
         )
         d.done()
+    absent = t.str_list("absent")
+    for i, name in enumerate(absent):
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
+            raise t.fail(f"absent[{i}]", f"{name!r} is not a top-level module name", "e.g. torchvision")
     t.done()
-    return SmokePin(stands_in_for=str(stands_in_for), engine=engine, debs=tuple(debs))
+    return SmokePin(
+        stands_in_for=str(stands_in_for), engine=engine, debs=tuple(debs), absent=absent
+    )
 
 
 def _base(name: str, t: Table, unresolved: list[Unresolved], allow: tuple[str, ...]) -> BasePin:

@@ -67,6 +67,24 @@ CHAT_TEMPLATE = (
 )
 
 
+# Model types whose config nests the language model's fields (their config classes compute
+# the top-level ones): Kimi K3 is a vision-language config over a Kimi Linear text config.
+# (the key of the nested config, the architecture the declared config names).
+NESTED = {"kimi_k3": ("text_config", "KimiK3ForConditionalGeneration")}
+
+
+def _declared(model_type: str, llama: dict[str, object]) -> dict[str, object]:
+    """config.json: the tokenizer's declared type, in the shape its config class loads."""
+    if model_type == "llama":
+        return llama
+    ids = {k: llama[k] for k in ("bos_token_id", "eos_token_id")}
+    if model_type in NESTED:
+        text = {k: v for k, v in llama.items() if k not in ("architectures", "model_type")}
+        key, architecture = NESTED[model_type]
+        return {"model_type": model_type, "architectures": [architecture], key: text, **ids}
+    return dict(llama, model_type=model_type)
+
+
 def _template(parsers: tuple[str, ...]) -> str:
     prefix = next((NO_THINK[p] for p in parsers if p in NO_THINK), "")
     if not prefix:
@@ -134,7 +152,7 @@ def write_model(directory: Path, *, model_type: str, parsers: tuple[str, ...]) -
     llama = dict(LLAMA, vocab_size=vocab, bos_token_id=ids[BOS], eos_token_id=ids[EOS])
     # config.json declares the tokenizer's type (what Dynamo's frontend reads); when that is
     # not Llama, the engine reads the Llama layers from llama/config.json (--hf-config-path).
-    config = dict(llama, model_type=model_type) if model_type != "llama" else llama
+    config = _declared(model_type, llama)
     tokenizer = {
         "version": "1.0",
         "truncation": None,
@@ -171,13 +189,22 @@ def write_model(directory: Path, *, model_type: str, parsers: tuple[str, ...]) -
     directory.mkdir(parents=True)
     dump = lambda v: json.dumps(v, indent=1, sort_keys=True) + "\n"  # noqa: E731
     files.write_atomic(directory / "config.json", dump(config))
-    files.write_atomic(directory / "tokenizer.json", dump(tokenizer))
     files.write_atomic(directory / "tokenizer_config.json", dump(tokenizer_config))
-    files.write_atomic(directory / "generation_config.json", dump({"bos_token_id": ids[BOS], "eos_token_id": ids[EOS]}))
-    files.write_atomic(directory / "tiktoken.model", tiktoken)
+    generation = {"bos_token_id": ids[BOS], "eos_token_id": ids[EOS]}
+    files.write_atomic(directory / "generation_config.json", dump(generation))
     engine_config = None
-    if model_type != "llama":
-        (directory / LLAMA_DIR).mkdir()
-        files.write_atomic(directory / LLAMA_DIR / "config.json", dump(llama))
+    if model_type == "llama":
+        files.write_atomic(directory / "tokenizer.json", dump(tokenizer))
+    else:
+        # A tiktoken type: the frontend finds only tiktoken.model beside config.json (with a
+        # tokenizer.json it would load that instead); the engine reads the same vocabulary
+        # as tokenizer.json, with the Llama layers, from llama/.
+        files.write_atomic(directory / "tiktoken.model", tiktoken)
+        engine = directory / LLAMA_DIR
+        engine.mkdir()
+        files.write_atomic(engine / "config.json", dump(llama))
+        files.write_atomic(engine / "tokenizer.json", dump(tokenizer))
+        files.write_atomic(engine / "tokenizer_config.json", dump(tokenizer_config))
+        files.write_atomic(engine / "generation_config.json", dump(generation))
         engine_config = LLAMA_DIR
     return SmokeModel(directory, model_type, tuple(special), engine_config)

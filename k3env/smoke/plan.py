@@ -87,6 +87,7 @@ class SmokePlan:
     served: str
     chat: Mapping[str, Any]
     tools: Mapping[str, Any] | None
+    bias_probe: Mapping[str, Any] | None
     reasoning_parser: str | None
     bench: Mapping[str, Any] | None
     reductions: tuple[str, ...]
@@ -115,6 +116,7 @@ class SmokePlan:
             "served": self.served,
             "chat": dict(self.chat),
             "tools": None if self.tools is None else dict(self.tools),
+            "bias_probe": None if self.bias_probe is None else dict(self.bias_probe),
             "reasoning_parser": self.reasoning_parser,
             "bench": None if self.bench is None else dict(self.bench),
             "timeouts": dict(self.timeouts),
@@ -162,8 +164,10 @@ def reduce_engine_argv(
             said.append(f"{flag} {value}: dropped (a KV connector is not checkable on a CPU)")
         elif flag in REPLACED:
             said.append(f"{flag} {value}: {REPLACED[flag]} here")
-        elif flag in ("--model", "--tokenizer") and flag == model_flag or flag == "--tokenizer":
+        elif flag == "--model" and flag == model_flag:
             out += [flag, MODEL]
+        elif flag == "--tokenizer":
+            said.append(f"{flag} {value}: the small model's tokenizer")
         elif flag == "--max-model-len":
             said.append(f"{flag} {value}: the small model's 2048")
         elif flag == "--headless":
@@ -200,8 +204,10 @@ def plan_profile(
     model: SmokeModel,
     *,
     ready_timeout: float = 300.0,
+    absent: Sequence[str] = (),
 ) -> SmokePlan:
-    """The smoke plan of one profile of one image."""
+    """The smoke plan of one profile of one image. ``absent``: packages the twin omits by
+    design, stood in for when a role imports them (each is reported)."""
     roles: list[Role] = []
     reductions: list[str] = []
     not_checked = list(NOT_CHECKED)
@@ -212,7 +218,14 @@ def plan_profile(
         "HF_HUB_OFFLINE": "1",
         "DYN_FILE_KV": "/tmp/k3env-dynamo-kv",
     }
-    prepend = {"PYTHONPATH": f"{ENGINE}/site", "LD_LIBRARY_PATH": f"{ENGINE}/lib"}
+    if absent:
+        engine_env["K3ENV_SMOKE_ABSENT"] = ",".join(sorted(absent))
+        reductions.append(
+            f"{', '.join(sorted(absent))}: a stand-in answers the import when the image lacks "
+            "it (the twin omits it; [smoke].absent)"
+        )
+    # BIN first: its sitecustomize stands in for what the twin omits; then the CPU engine.
+    prepend = {"PYTHONPATH": f"{BIN}:{ENGINE}/site", "LD_LIBRARY_PATH": f"{ENGINE}/lib"}
     url = "http://127.0.0.1:8000"
     served = "k3env-smoke"
     dynamo = any("dynamo.frontend" in c.argv or "dynamo.vllm" in c.argv for c in profile.commands)
@@ -222,10 +235,12 @@ def plan_profile(
             worker = "dynamo.vllm" in argv
             reduced, said = reduce_engine_argv(argv, model_flag="--model" if worker else None)
             if model.engine_config:
-                reduced = (*reduced, "--hf-config-path", f"{MODEL}/{model.engine_config}")
+                llama = f"{MODEL}/{model.engine_config}"
+                reduced = (*reduced, "--hf-config-path", llama, "--tokenizer", llama)
                 said.append(
-                    f"--hf-config-path: a 2-layer Llama's config (the tokenizer's model_type "
-                    f"{model.model_type!r} stays in config.json for the frontend)"
+                    f"--hf-config-path, --tokenizer: a 2-layer Llama's config and the same "
+                    f"vocabulary as tokenizer.json (config.json keeps the tokenizer's model_type "
+                    f"{model.model_type!r} and tiktoken.model for the frontend)"
                 )
             if worker:
                 reduced = (*reduced, *DYNAMO_PLANES)
@@ -257,6 +272,7 @@ def plan_profile(
         "max_tokens": 8,
     }
     tools: dict[str, Any] | None = None
+    bias_probe: dict[str, Any] | None = None
     if profile.tool_call_parser:
         tools = {
             "model": served,
@@ -277,6 +293,19 @@ def plan_profile(
             )
         if profile.reasoning_parser and thinks(profile.reasoning_parser):
             tools["chat_template_kwargs"] = {"thinking": False}
+        if steer:
+            # First ask whether the server applies a bias at all (a frontend may drop it).
+            bias_probe = {
+                "request": {
+                    "model": served,
+                    "messages": [{"role": "user", "content": "Say A."}],
+                    "max_tokens": 4,
+                    "logit_bias": {str(model.token_id("A")): 100},
+                    **({"chat_template_kwargs": tools["chat_template_kwargs"]}
+                       if "chat_template_kwargs" in tools else {}),
+                },
+                "expect": "AAAA",
+            }  # fmt: skip
     bench = None
     if "aiperf" in spec.components:
         artifacts = f"{OUT}/aiperf"
@@ -303,6 +332,7 @@ def plan_profile(
         served=served,
         chat=chat,
         tools=tools,
+        bias_probe=bias_probe,
         reasoning_parser=profile.reasoning_parser,
         bench=bench,
         reductions=tuple(reductions),

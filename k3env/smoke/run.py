@@ -31,13 +31,16 @@ from k3env.smoke.prefix import ensure_prefix, smoke_pin
 from k3env.state import State
 
 DRIVER = Path(__file__).with_name("driver.py")
+ABSENT = Path(__file__).with_name("absent.py")  # the roles' sitecustomize
+STATUSES = ("passed", "failed", "not checked")
+STAND_IN_VERSION = "0+k3env.stand.in"
 SHM = 1 << 30  # vLLM's CPU engine shares its inputs through /dev/shm (160 MiB and up)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Gate:
     name: str
-    status: str  # passed | failed | not run
+    status: str  # passed | failed | not checked (the server cannot be asked) | not run
     seconds: float = 0.0
     detail: str = ""
     output: str = ""
@@ -68,7 +71,7 @@ class SmokeReport:
 
     @property
     def ok(self) -> bool:
-        return bool(self.gates) and all(g.status == "passed" for g in self.gates)
+        return bool(self.gates) and all(g.status in ("passed", "not checked") for g in self.gates)
 
     @property
     def failed(self) -> list[Gate]:
@@ -78,6 +81,12 @@ class SmokeReport:
     def first_verdict(self) -> float:
         """Seconds until the first gate was decided (the model listed, or not)."""
         return self.gates[0].seconds if self.gates else 0.0
+
+    @property
+    def unchecked(self) -> list[str]:
+        """What this host could not see: the plan's list, then each gate it could not ask."""
+        return [*self.not_checked, *(f"{g.name}: {g.detail}" for g in self.gates
+                                     if g.status == "not checked")]  # fmt: skip
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -107,10 +116,10 @@ def _gates(plan: SmokePlan, result: dict[str, Any] | None, run_words: str) -> tu
         out.append(
             Gate(
                 name=name,
-                status="passed" if g.get("status") == "passed" else "failed",
+                status=str(g.get("status")) if g.get("status") in STATUSES else "failed",
                 seconds=float(g.get("seconds") or 0.0),
                 detail=str(g.get("detail") or "")[:2000],
-                output=str(g.get("output") or "")[-6000:],
+                output=str(g.get("output") or "")[-16000:],
             )
         )
     if result is None:
@@ -148,11 +157,11 @@ def smoke_profile(
         dynamo = any("dynamo.frontend" in c.argv for c in profile.commands)
         model_type = (profile.tokenizer_model_type if dynamo else None) or "llama"
         model = write_model(root / "model", model_type=model_type, parsers=parsers)
-        plan = plan_profile(spec, profile, model, ready_timeout=timeout)
+        plan = plan_profile(spec, profile, model, ready_timeout=timeout, absent=pin.absent)
         key = digest_hex(
             sha256_digest(
                 "\n".join(
-                    [build.image_id, plan.dumps(), DRIVER.read_text(), str(prefix.name)]
+                    [build.image_id, plan.dumps(), DRIVER.read_text(), ABSENT.read_text(), prefix.name]
                 ).encode()
             )
         )
@@ -162,6 +171,15 @@ def smoke_profile(
         (root / "bin").mkdir()
         (root / "bin" / "driver.py").write_text(DRIVER.read_text())
         (root / "bin" / "plan.json").write_text(plan.dumps())
+        (root / "bin" / "sitecustomize.py").write_text(ABSENT.read_text())
+        for name in pin.absent:
+            # Once imported, a stand-in is in sys.modules and libraries ask its version
+            # (transformers parses it): a local version says what it is.
+            info = root / "bin" / f"{name}-{STAND_IN_VERSION}.dist-info"
+            info.mkdir()
+            (info / "METADATA").write_text(
+                f"Metadata-Version: 2.1\nName: {name}\nVersion: {STAND_IN_VERSION}\n"
+            )
         out = root / "out"
         out.mkdir()
         t0 = time.monotonic()
@@ -259,11 +277,11 @@ def table(reports: Sequence[SmokeReport]) -> str:
         cached = ", recorded" if r.cached else ""
         lines.append(f"{r.image} / {r.profile}: {verdict} ({r.seconds:.0f} s{cached}; {r.stand_in})")
         for g in r.gates:
-            lines.append(f"  {g.status:<8} {g.name:<11} {g.seconds:6.1f} s  {g.detail}")
+            lines.append(f"  {g.status:<11} {g.name:<11} {g.seconds:6.1f} s  {g.detail}")
             if g.status == "failed" and g.output:
                 lines += [f"           | {x}" for x in g.output.splitlines()[-15:]]
         lines.append("  reduced for this host:")
         lines += [f"    - {x}" for x in r.reductions]
         lines.append("  not checked here:")
-        lines += [f"    - {x}" for x in r.not_checked]
+        lines += [f"    - {x}" for x in r.unchecked]
     return "\n".join(lines)
