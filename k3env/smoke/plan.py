@@ -32,6 +32,9 @@ PARALLEL = (
 )  # fmt: skip
 MEMORY = ("--gpu-memory-utilization", "--kv-cache-memory-bytes", "--cpu-offload-gb")
 CONNECTORS = ("--kv-transfer-config", "--kv-events-config")
+# Switches of CUDA-only parts the CPU platform refuses at start (vLLM 0.31.0 on a CPU:
+# "cumem allocator is not supported on current platform").
+CUDA_ONLY = ("--enable-cumem-allocator",)
 REPLACED = {"--load-format": "dummy", "--dtype": "float32"}
 ADDED = (("--load-format", "dummy"), ("--dtype", "float32"), ("--enforce-eager", None))
 # Without etcd and NATS (none on a build host): file discovery, TCP requests, ZMQ events.
@@ -123,6 +126,12 @@ class SmokePlan:
             "out": OUT,
         }
 
+    def identity(self) -> str:
+        """What a record of this run is keyed by: the plan without its time bounds."""
+        data = self.as_json()
+        del data["timeouts"]
+        return json.dumps(data, sort_keys=True)
+
     def dumps(self) -> str:
         return json.dumps(self.as_json(), indent=1, sort_keys=True) + "\n"
 
@@ -134,6 +143,16 @@ def _value(argv: Sequence[str], flag: str) -> str | None:
         if arg.startswith(flag + "="):
             return arg.split("=", 1)[1]
     return None
+
+
+def connector(value: str | None) -> str:
+    """A KV connector's name from its JSON config (the value itself when it is not JSON)."""
+    try:
+        data = json.loads(value or "")
+    except ValueError:
+        return str(value)
+    name = data.get("kv_connector") if isinstance(data, dict) else None
+    return str(name) if name else str(value)[:80]
 
 
 def _takes_value(argv: Sequence[str], i: int) -> bool:
@@ -161,7 +180,7 @@ def reduce_engine_argv(
         elif flag in MEMORY:
             said.append(f"{flag} {value}: dropped (no GPU memory to size)")
         elif flag in CONNECTORS:
-            said.append(f"{flag} {value}: dropped (a KV connector is not checkable on a CPU)")
+            said.append(f"{flag} {connector(value)}: dropped (not checkable on a CPU)")
         elif flag in REPLACED:
             said.append(f"{flag} {value}: {REPLACED[flag]} here")
         elif flag == "--model" and flag == model_flag:
@@ -170,6 +189,9 @@ def reduce_engine_argv(
             said.append(f"{flag} {value}: the small model's tokenizer")
         elif flag == "--max-model-len":
             said.append(f"{flag} {value}: the small model's 2048")
+        elif flag in CUDA_ONLY:
+            said.append(f"{flag}: dropped (a CUDA-only part, refused on a CPU)")
+            step = 1
         elif flag == "--headless":
             said.append("--headless: dropped (the one process serves)")
             step = 1
@@ -248,9 +270,10 @@ def plan_profile(
             served = _value(argv, "--served-model-name") or served
             if not worker:
                 url = f"http://127.0.0.1:{_port(argv, '--port')}"
+            not_checked += [f"{cmd.role}: {f}" for f in CUDA_ONLY if f in argv]
             for flag in CONNECTORS:
                 if _value(argv, flag):
-                    not_checked.append(f"{cmd.role}: {flag} {_value(argv, flag)}")
+                    not_checked.append(f"{cmd.role}: {flag} {connector(_value(argv, flag))}")
             roles.append(Role(role=cmd.role, argv=reduced, env=engine_env, prepend=prepend))
         elif "dynamo.frontend" in argv:
             url = f"http://127.0.0.1:{_port(argv, '--http-port')}"

