@@ -143,7 +143,8 @@ def grace(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Benchmarks: build vs `docker build` over the twin, no-op rebuild, preflight, verify,
-    export, publish (registry API) vs `docker push`, components, smoke (cold and warm). `-- --quick`: each path once
+    export, publish (registry API) vs `docker push`, components, smoke (cold and warm).
+    `-- --quick`: each path once
     (CI: a broken benchmark fails, its figures are no verdict); the full run is for people
     and closing notes. `--quick` and `--json` go to every benchmark, other args (`--repeat N`)
     to bench_build and bench_components."""

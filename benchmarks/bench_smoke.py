@@ -17,6 +17,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -45,7 +46,7 @@ def main() -> int:
     builder = make_builder(lock, engine, State(), log, True)
     pairs = [(s, builder.build(s)) for s in (specs[:1] if args.quick else specs)]
     fresh = State(Path(tempfile.mkdtemp(prefix="k3env-bench-smoke-")))
-    rows = []
+    rows: list[dict[str, Any]] = []
     try:
         for phase in ("warm",) if args.quick else ("cold", "warm"):
             if phase == "warm":

@@ -5,7 +5,7 @@ Rules, read from the source with `ast` (function-level imports count too: a lazy
 still a dependency):
 
 - no import cycle between k3env modules;
-- layers only import downwards: core < config < engine < image < checks < handoff < bump <
+- layers only import downwards: core < config < engine < image < checks < smoke < handoff < bump <
   commands < cli
   (probes/ runs inside images and imports nothing of k3env);
 - every module opens with a docstring;
@@ -22,7 +22,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 # Lower index = lower layer. The flat core (errors, log, state, ...) is layer 0.
-LAYERS = ("core", "config", "engine", "image", "checks", "handoff", "bump", "commands", "cli")
+LAYERS = (
+    "core", "config", "engine", "image", "checks", "smoke", "handoff", "bump", "commands", "cli",
+)  # fmt: skip
 # External libraries (and the stdlib modules whose use is one concern) -> the one module
 # allowed to import them.
 OWNERS = {

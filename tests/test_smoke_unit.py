@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from k3env.config.lock import load_lock
-from k3env.config.spec import load_specs
+from k3env.config.spec import ImageSpec, load_specs
 from k3env.errors import ConfigError, EngineError
 from k3env.smoke.model import BOS, write_model
 from k3env.smoke.plan import MODEL, SmokePlan, plan_profile, reduce_engine_argv
@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 LOCK = REPO / "pins/k3.lock.toml"
 
 
-def _specs() -> dict[str, object]:
+def _specs() -> dict[str, ImageSpec]:
     lock = load_lock(LOCK)
     return {s.name: s for s in load_specs(REPO / "images", lock)}
 
@@ -73,7 +73,7 @@ def test_reduction_drops_the_layout_and_says_each_change() -> None:
     for gone in ("--tensor-parallel-size", "--nnodes=2", "--gpu-memory-utilization",
                  "fastsafetensors", "--kv-transfer-config", "--headless"):  # fmt: skip
         assert gone not in out
-    assert ("--tool-call-parser", "kimi_k3") == out[out.index("--tool-call-parser") :][:2]
+    assert out[out.index("--tool-call-parser") :][:2] == ("--tool-call-parser", "kimi_k3")
     assert out[out.index("--load-format") + 1] == "dummy" and "--enforce-eager" in out
     text = "\n".join(said)
     assert "--tensor-parallel-size 8: dropped" in text and "--nnodes 2: dropped" in text
@@ -83,7 +83,9 @@ def test_reduction_drops_the_layout_and_says_each_change() -> None:
 def test_plans_of_the_offline_default(tmp_path: Path) -> None:
     specs = _specs()
     model = write_model(tmp_path / "m", model_type="llama", parsers=("kimi_k3",))
-    direct = plan_profile(specs["kimi-k3-direct-d"], specs["kimi-k3-direct-d"].profiles["agg"], model)  # type: ignore[attr-defined]
+    direct = plan_profile(
+        specs["kimi-k3-direct-d"], specs["kimi-k3-direct-d"].profiles["agg"], model
+    )
     assert [r.role for r in direct.roles] == ["vllm-serve"]
     assert direct.served == "Kimi-K3" and direct.url == "http://127.0.0.1:8000"
     assert direct.gates == ("listed", "chat", "reasoning", "tool-calls", "benchmark", "stop")
@@ -94,7 +96,7 @@ def test_plans_of_the_offline_default(tmp_path: Path) -> None:
 
     k3 = write_model(tmp_path / "k", model_type="kimi_k3", parsers=("kimi_k3",))
     dyn_spec = specs["kimi-k3-dynamo"]
-    dyn = plan_profile(dyn_spec, dyn_spec.profiles["agg"], k3, absent=("torchvision",))  # type: ignore[attr-defined]
+    dyn = plan_profile(dyn_spec, dyn_spec.profiles["agg"], k3, absent=("torchvision",))
     frontend, worker = dyn.roles
     assert "--discovery-backend" in frontend.argv and "--discovery-backend" in worker.argv
     assert worker.argv[worker.argv.index("--hf-config-path") + 1] == f"{MODEL}/llama"
@@ -103,7 +105,9 @@ def test_plans_of_the_offline_default(tmp_path: Path) -> None:
     assert any("etcd" in x for x in dyn.not_checked)
     assert isinstance(dyn, SmokePlan) and dyn.bias_probe is not None
     # The record key does not move with a time bound.
-    slow = plan_profile(dyn_spec, dyn_spec.profiles["agg"], k3, absent=("torchvision",), ready_timeout=9)  # type: ignore[attr-defined]
+    slow = plan_profile(
+        dyn_spec, dyn_spec.profiles["agg"], k3, absent=("torchvision",), ready_timeout=9
+    )
     assert slow.identity() == dyn.identity() and slow.dumps() != dyn.dumps()
 
 
@@ -116,9 +120,7 @@ def test_smoke_pin_is_read_and_refused_elsewhere(tmp_path: Path) -> None:
         smoke_pin(lock, "linux/arm64")
     bad = tmp_path / "pins" / "k3.lock.toml"
     bad.parent.mkdir()
-    text = LOCK.read_text().replace(
-        'file = "pool/main/n/numactl/', 'file = "pool/../../etc/'
-    )
+    text = LOCK.read_text().replace('file = "pool/main/n/numactl/', 'file = "pool/../../etc/')
     bad.write_text(text)
     with pytest.raises(ConfigError) as e:
         load_lock(bad)
@@ -155,7 +157,10 @@ def test_deb_reader_takes_only_libraries_by_base_name() -> None:
         }),
         "test.deb",
     )  # fmt: skip
-    assert libs == {"libnuma.so.1.0.0": ("file", b"ELF"), "libnuma.so.1": ("link", "libnuma.so.1.0.0")}
+    assert libs == {
+        "libnuma.so.1.0.0": ("file", b"ELF"),
+        "libnuma.so.1": ("link", "libnuma.so.1.0.0"),
+    }
     with pytest.raises(EngineError, match="not a Debian package"):
         libraries_of(b"PK\x03\x04", "x.deb")
 
@@ -163,7 +168,7 @@ def test_deb_reader_takes_only_libraries_by_base_name() -> None:
 def test_gates_from_a_driver_result(tmp_path: Path) -> None:
     specs = _specs()
     model = write_model(tmp_path / "m", model_type="llama", parsers=("kimi_k3",))
-    plan = plan_profile(specs["kimi-k3-direct-d"], specs["kimi-k3-direct-d"].profiles["agg"], model)  # type: ignore[attr-defined]
+    plan = plan_profile(specs["kimi-k3-direct-d"], specs["kimi-k3-direct-d"].profiles["agg"], model)
     result = {"gates": [
         {"gate": "listed", "status": "passed", "seconds": 30.0, "detail": "listed"},
         {"gate": "chat", "status": "failed", "seconds": 0.1, "detail": "500", "output": "boom"},

@@ -460,13 +460,15 @@ def _smoke(t: Table) -> SmokePin:
         file = d.matching(
             "file",
             re.compile(r"^pool/[a-z0-9][a-z0-9+._/-]*\.deb$"),
-            "the .deb's path below the mirror, e.g. pool/main/n/numactl/libnuma1_2.0.16-1_amd64.deb",
+            "the .deb's path below the mirror, e.g. pool/main/n/numactl/libnuma1_2.0.16-1_amd64.deb",  # noqa: E501
         )
         if ".." in str(file).split("/"):
             raise d.fail("file", f"{file!r} leaves the mirror", "write a path below pool/")
         debs.append(
             DebPin(
-                name=str(d.matching("name", re.compile(r"^[a-z0-9][a-z0-9+.-]*$"), "e.g. libnuma1")),
+                name=str(
+                    d.matching("name", re.compile(r"^[a-z0-9][a-z0-9+.-]*$"), "e.g. libnuma1")
+                ),
                 file=str(file),
                 sha256=str(d.matching("sha256", SHA256_RE, _SHA_FIX)),
             )
@@ -475,7 +477,9 @@ def _smoke(t: Table) -> SmokePin:
     absent = t.str_list("absent")
     for i, name in enumerate(absent):
         if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", name):
-            raise t.fail(f"absent[{i}]", f"{name!r} is not a top-level module name", "e.g. torchvision")
+            raise t.fail(
+                f"absent[{i}]", f"{name!r} is not a top-level module name", "e.g. torchvision"
+            )
     t.done()
     return SmokePin(
         stands_in_for=str(stands_in_for), engine=engine, debs=tuple(debs), absent=absent

@@ -345,3 +345,18 @@ def put_manifest(repository: str, reference: str, body: bytes, media_type: str) 
             where=url, fix="the registry rewrote the manifest: use another registry",
         )  # fmt: skip
     return expected
+
+
+def download(url: str, *, limit: int, timeout: float = 60) -> bytes:
+    """One file over HTTP(S) from a mirror (a Debian pool file), at most ``limit`` bytes: a
+    longer answer is refused, never truncated into something that might hash right."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            data: bytes = response.read(limit + 1)
+    except OSError as e:
+        raise EngineError(f"cannot fetch {url}: {e}", where=url, fix="check the mirror") from e
+    if len(data) > limit:
+        raise EngineError(
+            f"{url} is over {limit} bytes", where=url, fix="check that the pin names the file"
+        )
+    return data

@@ -85,6 +85,10 @@ def _declared(model_type: str, llama: dict[str, object]) -> dict[str, object]:
     return dict(llama, model_type=model_type)
 
 
+def dump(value: object) -> str:
+    return json.dumps(value, indent=1, sort_keys=True) + "\n"
+
+
 def _template(parsers: tuple[str, ...]) -> str:
     prefix = next((NO_THINK[p] for p in parsers if p in NO_THINK), "")
     if not prefix:
@@ -153,15 +157,25 @@ def write_model(directory: Path, *, model_type: str, parsers: tuple[str, ...]) -
     # config.json declares the tokenizer's type (what Dynamo's frontend reads); when that is
     # not Llama, the engine reads the Llama layers from llama/config.json (--hf-config-path).
     config = _declared(model_type, llama)
-    tokenizer = {
+    tokenizer: dict[str, object] = {
         "version": "1.0",
         "truncation": None,
         "padding": None,
         "added_tokens": [_added(i, text) for text, i in ids.items()],
         "normalizer": None,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+        "pre_tokenizer": {
+            "type": "ByteLevel",
+            "add_prefix_space": False,
+            "trim_offsets": True,
+            "use_regex": False,
+        },
         "post_processor": None,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": False},
+        "decoder": {
+            "type": "ByteLevel",
+            "add_prefix_space": False,
+            "trim_offsets": True,
+            "use_regex": False,
+        },
         "model": {
             "type": "BPE",
             "dropout": None,
@@ -181,13 +195,13 @@ def write_model(directory: Path, *, model_type: str, parsers: tuple[str, ...]) -
         "eos_token": EOS,
         "model_max_length": LLAMA["max_position_embeddings"],
         "added_tokens_decoder": {
-            str(i): {k: v for k, v in _added(i, text).items() if k != "id"} for text, i in ids.items()
+            str(i): {k: v for k, v in _added(i, text).items() if k != "id"}
+            for text, i in ids.items()
         },
         "chat_template": _template(parsers),
     }
     tiktoken = "".join(f"{base64.b64encode(bytes([b])).decode()} {b}\n" for b in range(256))
     directory.mkdir(parents=True)
-    dump = lambda v: json.dumps(v, indent=1, sort_keys=True) + "\n"  # noqa: E731
     files.write_atomic(directory / "config.json", dump(config))
     files.write_atomic(directory / "tokenizer_config.json", dump(tokenizer_config))
     generation = {"bos_token_id": ids[BOS], "eos_token_id": ids[EOS]}

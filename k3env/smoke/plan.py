@@ -212,7 +212,7 @@ def reduce_engine_argv(
 
 def _engine_role(cmd: Command) -> bool:
     argv = cmd.argv
-    return "serve" in argv[:3] and "vllm" in argv[0] or "dynamo.vllm" in argv
+    return ("serve" in argv[:3] and "vllm" in argv[0]) or "dynamo.vllm" in argv
 
 
 def _port(argv: Sequence[str], flag: str) -> int:

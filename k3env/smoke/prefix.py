@@ -14,11 +14,11 @@ import re
 import shutil
 import tarfile
 import tempfile
-import urllib.request
 from pathlib import Path
 
 from k3env.config.lock import DebPin, Lock, SmokePin
 from k3env.engine.protocol import Engine
+from k3env.engine.registry import download
 from k3env.errors import ConfigError, EngineError
 from k3env.hashing import digest_hex, sha256_digest
 from k3env.image.wheels import download_wheels
@@ -91,15 +91,7 @@ def libraries_of(deb: bytes, where: str) -> dict[str, tuple[str, bytes | str]]:
 def _fetch(mirror: str, deb: DebPin, log: Log) -> bytes:
     url = f"{mirror.rstrip('/')}/{deb.file}"
     with log.step(f"fetch {deb.name} ({url})"):
-        try:
-            with urllib.request.urlopen(url, timeout=60) as reply:
-                data: bytes = reply.read(MAX_DEB + 1)
-        except OSError as e:
-            raise EngineError(
-                f"cannot fetch {deb.name}: {e}", where=url, fix="check the Debian mirror"
-            ) from e
-    if len(data) > MAX_DEB:
-        raise EngineError(f"{deb.name} is over {MAX_DEB >> 20} MiB", where=url, fix="re-pin it")
+        data = download(url, limit=MAX_DEB)
     got = _hex(data)
     if got != deb.sha256:
         raise EngineError(
@@ -118,9 +110,7 @@ def ensure_prefix(
     if lock.twin is None:
         raise ConfigError("the lock pins no [twin]", where=str(lock.path), fix="add [twin]")
     mirror = lock.twin.debian_mirror
-    key = _hex(
-        "\n".join([wheel.sha256, *(d.sha256 for d in pin.debs), image]).encode()
-    )[:20]
+    key = _hex("\n".join([wheel.sha256, *(d.sha256 for d in pin.debs), image]).encode())[:20]
     done = state.path("smoke") / key
     if (done / "site").is_dir():
         log.info(f"    smoke engine {wheel.name} {wheel.version}: cached ({done})")

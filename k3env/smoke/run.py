@@ -16,6 +16,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +31,10 @@ from k3env.smoke.plan import BIN, ENGINE, MODEL, OUT, SmokePlan, plan_profile
 from k3env.smoke.prefix import ensure_prefix, smoke_pin
 from k3env.state import State
 
-DRIVER = Path(__file__).with_name("driver.py")
-ABSENT = Path(__file__).with_name("absent.py")  # the roles' sitecustomize
+# In-container scripts (stdlib only, in k3env.probes): the driver, and the roles'
+# sitecustomize that stands in for what the twin omits.
+DRIVER = Path(str(resources.files("k3env.probes") / "smoke_driver.py"))
+ABSENT = Path(str(resources.files("k3env.probes") / "smoke_site.py"))
 STATUSES = ("passed", "failed", "not checked")
 STAND_IN_VERSION = "0+k3env.stand.in"
 SHM = 1 << 30  # vLLM's CPU engine shares its inputs through /dev/shm (160 MiB and up)
@@ -161,7 +164,13 @@ def smoke_profile(
         key = digest_hex(
             sha256_digest(
                 "\n".join(
-                    [build.image_id, plan.identity(), DRIVER.read_text(), ABSENT.read_text(), prefix.name]
+                    [
+                        build.image_id,
+                        plan.identity(),
+                        DRIVER.read_text(),
+                        ABSENT.read_text(),
+                        prefix.name,
+                    ]
                 ).encode()
             )
         )
@@ -169,7 +178,7 @@ def smoke_profile(
         if isinstance(record, dict) and record.get("image_id") == build.image_id:
             return _report(record, cached=True)
         (root / "bin").mkdir()
-        (root / "bin" / "driver.py").write_text(DRIVER.read_text())
+        (root / "bin" / "driver.py").write_text(DRIVER.read_text())  # its name in the plan
         (root / "bin" / "plan.json").write_text(plan.dumps())
         (root / "bin" / "sitecustomize.py").write_text(ABSENT.read_text())
         for name in pin.absent:
@@ -183,7 +192,9 @@ def smoke_profile(
         out = root / "out"
         out.mkdir()
         t0 = time.monotonic()
-        with log.step(f"smoke {spec.name} / {profile.name} ({', '.join(r.role for r in plan.roles)})"):
+        with log.step(
+            f"smoke {spec.name} / {profile.name} ({', '.join(r.role for r in plan.roles)})"
+        ):
             result = engine.run(
                 build.image_id,
                 ["python3", f"{BIN}/driver.py"],
@@ -262,9 +273,16 @@ def smoke_images(
                 continue
             reports.append(
                 smoke_profile(
-                    engine, state, pin, prefixes[build.base_id], spec, profile, build, log,
+                    engine,
+                    state,
+                    pin,
+                    prefixes[build.base_id],
+                    spec,
+                    profile,
+                    build,
+                    log,
                     timeout=timeout,
-                )  # fmt: skip
+                )
             )
     return reports
 
@@ -275,7 +293,9 @@ def table(reports: Sequence[SmokeReport]) -> str:
     for r in reports:
         verdict = "SERVES" if r.ok else "FAILS"
         cached = ", recorded" if r.cached else ""
-        lines.append(f"{r.image} / {r.profile}: {verdict} ({r.seconds:.0f} s{cached}; {r.stand_in})")
+        lines.append(
+            f"{r.image} / {r.profile}: {verdict} ({r.seconds:.0f} s{cached}; {r.stand_in})"
+        )
         for g in r.gates:
             lines.append(f"  {g.status:<11} {g.name:<11} {g.seconds:6.1f} s  {g.detail}")
             if g.status == "failed" and g.output:

@@ -2,7 +2,7 @@
 
 Runs with the image's own ``python3`` (standard library only; this file is mounted into the
 container, never imported by k3env on the host). It reads the plan k3env wrote
-(``/k3env-smoke/plan.json``), prints one progress line per stage, and writes every gate's
+(``/k3env-smoke/bin/plan.json``), prints one progress line per stage, and writes every gate's
 verdict to ``/k3env-smoke/out/result.json``, also when a stage fails or the plan's time runs
 out: the processes are stopped in any case (and the container is removed by k3env after).
 
@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-PLAN = Path(os.environ.get("K3ENV_SMOKE_PLAN", "/k3env-smoke/plan.json"))
+PLAN = Path(os.environ.get("K3ENV_SMOKE_PLAN", "/k3env-smoke/bin/plan.json"))
 TAIL = 25  # log lines kept with a failure, per process
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 BODY = 600  # characters of a reply kept as evidence
@@ -190,7 +190,9 @@ def steerable(plan: dict[str, Any], timeout: float) -> None:
         return
     reply = post_json(f"{plan['url']}/v1/chat/completions", probe["request"], timeout)
     message = ((reply.get("choices") or [{}])[0]).get("message") or {}
-    got = (message.get("content") or "") + (message.get("reasoning") or message.get("reasoning_content") or "")
+    got = (message.get("content") or "") + (
+        message.get("reasoning") or message.get("reasoning_content") or ""
+    )
     if probe["expect"] not in got:
         raise NotCheckable(
             f"the server does not apply logit_bias (a bias toward {probe['expect'][0]!r} gave "
@@ -308,10 +310,15 @@ def main() -> int:
             ok, what = role.stop(limits["stop"])
             clean = clean and ok
             words.append(f"{role.name} {what}")
-        if True:
-            gates.append({"gate": "stop", "status": "passed" if clean else "failed",
-                          "seconds": round(time.monotonic() - t0, 2), "detail": "; ".join(words),
-                          **({} if clean else {"output": "\n".join(f"--- {r.name}\n{r.words()}" for r in roles)})})  # fmt: skip
+        stop: dict[str, Any] = {
+            "gate": "stop",
+            "status": "passed" if clean else "failed",
+            "seconds": round(time.monotonic() - t0, 2),
+            "detail": "; ".join(words),
+        }
+        if not clean:
+            stop["output"] = "\n".join(f"--- {r.name}\n{r.words()}" for r in roles)
+        gates.append(stop)
         say(f"stop: {'; '.join(words)}")
         (out / "result.json").write_text(json.dumps({"gates": gates}, indent=1))
     return 0
