@@ -556,9 +556,11 @@ PARSER_FLAGS = {
     },
 }
 # vLLM frontend flags a Dynamo worker does not take (the Dynamo frontend parses chat output).
+# vLLM frontend flags the Dynamo worker's parser does not take. Not --reasoning-parser: the
+# worker takes it and reads it (structured_outputs_config.reasoning_parser decides whether the
+# frontend's tool grammar excludes reasoning), which `k3env smoke` shows by starting it.
 WORKER_FRONTEND_FLAGS = {
     "--tool-call-parser": "--dyn-tool-call-parser",
-    "--reasoning-parser": "--dyn-reasoning-parser",
 }
 
 

@@ -66,8 +66,8 @@ def test_dynamo_profile_serves_through_the_frontend(
     (profile,) = out["profiles"]
     g = gates(profile)
     assert [p.split(":")[0] for p in profile["roles"]] == ["dynamo-frontend", "dynamo-worker"]
-    # The worker started with --reasoning-parser (verify's table calls it a frontend flag):
-    # the process is the authority, and it took it.
+    # The worker started with --reasoning-parser and took it: the process is the authority
+    # (verify once failed it from a table of vLLM frontend flags).
     assert "--reasoning-parser kimi_k3" in profile["roles"][1]
     assert g["listed"]["status"] == "passed" and g["chat"]["status"] == "passed"
     assert g["benchmark"]["status"] == "passed"
