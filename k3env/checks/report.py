@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from k3env.checks.verify import CHECKS, CheckResult, ImageReport
 
@@ -34,17 +34,28 @@ def _where(r: ImageReport, f: CheckResult) -> str:
     return f.image + (f"/{f.profile}" if f.profile else "") + f" ({r.platform})"
 
 
-def markdown(reports: Sequence[ImageReport], title: str = "k3env compat matrix") -> str:
+def markdown(
+    reports: Sequence[ImageReport],
+    title: str = "k3env compat matrix",
+    serves: Mapping[str, bool | None] | None = None,
+) -> str:
     """Images x checks, a row per image and platform, for a PR body; failures listed below
-    with the probe's own output."""
+    with the probe's own output. ``serves``: image ID -> whether every profile served in its
+    last `k3env smoke` (None: never smoked), as a last column."""
+    extra = ["serves"] if serves is not None else []
     lines = [
         f"### {title}",
         "",
-        "| image | platform | " + " | ".join(CHECKS) + " |",
-        "|---|---|" + "---|" * len(CHECKS),
+        "| image | platform | " + " | ".join([*CHECKS, *extra]) + " |",
+        "|---|---|" + "---|" * (len(CHECKS) + len(extra)),
     ]
     for r in reports:
         marks = " | ".join(_MARK[r.status(c)] for c in CHECKS)
+        if serves is not None:
+            served = serves.get(r.image_id)
+            marks += " | " + (
+                "not smoked" if served is None else _MARK["pass" if served else "fail"]
+            )
         lines.append(f"| `{r.image}` | {r.platform} | {marks} |")
     versions = {
         f"{k} {v}" for r in reports for k, v in (r.facts.get("versions") or {}).items() if v

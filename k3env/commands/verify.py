@@ -45,6 +45,7 @@ def run(args: argparse.Namespace, app: App) -> int:
     log = app.log
     from k3env.checks.report import markdown, table
     from k3env.checks.verify import verify_images
+    from k3env.smoke.run import recorded_serves
 
     lock, specs, engine, state, builds = app.builds(args)
     # One container per core; images with the same files share one (and one import).
@@ -58,21 +59,23 @@ def run(args: argparse.Namespace, app: App) -> int:
         log=log,
         share=not args.isolated,
     )
+    serves = {r.image_id: recorded_serves(state, r.image_id) for r in reports}
+    matrix = markdown(reports, serves=serves)
     if args.markdown:
-        write_atomic(args.markdown, markdown(reports))
+        write_atomic(args.markdown, matrix)
         log.info(f"compat matrix written to {args.markdown}")
     failed = [f for r in reports for f in r.failed]
     payload = {
         "twin": args.twin,
         "images": [r.as_json() for r in reports],
         "failures": len(failed),
-        "markdown": markdown(reports),
+        "markdown": matrix,
     }
 
     def human() -> None:
         print(table(reports))
         print()
-        print(markdown(reports))
+        print(matrix)
 
     app.emit(payload, human)
     if failed:

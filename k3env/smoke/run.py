@@ -176,7 +176,9 @@ def smoke_profile(
         )
         record = state.read_json("smoke", f"{key}.json")
         if isinstance(record, dict) and record.get("image_id") == build.image_id:
-            return _report(record, cached=True)
+            cached = _report(record, cached=True)
+            _index(state, cached)
+            return cached
         (root / "bin").mkdir()
         (root / "bin" / "driver.py").write_text(DRIVER.read_text())  # its name in the plan
         (root / "bin" / "plan.json").write_text(plan.dumps())
@@ -222,7 +224,25 @@ def smoke_profile(
         )
     if report.ok:  # a failure is run again next time (it may be the host's)
         state.write_json(report.as_json(), "smoke", f"{key}.json")
+    _index(state, report)
     return report
+
+
+def _index(state: State, report: SmokeReport) -> None:
+    """The last verdict per image and profile, whatever it was (verify's `serves` column)."""
+    name = f"{digest_hex(report.image_id)}.json"
+    index = state.read_json("smoke", "images", name)
+    index = index if isinstance(index, dict) else {}
+    index[report.profile] = report.ok
+    state.write_json(index, "smoke", "images", name)
+
+
+def recorded_serves(state: State, image_id: str) -> bool | None:
+    """Whether every profile of this image served in its last smoke run (None: never run)."""
+    index = state.read_json("smoke", "images", f"{digest_hex(image_id)}.json")
+    if not isinstance(index, dict) or not index:
+        return None
+    return all(v is True for v in index.values())
 
 
 def _report(data: dict[str, Any], *, cached: bool) -> SmokeReport:
