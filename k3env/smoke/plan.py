@@ -14,7 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from k3env.config.spec import Command, ImageSpec, ServeProfile
+from k3env.checks.argv import parse_options
+from k3env.config.spec import ImageSpec, ServeProfile
 from k3env.smoke.model import STEER, SmokeModel, thinks
 
 # Where the run's files are inside the container.
@@ -137,12 +138,9 @@ class SmokePlan:
 
 
 def _value(argv: Sequence[str], flag: str) -> str | None:
-    for i, arg in enumerate(argv):
-        if arg == flag and i + 1 < len(argv):
-            return argv[i + 1]
-        if arg.startswith(flag + "="):
-            return arg.split("=", 1)[1]
-    return None
+    """A flag's value on a command line (``--flag v`` or ``--flag=v``); None for a switch."""
+    value = parse_options(argv).get(flag)
+    return value if isinstance(value, str) else None
 
 
 def connector(value: str | None) -> str:
@@ -210,9 +208,9 @@ def reduce_engine_argv(
     return tuple(out), said
 
 
-def _engine_role(cmd: Command) -> bool:
-    argv = cmd.argv
-    return ("serve" in argv[:3] and "vllm" in argv[0]) or "dynamo.vllm" in argv
+def behind_dynamo(profile: ServeProfile) -> bool:
+    """Whether the profile is served by Dynamo's frontend (its roles say so)."""
+    return any(c.role == "dynamo-frontend" for c in profile.commands)
 
 
 def _port(argv: Sequence[str], flag: str) -> int:
@@ -250,11 +248,11 @@ def plan_profile(
     prepend = {"PYTHONPATH": f"{BIN}:{ENGINE}/site", "LD_LIBRARY_PATH": f"{ENGINE}/lib"}
     url = "http://127.0.0.1:8000"
     served = "k3env-smoke"
-    dynamo = any("dynamo.frontend" in c.argv or "dynamo.vllm" in c.argv for c in profile.commands)
+    dynamo = any(c.role.startswith("dynamo-") for c in profile.commands)
     for cmd in profile.commands:
         argv = list(cmd.argv)
-        if _engine_role(cmd):
-            worker = "dynamo.vllm" in argv
+        if cmd.role in ("vllm-serve", "dynamo-worker"):
+            worker = cmd.role == "dynamo-worker"
             reduced, said = reduce_engine_argv(argv, model_flag="--model" if worker else None)
             if model.engine_config:
                 llama = f"{MODEL}/{model.engine_config}"
@@ -275,7 +273,7 @@ def plan_profile(
                 if _value(argv, flag):
                     not_checked.append(f"{cmd.role}: {flag} {connector(_value(argv, flag))}")
             roles.append(Role(role=cmd.role, argv=reduced, env=engine_env, prepend=prepend))
-        elif "dynamo.frontend" in argv:
+        elif cmd.role == "dynamo-frontend":
             url = f"http://127.0.0.1:{_port(argv, '--http-port')}"
             roles.append(
                 Role(role=cmd.role, argv=(*argv, *DYNAMO_PLANES), env=engine_env, prepend=prepend)
@@ -316,7 +314,7 @@ def plan_profile(
             )
         if profile.reasoning_parser and thinks(profile.reasoning_parser):
             tools["chat_template_kwargs"] = {"thinking": False}
-        if steer:
+        if steer:  # after chat_template_kwargs: the probe asks as the tool request will
             # First ask whether the server applies a bias at all (a frontend may drop it).
             bias_probe = {
                 "request": {

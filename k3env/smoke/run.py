@@ -27,7 +27,7 @@ from k3env.hashing import digest_hex, sha256_digest
 from k3env.image.build import BuildResult
 from k3env.log import Log
 from k3env.smoke.model import write_model
-from k3env.smoke.plan import BIN, ENGINE, MODEL, OUT, SmokePlan, plan_profile
+from k3env.smoke.plan import BIN, ENGINE, MODEL, OUT, SmokePlan, behind_dynamo, plan_profile
 from k3env.smoke.prefix import ensure_prefix, smoke_pin
 from k3env.state import State
 
@@ -157,7 +157,7 @@ def smoke_profile(
         root = Path(tmp)
         # The tokenizer's declared type matters to Dynamo's frontend; vLLM's own frontend
         # loads the tokenizer files whatever the config's type, so it gets the plain Llama.
-        dynamo = any("dynamo.frontend" in c.argv for c in profile.commands)
+        dynamo = behind_dynamo(profile)
         model_type = (profile.tokenizer_model_type if dynamo else None) or "llama"
         model = write_model(root / "model", model_type=model_type, parsers=parsers)
         plan = plan_profile(spec, profile, model, ready_timeout=timeout, absent=pin.absent)
