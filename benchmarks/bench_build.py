@@ -23,7 +23,9 @@ import sys
 import tempfile
 import textwrap
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -112,6 +114,38 @@ def clean(engine: DockerEngine) -> None:
     subprocess.run(["docker", "image", "prune", "-f"], capture_output=True, check=True)
 
 
+BUILDERS = {"buildkit": {"DOCKER_BUILDKIT": "1"}, "legacy": {"DOCKER_BUILDKIT": "0"}}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Base:
+    """The twin the builds derive from, and the file the patch replaces in it."""
+
+    reference: str
+    digest: str
+    size: int
+    target: str  # the patched module's path in the image
+    text: str  # its content in the base
+
+
+@dataclass(frozen=True, kw_only=True)
+class BuildTimes:
+    cold: list[float]
+    warm: list[float]
+    noop: list[float]
+    docker_cold: dict[str, list[float]]
+    docker_warm: dict[str, list[float]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class PreflightTimes:
+    in_process: list[float]
+    command: list[float]
+    images: int
+    profiles: int
+    rules: int
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
@@ -126,9 +160,21 @@ def main() -> int:
         args.repeat = 1
 
     engine = DockerEngine()
+    base = twin_base(engine)
+    builds = time_builds(engine, base, args.repeat)
+    preflight = time_preflight(1 if args.quick else max(args.repeat, 5))
+    result = summary(engine, base, args.repeat, builds, preflight)
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print_table(result, base, args.repeat, preflight.rules)
+    return 0
+
+
+def twin_base(engine: DockerEngine) -> Base:
+    """The CPU twin (made when missing), its size, and the module the patch edits."""
     lock = load_lock(REPO / "pins/k3.lock.toml")
     reference, digest = ensure_twin(lock, engine, State(), Log())
-    base_repo, base_tag = reference.rsplit(":", 1)
     base = engine.inspect(reference)
     assert base is not None
     size = int(
@@ -145,45 +191,60 @@ def main() -> int:
     target = json.loads(probe.stdout)["vllm.version"]
     original = engine.read_files(reference, [target])[target]
     assert original is not None
-    k3env = [sys.executable, "-m", "k3env", "build", "--lock", "pins/bench.lock.toml"]
-    builders = {"buildkit": {"DOCKER_BUILDKIT": "1"}, "legacy": {"DOCKER_BUILDKIT": "0"}}
+    return Base(
+        reference=reference,
+        digest=digest,
+        size=size,
+        target=target,
+        text=original.content.decode(),
+    )
 
-    cold: list[float] = []
-    warm: list[float] = []
-    noop: list[float] = []
-    docker_cold: dict[str, list[float]] = {b: [] for b in builders}
-    docker_warm: dict[str, list[float]] = {b: [] for b in builders}
+
+def time_builds(engine: DockerEngine, base: Base, repeat: int) -> BuildTimes:
+    """k3env's cold build, env edit and no-op rebuild; docker build's first build and env
+    edit, per builder; ``repeat`` rounds, each from nothing cached."""
+    base_repo, base_tag = base.reference.rsplit(":", 1)
+    k3env = [sys.executable, "-m", "k3env", "build", "--lock", "pins/bench.lock.toml"]
+    times = BuildTimes(
+        cold=[],
+        warm=[],
+        noop=[],
+        docker_cold={b: [] for b in BUILDERS},
+        docker_warm={b: [] for b in BUILDERS},
+    )
     with tempfile.TemporaryDirectory(prefix="k3env-bench-") as tmp:
         root = Path(tmp)
         state = {"K3ENV_STATE_DIR": str(root / "state")}
-        for i in range(args.repeat):
+        for i in range(repeat):
             clean(engine)
             shutil.rmtree(root / "state", ignore_errors=True)
             # k3env: cold build (no facts cached), then an env edit, then a no-op rebuild.
-            write_project(root, base_repo, base_tag, digest, f"{i}-a")
-            cold.append(timed(k3env, cwd=root, env=state))
-            write_project(root, base_repo, base_tag, digest, f"{i}-b")
-            warm.append(timed(k3env, cwd=root, env=state))
-            noop.append(timed(k3env, cwd=root, env=state))
+            write_project(root, base_repo, base_tag, base.digest, f"{i}-a")
+            times.cold.append(timed(k3env, cwd=root, env=state))
+            write_project(root, base_repo, base_tag, base.digest, f"{i}-b")
+            times.warm.append(timed(k3env, cwd=root, env=state))
+            times.noop.append(timed(k3env, cwd=root, env=state))
             # docker build of the same change, per builder: first build, then the env edit.
             build = [DOCKER_CLI, "build", "-t", "k3env-bench/docker:x"]
-            text = original.content.decode()
-            for name, env in builders.items():
+            for name, env in BUILDERS.items():
                 clean(engine)
-                ctx = docker_context(root, reference, target, text, f"{i}-{name}-a")
-                docker_cold[name].append(timed([*build, str(ctx)], cwd=root, env=env))
-                ctx = docker_context(root, reference, target, text, f"{i}-{name}-b")
-                docker_warm[name].append(timed([*build, str(ctx)], cwd=root, env=env))
+                ctx = docker_context(root, base.reference, base.target, base.text, f"{i}-{name}-a")
+                times.docker_cold[name].append(timed([*build, str(ctx)], cwd=root, env=env))
+                ctx = docker_context(root, base.reference, base.target, base.text, f"{i}-{name}-b")
+                times.docker_warm[name].append(timed([*build, str(ctx)], cwd=root, env=env))
         clean(engine)
+    return times
 
-    # Preflight of every image in images/ (no engine): in-process and as a whole command.
+
+def time_preflight(rounds: int) -> PreflightTimes:
+    """Preflight of every image in images/ (no engine): in-process and as a whole command."""
     from k3env.checks.preflight import contexts, run_rules
     from k3env.checks.rules import RULES
     from k3env.config.cluster import DEFAULT_CLUSTER, load_cluster
     from k3env.config.spec import load_specs
 
     pre_in, pre_cmd = [], []
-    for _ in range(1 if args.quick else max(args.repeat, 5)):
+    for _ in range(rounds):
         start = time.perf_counter()
         pre_lock = load_lock(REPO / "pins/k3.lock.toml")
         pre_specs = load_specs(REPO / "images", pre_lock)
@@ -198,57 +259,68 @@ def main() -> int:
             capture_output=True,
         )
         pre_cmd.append(time.perf_counter() - start)
+    return PreflightTimes(
+        in_process=pre_in,
+        command=pre_cmd,
+        images=len(pre_specs),
+        profiles=len(report.checked),
+        rules=report.rules,
+    )
 
+
+def summary(
+    engine: DockerEngine, base: Base, repeat: int, b: BuildTimes, pre: PreflightTimes
+) -> dict[str, Any]:
+    """The medians and ratios, as --json prints them."""
     med = statistics.median
-    result = {
+    return {
         "engine": engine.describe(),
-        "base": reference,
-        "base_size_bytes": size,
-        "repeat": args.repeat,
-        "k3env_cold_s": round(med(cold), 3),
-        "k3env_env_edit_s": round(med(warm), 3),
+        "base": base.reference,
+        "base_size_bytes": base.size,
+        "repeat": repeat,
+        "k3env_cold_s": round(med(b.cold), 3),
+        "k3env_env_edit_s": round(med(b.warm), 3),
         **{
             key: value
-            for b in builders
+            for n in BUILDERS
             for key, value in {
-                f"docker_{b}_cold_s": round(med(docker_cold[b]), 3),
-                f"docker_{b}_env_edit_s": round(med(docker_warm[b]), 3),
-                f"ratio_cold_vs_{b}": round(med(cold) / med(docker_cold[b]), 3),
-                f"ratio_env_edit_vs_{b}": round(med(warm) / med(docker_warm[b]), 3),
+                f"docker_{n}_cold_s": round(med(b.docker_cold[n]), 3),
+                f"docker_{n}_env_edit_s": round(med(b.docker_warm[n]), 3),
+                f"ratio_cold_vs_{n}": round(med(b.cold) / med(b.docker_cold[n]), 3),
+                f"ratio_env_edit_vs_{n}": round(med(b.warm) / med(b.docker_warm[n]), 3),
             }.items()
         },
-        "noop_rebuild_s": round(med(noop), 3),
-        "preflight_images": len(pre_specs),
-        "preflight_profiles": len(report.checked),
-        "preflight_in_process_ms": round(med(pre_in) * 1000, 2),
-        "preflight_command_ms": round(med(pre_cmd) * 1000, 1),
+        "noop_rebuild_s": round(med(b.noop), 3),
+        "preflight_images": pre.images,
+        "preflight_profiles": pre.profiles,
+        "preflight_in_process_ms": round(med(pre.in_process) * 1000, 2),
+        "preflight_command_ms": round(med(pre.command) * 1000, 1),
     }
-    if args.json:
-        print(json.dumps(result, indent=2))
-    else:
-        print(
-            f"base {reference}: {size / 1e9:.2f} GB on {result['engine']}, median of {args.repeat}"
-        )
-        print(f"  {'':28} {'k3env':>8} {'docker build':>13} {'ratio':>7}")
-        for b in builders:
-            for what, kk, dk, rk in (
-                ("first build (cold)", "k3env_cold_s", f"docker_{b}_cold_s", f"ratio_cold_vs_{b}"),
-                ("rebuild after env edit", "k3env_env_edit_s", f"docker_{b}_env_edit_s",
-                 f"ratio_env_edit_vs_{b}"),
-            ):  # fmt: skip
-                print(
-                    f"  {what + ', vs ' + b:28} {result[kk]:>7.3f}s {result[dk]:>12.3f}s "
-                    f"{result[rk]:>7.3f}"
-                )
-        print(f"  {'no-op rebuild (cache hit)':28} {result['noop_rebuild_s']:>7.3f}s")
-        print("  goal: ratio <= 1.0, no-op < 1 s")
-        print(
-            f"preflight of all {result['preflight_images']} images in images/ "
-            f"({result['preflight_profiles']} profiles, {report.rules} rules): "
-            f"{result['preflight_in_process_ms']} ms in process, "
-            f"{result['preflight_command_ms']} ms as `k3env preflight` (goal < 200 ms)"
-        )
-    return 0
+
+
+def print_table(result: dict[str, Any], base: Base, repeat: int, rules: int) -> None:
+    print(
+        f"base {base.reference}: {base.size / 1e9:.2f} GB on {result['engine']}, median of {repeat}"
+    )
+    print(f"  {'':28} {'k3env':>8} {'docker build':>13} {'ratio':>7}")
+    for b in BUILDERS:
+        for what, kk, dk, rk in (
+            ("first build (cold)", "k3env_cold_s", f"docker_{b}_cold_s", f"ratio_cold_vs_{b}"),
+            ("rebuild after env edit", "k3env_env_edit_s", f"docker_{b}_env_edit_s",
+             f"ratio_env_edit_vs_{b}"),
+        ):  # fmt: skip
+            print(
+                f"  {what + ', vs ' + b:28} {result[kk]:>7.3f}s {result[dk]:>12.3f}s "
+                f"{result[rk]:>7.3f}"
+            )
+    print(f"  {'no-op rebuild (cache hit)':28} {result['noop_rebuild_s']:>7.3f}s")
+    print("  goal: ratio <= 1.0, no-op < 1 s")
+    print(
+        f"preflight of all {result['preflight_images']} images in images/ "
+        f"({result['preflight_profiles']} profiles, {rules} rules): "
+        f"{result['preflight_in_process_ms']} ms in process, "
+        f"{result['preflight_command_ms']} ms as `k3env preflight` (goal < 200 ms)"
+    )
 
 
 if __name__ == "__main__":

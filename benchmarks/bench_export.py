@@ -25,7 +25,7 @@ sys.path.insert(0, str(REPO))
 
 from twin_image import twin_build  # noqa: E402
 
-from k3env.handoff.enroot import SQUASH_OPTIONS, export_image  # noqa: E402
+from k3env.handoff.enroot_export import SQUASH_OPTIONS, export_image  # noqa: E402
 from k3env.hashing import file_sha256  # noqa: E402
 from k3env.image.layer import epoch_of  # noqa: E402
 from k3env.log import Log  # noqa: E402

@@ -16,15 +16,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from k3env.checks.verify import PROBE_ENV, verify_image  # noqa: E402
+from k3env.checks.probe_run import PROBE_ENV  # noqa: E402
+from k3env.checks.verify import verify_image  # noqa: E402
 from k3env.config.lock import load_lock  # noqa: E402
-from k3env.config.spec import load_specs  # noqa: E402
+from k3env.config.pins import Lock  # noqa: E402
+from k3env.config.spec import ImageSpec, load_specs  # noqa: E402
 from k3env.engine.dockerd import DockerEngine  # noqa: E402
-from k3env.image.build import make_builder  # noqa: E402
+from k3env.image.build import BuildResult, make_builder  # noqa: E402
 from k3env.log import Log  # noqa: E402
 from k3env.state import State  # noqa: E402
 
@@ -47,45 +50,57 @@ def main() -> int:
     lock = load_lock(REPO / "pins/k3.lock.toml")
     specs = load_specs(REPO / "images", lock)
     builder = make_builder(lock, engine, state, Log(quiet=True), True)
-    rows = []
-    for spec in specs[:1] if args.quick else specs:
-        build = builder.build(spec)
-        imports: list[float] = []
-        serves: list[float] = []
-        verifies: list[float] = []
-        failures = 0
-        for _ in range(args.repeat):
-            for stmt, times in (("import vllm", imports), (f"import {SERVE}", serves)):
-                start = time.perf_counter()
-                result = engine.run(
-                    build.image_id, ["python3", "-c", stmt], timeout=300, env=PROBE_ENV
-                )
-                times.append(time.perf_counter() - start)
-                assert result.exit_code == 0, result.stderr[-2000:]
+    rows = [
+        per_image(engine, lock, spec, builder.build(spec), args.repeat)
+        for spec in (specs[:1] if args.quick else specs)
+    ]
+    summary = whole_command(rows)
+    if args.json:
+        print(json.dumps({"images": rows, **summary}, indent=2))
+    else:
+        print_table(rows, summary, args.repeat)
+    return 0
+
+
+def per_image(
+    engine: DockerEngine, lock: Lock, spec: ImageSpec, build: BuildResult, repeat: int
+) -> dict[str, Any]:
+    """One image: cold imports of vllm and of its serve CLI against verify (medians)."""
+    imports: list[float] = []
+    serves: list[float] = []
+    verifies: list[float] = []
+    failures = 0
+    for _ in range(repeat):
+        for stmt, times in (("import vllm", imports), (f"import {SERVE}", serves)):
             start = time.perf_counter()
-            # A fresh state directory: the probe really runs (no recorded verdicts).
-            fresh = State(Path(tempfile.mkdtemp(prefix="k3env-bench-verify-")))
-            report = verify_image(engine, fresh, lock, spec, build, twin=True)
-            verifies.append(time.perf_counter() - start)
-            shutil.rmtree(fresh.root, ignore_errors=True)
-            failures = len(report.failed)
-            timings = report.facts.get("probe_timings", {})
-        imp, ver = statistics.median(imports), statistics.median(verifies)
-        srv = statistics.median(serves)
-        rows.append(
-            {
-                "image": spec.name,
-                "import_vllm_s": round(imp, 2),
-                "import_serve_cli_s": round(srv, 2),
-                "verify_s": round(ver, 2),
-                "ratio": round(ver / imp, 2),
-                "ratio_vs_serve_cli": round(ver / srv, 2),
-                "checks_failed": failures,
-                "probe_timings_s": timings,
-            }
-        )
-    # The whole command, as a user runs it: every image at once (one container per core),
-    # then again with nothing changed (answered from the recorded verdicts).
+            result = engine.run(build.image_id, ["python3", "-c", stmt], timeout=300, env=PROBE_ENV)
+            times.append(time.perf_counter() - start)
+            assert result.exit_code == 0, result.stderr[-2000:]
+        start = time.perf_counter()
+        # A fresh state directory: the probe really runs (no recorded verdicts).
+        fresh = State(Path(tempfile.mkdtemp(prefix="k3env-bench-verify-")))
+        report = verify_image(engine, fresh, lock, spec, build, twin=True)
+        verifies.append(time.perf_counter() - start)
+        shutil.rmtree(fresh.root, ignore_errors=True)
+        failures = len(report.failed)
+        timings = report.facts.get("probe_timings", {})
+    imp, ver = statistics.median(imports), statistics.median(verifies)
+    srv = statistics.median(serves)
+    return {
+        "image": spec.name,
+        "import_vllm_s": round(imp, 2),
+        "import_serve_cli_s": round(srv, 2),
+        "verify_s": round(ver, 2),
+        "ratio": round(ver / imp, 2),
+        "ratio_vs_serve_cli": round(ver / srv, 2),
+        "checks_failed": failures,
+        "probe_timings_s": timings,
+    }
+
+
+def whole_command(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The whole command, as a user runs it: every image at once (one container per core),
+    then again with nothing changed (answered from the recorded verdicts)."""
     with tempfile.TemporaryDirectory(prefix="k3env-bench-verify-") as tmp:
         env = {**os.environ, "K3ENV_STATE_DIR": tmp}
         cmd = [sys.executable, "-m", "k3env", "verify", "--twin", "-q", "--json"]
@@ -97,36 +112,33 @@ def main() -> int:
         subprocess.run(cmd, cwd=REPO, env=env, capture_output=True)
         all_repeat = time.perf_counter() - start
     slowest_import = max(r["import_serve_cli_s"] for r in rows)
-    summary = {
+    return {
         "verify_all_images": verified,
         "verify_all_images_s": round(all_cold, 2),
         "verify_all_vs_one_serve_cli_import": round(all_cold / slowest_import, 2),
         "verify_repeat_unchanged_s": round(all_repeat, 2),
     }
-    if args.json:
-        print(json.dumps({"images": rows, **summary}, indent=2))
-    else:
-        print(f"verify per image vs a cold import in the same image (median of {args.repeat})")
+
+
+def print_table(rows: list[dict[str, Any]], summary: dict[str, Any], repeat: int) -> None:
+    print(f"verify per image vs a cold import in the same image (median of {repeat})")
+    print(
+        f"  {'image':22} {'import vllm':>12} {'import serve CLI':>17} {'verify':>8} "
+        f"{'ratio':>6} {'vs CLI':>7}  failed checks"
+    )
+    for r in rows:
         print(
-            f"  {'image':22} {'import vllm':>12} {'import serve CLI':>17} {'verify':>8} "
-            f"{'ratio':>6} {'vs CLI':>7}  failed checks"
+            f"  {r['image']:22} {r['import_vllm_s']:>11.2f}s {r['import_serve_cli_s']:>16.2f}s "
+            f"{r['verify_s']:>7.2f}s {r['ratio']:>6.2f} {r['ratio_vs_serve_cli']:>7.2f}  "
+            f"{r['checks_failed']}"
         )
-        for r in rows:
-            print(
-                f"  {r['image']:22} {r['import_vllm_s']:>11.2f}s {r['import_serve_cli_s']:>16.2f}s "
-                f"{r['verify_s']:>7.2f}s {r['ratio']:>6.2f} {r['ratio_vs_serve_cli']:>7.2f}  "
-                f"{r['checks_failed']}"
-            )
-        print(
-            f"  goal: ratio <= 1.3 (serve CLI = `import {SERVE}`, which `vllm serve` itself pays)"
-        )
-        print(
-            f"`k3env verify --twin` of all {summary['verify_all_images']} images: "
-            f"{summary['verify_all_images_s']}s "
-            f"({summary['verify_all_vs_one_serve_cli_import']}x one serve-CLI import; goal 1.3); "
-            f"repeated with nothing changed: {summary['verify_repeat_unchanged_s']}s (goal < 1 s)"
-        )
-    return 0
+    print(f"  goal: ratio <= 1.3 (serve CLI = `import {SERVE}`, which `vllm serve` itself pays)")
+    print(
+        f"`k3env verify --twin` of all {summary['verify_all_images']} images: "
+        f"{summary['verify_all_images_s']}s "
+        f"({summary['verify_all_vs_one_serve_cli_import']}x one serve-CLI import; goal 1.3); "
+        f"repeated with nothing changed: {summary['verify_repeat_unchanged_s']}s (goal < 1 s)"
+    )
 
 
 if __name__ == "__main__":

@@ -87,3 +87,8 @@ class CheckFailed(K3envError):
     """A check ran and found a problem (e.g. ``lock --check`` with unresolved pins)."""
 
     return_code = 4
+
+
+class UntrustedFileError(CheckFailed):
+    """A file in a tree others made (an image, a checkout) is not a regular file within its
+    size limit: a link, device, FIFO or socket, or too large; it was not followed or read."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -29,9 +30,22 @@ def sha256_digest(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+def sha256_stream(chunks: Iterable[bytes]) -> bytes:
+    """The raw sha256 of ``chunks`` taken one at a time (a file read in blocks, never whole)."""
+    h = hashlib.sha256()
+    for chunk in chunks:
+        h.update(chunk)
+    return h.digest()
+
+
 def record_hash(data: bytes) -> str:
     """sha256 as a wheel's RECORD writes it: urlsafe base64, no padding."""
-    return base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return record_b64(hashlib.sha256(data).digest())
+
+
+def record_b64(raw: bytes) -> str:
+    """A raw sha256 in a RECORD's form: urlsafe base64, no padding."""
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
 
 def digest_hex(digest: str) -> str:

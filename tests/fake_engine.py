@@ -36,7 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from k3env.config.lock import Lock, load_lock
+from k3env.config.lock import load_lock
+from k3env.config.pins import Lock
 from k3env.config.spec import ImageSpec, load_spec
 from k3env.engine.protocol import (
     BaseImage,

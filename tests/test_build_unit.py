@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from k3env.config.lock import BasePin
+from k3env.config.pins import BasePin
 from k3env.engine.protocol import RunResult
 from k3env.errors import EngineError, PatchError, SecretError
 from k3env.hashing import sha256_digest

@@ -9,7 +9,7 @@ import pytest
 from k3env.bump.body import body
 from k3env.bump.evaluate import Outcome, PatchFate
 from k3env.bump.pins import leaf_changes
-from k3env.checks.verify import CheckResult, ImageReport
+from k3env.checks.verdicts import CheckResult, ImageReport
 from k3env.cli import main
 from k3env.config.lock import load_lock
 from k3env.config.lock_edit import Change

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from k3env.bump.evaluate import Outcome, PatchFate, evaluate
-from k3env.checks.verify import MARK
+from k3env.checks.probe_run import MARK
 from k3env.config.cluster import Cluster, load_cluster
 from k3env.engine.protocol import RunResult
 from k3env.log import Log
@@ -101,9 +101,7 @@ def test_patch_fates_applies_upstream_conflicts_and_no_verify(
     ]
     # The image was built (over testbase), but no probe ran.
     assert fake_engine.tags("k3env-test/probe") != []
-    assert not any(
-        "/k3env-probe/probe.py" in args[1] for v, args in fake_engine.calls if v == "run"
-    )
+    assert not any("/k3env-probe/probe" in args[1] for v, args in fake_engine.calls if v == "run")
     assert outcome.reports == [] and outcome.error is None
     assert outcome.preflight_errors == {"probe": 0}
     assert outcome.failed  # a conflicting patch fails the state
@@ -184,7 +182,7 @@ def test_verify_runs_on_each_built_image_and_a_failing_check_fails_the_state(
     def probe(
         image: str, argv: list[str], env: dict[str, str], mounts: dict[str, str]
     ) -> RunResult | None:
-        if "/k3env-probe/probe.py" not in argv:
+        if "/k3env-probe/probe" not in argv:
             return None  # the builder's module lookup: the fake answers it
         probed.append(image)
         return probe_answer([row], {"versions": {"dynamo-runtime": "1.2.1"}})
@@ -207,7 +205,7 @@ def test_preflight_in_a_bump_uses_the_facts_verify_just_learned(
     facts = {"versions": {"dynamo": "1.2.1"}, "dynamo": {"tiktoken_model_types": ["kimi_k2"]}}
     fake_engine.on_run(
         lambda image, argv, env, mounts: (
-            probe_answer([], facts) if "/k3env-probe/probe.py" in argv else None
+            probe_answer([], facts) if "/k3env-probe/probe" in argv else None
         )
     )
     outcome = judge(fake_engine, project, cluster, verify=True)

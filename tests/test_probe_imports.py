@@ -12,16 +12,12 @@ import json
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from k3env.probes import probe as _probe
+from k3env.probes.probe.imports import import_in_subprocess
 
 MISSING = "k3env_absent_tv"
-
-# The probe is stdlib-only code run inside images, outside mypy: used here as it is.
-probe: Any = _probe
 
 
 @pytest.fixture
@@ -42,7 +38,7 @@ def packages(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def test_the_first_real_incompatibility_behind_an_absent_module_is_reported(
     packages: Path,
 ) -> None:
-    status, out = probe.import_in_subprocess("k3t_worker", [])
+    status, out = import_in_subprocess("k3t_worker", [])
     assert status == "fail"
     assert out.startswith(f"not installed in the image: {MISSING} (first symptom below)")
     assert f"No module named '{MISSING}'" in out
@@ -53,22 +49,23 @@ def test_the_first_real_incompatibility_behind_an_absent_module_is_reported(
 def test_only_absent_modules_the_twin_leaves_out_by_design_pass_with_a_note(
     packages: Path,
 ) -> None:
-    status, out = probe.import_in_subprocess("k3t_clean", [MISSING])
+    status, out = import_in_subprocess("k3t_clean", [MISSING])
     assert status == "pass"
     assert "stand-ins for modules the CPU twin leaves out by design" in out
     # The same absence outside the twin's design is a failure.
-    status, out = probe.import_in_subprocess("k3t_clean", [])
+    status, out = import_in_subprocess("k3t_clean", [])
     assert status == "fail" and out.endswith("nothing else is missing behind them")
 
 
 def test_stand_ins_never_reach_the_probe_process(packages: Path) -> None:
-    probe.RESULTS.clear()
     plan = {"profiles": [{"commands": [{"role": "dynamo-worker"}]}], "absent_by_design": []}
     code = (
-        f"import sys, json; sys.path.insert(0, {str(packages)!r}); from k3env.probes import probe\n"
-        "probe.ENTRYPOINT_MODULES['dynamo-worker'] = ('k3t_worker',)\n"
-        f"probe.check_imports(json.loads({json.dumps(plan)!r}))\n"
-        f"print(json.dumps([probe.RESULTS[0]['status'], {MISSING!r} in sys.modules]))\n"
+        f"import sys, json; sys.path.insert(0, {str(packages)!r})\n"
+        "from k3env.probes.probe import imports, session\n"
+        "imports.ENTRYPOINT_MODULES['dynamo-worker'] = ('k3t_worker',)\n"
+        "run = session.Run()\n"
+        f"imports.check_imports(run, json.loads({json.dumps(plan)!r}))\n"
+        f"print(json.dumps([run.report.results[0]['status'], {MISSING!r} in sys.modules]))\n"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True,

@@ -11,8 +11,10 @@ from typing import Any
 import pytest
 
 from k3env.errors import ConfigError, EngineError
-from k3env.handoff.enroot import check_squashfs, enroot_files, export_image
+from k3env.handoff.enroot import enroot_files
+from k3env.handoff.enroot_export import export_image
 from k3env.handoff.push import Pushed, last_push, push_image
+from k3env.handoff.squashfs_check import check_squashfs
 from k3env.image.build import BuildResult, make_builder
 from k3env.log import Log
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import threading
 from collections.abc import Iterator
@@ -13,8 +14,9 @@ import pytest
 from k3env.engine.registry import list_tags, resolve_digest, tagged_config
 from k3env.errors import EngineError, LockError
 
-DIGEST = "sha256:" + "ab" * 32
 CONFIG = "sha256:" + "cd" * 32
+MANIFEST = json.dumps({"config": {"digest": CONFIG}}).encode()
+DIGEST = "sha256:" + hashlib.sha256(MANIFEST).hexdigest()
 
 
 @pytest.fixture
@@ -50,8 +52,7 @@ def registry() -> Iterator[tuple[str, list[str]]]:
             if self.path == "/v2/team/app/tags/list?n=10000":
                 return self._send(200, json.dumps({"tags": ["1", "2"]}).encode())
             if self.path == "/v2/team/app/manifests/1":
-                body = json.dumps({"config": {"digest": CONFIG}}).encode()
-                return self._send(200, body, {"Docker-Content-Digest": DIGEST})
+                return self._send(200, MANIFEST, {"Docker-Content-Digest": DIGEST})
             return self._send(404)
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -69,10 +70,11 @@ def test_a_token_is_fetched_from_the_realm_and_the_request_repeated(
 ) -> None:
     repository, seen = registry
     assert resolve_digest(repository, "1") == DIGEST
+    # GET, not HEAD: the digest written into a lock is the sha256 of the bytes received.
     assert [s.split()[0] + " " + s.split()[1].split("?")[0] for s in seen] == [
-        "HEAD /v2/team/app/manifests/1",
+        "GET /v2/team/app/manifests/1",
         "GET /token",
-        "HEAD /v2/team/app/manifests/1",
+        "GET /v2/team/app/manifests/1",
     ]
     assert seen[-1].endswith("Bearer t0k")
     assert tagged_config(repository, "1") == CONFIG

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from k3env.checks.verify import requirement_rows
+from k3env.checks.verdicts import requirement_rows
 from k3env.cli import main
 from k3env.config.lock import load_lock
 from k3env.config.spec import load_spec
@@ -203,7 +203,7 @@ def test_a_bad_variant_is_refused_with_where_and_what(
 
 def test_the_matrix_names_each_variant_cell_and_why_it_failed(repo: Path) -> None:
     from k3env.checks.matrix import markdown, run_matrix
-    from k3env.checks.verify import CheckResult, ImageReport
+    from k3env.checks.verdicts import CheckResult, ImageReport
 
     lock = load_lock(repo / LOCK)
     specs = [

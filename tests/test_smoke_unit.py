@@ -189,7 +189,7 @@ def test_gates_from_a_driver_result(tmp_path: Path) -> None:
 
 def test_verify_matrix_shows_what_smoke_recorded(tmp_path: Path) -> None:
     from k3env.checks.report import markdown
-    from k3env.checks.verify import CheckResult, ImageReport
+    from k3env.checks.verdicts import CheckResult, ImageReport
     from k3env.smoke.run import Gate, SmokeReport, _index, recorded_serves
     from k3env.state import State
 

@@ -377,7 +377,7 @@ def test_srt_patch_fates_after_a_version_bump(
     srt_repo: Path, upstream: Upstream, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from k3env.config.lock import load_lock
-    from k3env.handoff.srt import patch_fates
+    from k3env.handoff.srt_fates import patch_fates
     from k3env.log import Log
 
     fates = patch_fates(load_lock(LOCK), Log(quiet=True))

@@ -10,20 +10,15 @@ from typing import Any
 import pytest
 
 from k3env.checks.preflight import load_facts
-from k3env.checks.verify import (
-    COMPONENTS,
+from k3env.checks.probe_plan import (
     ENV_DEFAULT_SOURCES,
     ENV_FAMILIES,
-    MARK,
-    PROBE_ENV,
     TOKENIZER_CANDIDATES,
-    CheckResult,
-    expected_versions,
-    patch_rows,
     plan_for,
-    verify_image,
-    verify_images,
 )
+from k3env.checks.probe_run import MARK, PROBE_ENV
+from k3env.checks.verdicts import COMPONENTS, CheckResult, expected_versions, patch_rows
+from k3env.checks.verify import verify_image, verify_images
 from k3env.config.lock import load_lock
 from k3env.config.spec import load_spec
 from k3env.engine.protocol import RunResult
@@ -269,7 +264,7 @@ def test_verify_image_runs_the_probe_once_and_records_facts_by_image_id(
         (host,) = mounts
         seen.update(image=image, argv=argv, env=env, mounts=mounts, host=Path(host))
         seen["plan"] = json.loads((Path(host) / "plan.json").read_text())["plans"][0]
-        seen["probe"] = (Path(host) / "probe.py").read_text()
+        seen["probe"] = {f.name: f.read_text() for f in sorted((Path(host) / "probe").iterdir())}
         # What the probe would read in the image: the patch targets it was asked for.
         targets = {
             p["name"]: {"path": MODULE_FILE, "text": fake_engine.text(image, MODULE_FILE)}
@@ -287,14 +282,16 @@ def test_verify_image_runs_the_probe_once_and_records_facts_by_image_id(
     report = verify_image(fake_engine, state, lock, spec, build, twin=False)
 
     assert seen["image"] == build.image_id
-    assert seen["argv"] == ["python3", "/k3env-probe/probe.py", "/k3env-probe/plan.json"]
+    assert seen["argv"] == ["python3", "/k3env-probe/probe", "/k3env-probe/plan.json"]
     assert seen["env"] == PROBE_ENV
     assert list(seen["mounts"].values()) == ["/k3env-probe"]
     assert seen["plan"] == plan_for(lock, spec, build, lock.bases["testbase"], False)
-    probe_source = resources.files("k3env.probes") / "probe.py"
-    assert seen["probe"] == probe_source.read_text()
+    # The whole probe package is carried in, every module as the package has it.
+    package = resources.files("k3env.probes.probe")
+    sources = {f.name: f.read_text() for f in package.iterdir() if f.name.endswith(".py")}
+    assert seen["probe"] == sources and "__main__.py" in sources
     assert not seen["host"].exists()  # the mounted plan directory is gone
-    assert [v for v, args in fake_engine.calls if v == "run" and "/k3env-probe/probe.py" in args[1]]
+    assert [v for v, args in fake_engine.calls if v == "run" and "/k3env-probe/probe" in args[1]]
 
     assert [(r.check, r.subject, r.status) for r in report.results] == [
         ("versions", "vllm", "skip"),
@@ -451,7 +448,7 @@ def test_images_with_the_same_files_share_one_container_and_an_unshared_one_runs
 
 def test_the_verify_matrix_has_a_row_per_image_and_platform() -> None:
     from k3env.checks.report import markdown, table
-    from k3env.checks.verify import CheckResult, ImageReport
+    from k3env.checks.verdicts import CheckResult, ImageReport
 
     def report(platform: str, status: str) -> ImageReport:
         row = CheckResult(image="kimi-k3-dynamo", profile="agg", check="parsers",

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from k3env.bump.evaluate import Outcome
-from k3env.checks.verify import CHECKS
-from k3env.config.lock import Lock
+from k3env.checks.verdicts import CHECKS
 from k3env.config.lock_edit import Change
+from k3env.config.pins import Lock
 from k3env.config.reader import COMMIT_RE, DIGEST_RE
 
 

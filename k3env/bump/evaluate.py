@@ -8,15 +8,17 @@ from dataclasses import dataclass
 
 from k3env.checks.preflight import contexts, run_rules
 from k3env.checks.rules import RULES
-from k3env.checks.verify import CHECKS, ImageReport, verify_images
+from k3env.checks.verdicts import CHECKS, ImageReport
+from k3env.checks.verify import verify_images
 from k3env.config.cluster import Cluster
-from k3env.config.lock import BasePin, Lock, verify_patch_file
 from k3env.config.patchfile import PatchFile, load_patch_file
+from k3env.config.pinned_files import verify_patch_file
+from k3env.config.pins import BasePin, Lock
 from k3env.config.shapes import DEFAULT_PLATFORM
 from k3env.config.spec import ImageSpec
 from k3env.engine.protocol import Engine
 from k3env.errors import K3envError, PatchError
-from k3env.handoff.srt import patch_fates
+from k3env.handoff.srt_fates import patch_fates
 from k3env.image.bases import ResolvedBase, registry_base
 from k3env.image.build import build_all, make_builder, read_base_files, resolve_modules
 from k3env.image.patches import ALREADY_PRESENT, apply_patch

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from k3env.bump.pins import git_tags
-from k3env.config.lock import Lock
+from k3env.config.pins import Lock
 from k3env.config.shapes import REF_RE
 from k3env.engine.registry import list_tags, resolve_digest
 from k3env.errors import K3envError

@@ -16,8 +16,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from k3env.bump.evaluate import Outcome
-from k3env.config.lock import Lock, WheelPin, load_lock
+from k3env.config.lock import load_lock
 from k3env.config.lock_edit import Change, candidate, render_leaves, set_leaves
+from k3env.config.pins import Lock, WheelPin
 from k3env.config.reader import COMMIT_RE, DIGEST_RE
 from k3env.config.shapes import DEFAULT_PLATFORM, REF_RE, require_git_source
 from k3env.errors import ConfigError, LockError

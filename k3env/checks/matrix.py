@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from k3env.checks.verify import CheckResult, ImageReport
-from k3env.config.lock import Lock
+from k3env.checks.verdicts import CheckResult, ImageReport
+from k3env.config.pins import Lock
 from k3env.config.shapes import DEFAULT_PLATFORM
 from k3env.config.spec import ImageSpec
 

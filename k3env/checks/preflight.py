@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from k3env.checks.argv import ParsedCommand, parse_options
 from k3env.config.cluster import Cluster
-from k3env.config.lock import Lock
+from k3env.config.pins import Lock
 from k3env.config.shapes import DEFAULT_PLATFORM
 from k3env.config.spec import ImageSpec, ServeProfile
 from k3env.image.envpolicy import merged_env

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from k3env.checks.verify import CHECKS, CheckResult, ImageReport
+from k3env.checks.verdicts import CHECKS, CheckResult, ImageReport
 
 _MARK = {"pass": "✅", "fail": "❌", "skip": "n/a"}
 

@@ -2,7 +2,7 @@
 
 Every rule names the failure it prevents as a user saw it in the Kimi-K3 bring-up
 (../shared/context), the components and versions it applies to, its severity and the fix.
-Known model and hardware numbers live in the tables below, each with where it came from;
+Known model and hardware numbers live in ``known``'s tables, each with where it came from;
 facts learned by ``k3env verify`` about the image override them.
 """
 
@@ -14,45 +14,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from k3env.checks.argv import ParsedCommand, kv_transfer_config
+from k3env.checks.known import (
+    DYNAMO_TIKTOKEN,
+    DYNAMO_TIKTOKEN_KNOWN_UNTIL,
+    FRONTEND_ONLY_FLAGS,
+    MODELS,
+    OFFLOAD_DRAM_BUDGET_PERCENT,
+    OUT_OF_POOL_WORKSPACE_GIB,
+    SRT_FEATURES,
+    VLLM_DEFAULT_GPU_MEMORY_UTILIZATION,
+)
 from k3env.checks.preflight import ERROR, WARNING, Context, Hit
 from k3env.versions import in_range
-
-# --- Known facts, by source --------------------------------------------------------------------
-# Models, keyed by tokenizer model_type.
-MODELS: Mapping[str, Mapping[str, Any]] = {
-    "kimi_k3": {
-        # "must be non-negative and a multiple of scheduler_block_size (3145728)" (#2359)
-        "scheduler_block_size": 3_145_728,
-        # KDA linear attention + gated MLA layers (24 MLA layers; 12 per PP2 stage).
-        "hybrid": True,
-        "mla": True,
-        # MXFP4 MoE weights: flashinfer's trtllm MoE kernel on Blackwell.
-        "moe_quant": "mxfp4",
-    },
-}
-# Workspaces allocated outside vLLM's memory pool on the first forward, per (GPU, MoE quant).
-OUT_OF_POOL_WORKSPACE_GIB: Mapping[tuple[str, str], tuple[float, str]] = {
-    ("B200", "mxfp4"): (1.6, "flashinfer trtllm MXFP4 MoE runtime workspace"),
-}
-# Dynamo Rust frontend: tiktoken model_types it loads, by Dynamo version. kimi_k3 came with
-# ba83080 ("feat: Added support for Kimi-K3", tag v1.4.0-kimi-k3-dev.1); 1.2.1 listed
-# "kimi, kimi_k2, kimi_k25, deepseek_v3" in its error.
-DYNAMO_TIKTOKEN: Mapping[str, str] = {
-    "kimi": ">=1.2.1",
-    "kimi_k2": ">=1.2.1",
-    "kimi_k25": ">=1.2.1",
-    "deepseek_v3": ">=1.2.1",
-    "kimi_k3": ">=1.4.0.dev1",
-}
-DYNAMO_TIKTOKEN_KNOWN_UNTIL = "1.2.1"  # at or below this, the list above is complete
-# srt-slurm features by upstream version (PR #278 -> v1.0.37, PR #296 -> v1.0.49).
-SRT_FEATURES: Mapping[str, str] = {
-    "frontend.vllm": ">=1.0.37",
-    "frontend.vllm.multinode": ">=1.0.49",
-}
-VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
-OFFLOAD_DRAM_BUDGET_PERCENT = 80  # the framework's CPU-offload budget per node
-FRONTEND_ONLY_FLAGS = ("--tool-call-parser", "--enable-auto-tool-choice")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -241,7 +214,7 @@ def gpu_memory_headroom(ctx: Context) -> Iterable[Hit]:
                     "the --gpu-memory-utilization headroom is unchecked on this cluster"
                 ),
                 fix="measure the first forward's free memory on this GPU and add it to "
-                "OUT_OF_POOL_WORKSPACE_GIB (k3env/checks/rules.py)",
+                "OUT_OF_POOL_WORKSPACE_GIB (k3env/checks/known.py)",
             )
             return
         return
@@ -249,6 +222,13 @@ def gpu_memory_headroom(ctx: Context) -> Iterable[Hit]:
     for cmd in ctx.engine_commands():
         raw = cmd.opt("--gpu-memory-utilization")
         util = _float(raw, VLLM_DEFAULT_GPU_MEMORY_UTILIZATION)
+        if not (math.isfinite(util) and 0 < util <= 1):  # NaN would compare false: no hit
+            yield Hit(
+                key=ctx.key(cmd),
+                message=f"--gpu-memory-utilization {raw} is not a fraction in (0, 1]",
+                fix="write the share of GPU memory vLLM may use, e.g. 0.90",
+            )
+            continue
         free = (1 - util) * ctx.cluster.gpu_memory_gib - ctx.cluster.outside_pool_overhead_gib
         if free < need:
             overhead = need + ctx.cluster.outside_pool_overhead_gib
@@ -368,7 +348,15 @@ def cpu_offload_dram(ctx: Context) -> Iterable[Hit]:
         cfg = kv_transfer_config(cmd) or {}
         extra = cfg.get("kv_connector_extra_config") or {}
         per_rank = extra.get("cpu_bytes_to_use_per_rank")
-        if not isinstance(per_rank, int | float):
+        if not isinstance(per_rank, int | float) or isinstance(per_rank, bool):
+            continue
+        finite = isinstance(per_rank, int) or math.isfinite(per_rank)  # JSON allows NaN
+        if not (finite and 0 <= per_rank < 2**63):
+            yield Hit(
+                key=ctx.key(cmd),
+                message=f"cpu_bytes_to_use_per_rank {per_rank!r:.40} is not a finite byte count",
+                fix="write the bytes of DRAM each rank may pin, e.g. 299875000000",
+            )
             continue
         ranks = _ranks(cmd)
         nodes = max(1, math.ceil(ranks / ctx.cluster.gpus_per_node))

@@ -13,11 +13,11 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from k3env.config.lock import Lock, WheelPin
+from k3env.config.pins import Lock, WheelPin
 from k3env.errors import K3envError
 from k3env.image.wheels import download_wheels, held_files
 from k3env.log import Log
-from k3env.probes.probe import supported_in
+from k3env.probes.probe.tokenizer import supported_in
 from k3env.state import State
 
 RUNTIME = "ai-dynamo-runtime"

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from k3env.config.lock import Lock, load_lock
+from k3env.config.lock import load_lock
+from k3env.config.pins import Lock
 from k3env.config.shapes import DEFAULT_PLATFORM, MACHINES
 from k3env.config.spec import DEFAULT_IMAGES, ImageSpec, load_specs
 from k3env.log import Log

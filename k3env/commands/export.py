@@ -36,13 +36,10 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, app: App) -> int:
     log = app.log
-    from k3env.handoff.enroot import (
-        check_squashfs,
-        cluster_commands,
-        export_image,
-        require_ok,
-    )
+    from k3env.handoff.enroot import cluster_commands
+    from k3env.handoff.enroot_export import export_image
     from k3env.handoff.push import last_push
+    from k3env.handoff.squashfs_check import check_squashfs, require_ok
 
     if args.check:
         lock = load_lock(args.lock)

@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from k3env.commands.app import App, image_args, platform_arg
-from k3env.config.lock import Lock, load_lock
+from k3env.config.lock import load_lock
+from k3env.config.pins import Lock
 from k3env.config.spec import ImageSpec, load_specs
 from k3env.errors import ConfigError
 from k3env.files import write_atomic

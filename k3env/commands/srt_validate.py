@@ -24,7 +24,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, app: App) -> int:
     log = app.log
-    from k3env.handoff.srt import materialize, validate
+    from k3env.handoff.srt import materialize
+    from k3env.handoff.srt_validate import validate
 
     recipes: list[Path] = []
     for r in args.recipe:

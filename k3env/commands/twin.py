@@ -9,7 +9,8 @@ from __future__ import annotations
 import argparse
 
 from k3env.commands.app import App, platform_arg
-from k3env.config.lock import Lock, load_lock
+from k3env.config.lock import load_lock
+from k3env.config.pins import Lock
 
 NAME = "twin"
 HELP = "build and push the CPU twin base"

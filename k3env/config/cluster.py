@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from k3env.config.reader import Table, load_toml
+from k3env.config.reader import MAX_COUNT, Table, load_toml
 from k3env.config.shapes import DEFAULT_PLATFORM, MACHINES, PLATFORM_FIX
 from k3env.errors import ConfigError
 
@@ -14,6 +14,8 @@ from k3env.errors import ConfigError
 CLUSTER_PLATFORM_RE = re.compile("^(" + "|".join(map(re.escape, MACHINES)) + ")$")
 
 DEFAULT_CLUSTER = Path("clusters/b200-dgxc.toml")
+# Memory in GiB or GB per GPU or node: finite, positive, and below a petabyte.
+MAX_GIB = 1e6
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,33 +46,29 @@ class Cluster:
 def load_cluster(path: Path) -> Cluster:
     t = Table(load_toml(path), file=path, path="", error=ConfigError)
     # Not written: the node's own GPUs (NVLink inside one box).
-    domain = t.integer("nvlink_domain_gpus", required=False)
+    domain = t.integer("nvlink_domain_gpus", required=False, maximum=MAX_COUNT)
     cluster = Cluster(
         name=path.stem,
         path=path,
         description=t.string("description", required=False, default=""),
         gpu=t.string("gpu"),
-        gpu_memory_gib=t.number("gpu_memory_gib"),
-        gpus_per_node=t.integer("gpus_per_node"),
-        dram_per_node_gb=t.number("dram_per_node_gb"),
-        nodes=t.integer("nodes"),
+        gpu_memory_gib=t.number("gpu_memory_gib", maximum=MAX_GIB),
+        gpus_per_node=t.integer("gpus_per_node", maximum=MAX_COUNT),
+        dram_per_node_gb=t.number("dram_per_node_gb", maximum=MAX_GIB),
+        nodes=t.integer("nodes", maximum=MAX_COUNT),
         outside_pool_overhead_gib=t.number(
-            "outside_pool_overhead_gib", required=False, default=0.0
+            "outside_pool_overhead_gib", required=False, default=0.0, zero=True, maximum=MAX_GIB
         ),
         model_path=t.string("model_path", required=False),
         platform=t.matching("platform", CLUSTER_PLATFORM_RE, PLATFORM_FIX, required=False)
         or DEFAULT_PLATFORM,
         cpu=t.string("cpu", required=False, default=""),
-        nvlink_domain_gpus=t.integer("gpus_per_node") if domain is None else domain,
+        nvlink_domain_gpus=t.integer("gpus_per_node", maximum=MAX_COUNT)
+        if domain is None
+        else domain,
     )
     t.done()
-    for key in (
-        "gpu_memory_gib",
-        "gpus_per_node",
-        "dram_per_node_gb",
-        "nodes",
-        "nvlink_domain_gpus",
-    ):
+    for key in ("gpus_per_node", "nodes", "nvlink_domain_gpus"):
         if getattr(cluster, key) <= 0:
             raise t.fail(key, f"{key} must be greater than 0", "write the machine's real figure")
     return cluster

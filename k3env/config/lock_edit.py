@@ -3,7 +3,9 @@
 Leaves are assigned in place, so comments, key order and formatting survive and a diff shows
 only the changed values. Every write re-reads the lock under an exclusive file lock, applies
 its leaves to what is there now, checks the result loads, and replaces the file atomically: a
-failed edit leaves it untouched and no candidate file behind.
+failed edit leaves it untouched and no candidate file behind. A lock that is a symlink is
+edited at its target (``files.output_path``): the file behind the link is replaced, the link
+stays; a lock that is not a regular file is refused.
 """
 
 from __future__ import annotations
@@ -20,9 +22,11 @@ from typing import Any
 
 import tomlkit
 
-from k3env.config.lock import Lock, check_files, load_lock
+from k3env.config.lock import load_lock
+from k3env.config.pinned_files import check_files
+from k3env.config.pins import Lock
 from k3env.errors import LockError
-from k3env.files import write_atomic
+from k3env.files import output_path, read_input, write_atomic
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,7 +95,10 @@ def locked(path: Path) -> Iterator[None]:
 
 def set_leaves(path: Path, changes: dict[str, str]) -> list[Change]:
     """Assign each ``key path -> value`` to the lock as it is now (read under the file lock,
-    so a concurrent edit is kept); validates the result before replacing the file."""
+    so a concurrent edit is kept); validates the result before replacing the file. A symlinked
+    lock is read, locked and replaced at its target, so writers through the link and through
+    the file itself exclude each other."""
+    path = output_path(path)
     with locked(path):
         new_text, done = render_leaves(_read(path), changes)
         if done:
@@ -101,8 +108,10 @@ def set_leaves(path: Path, changes: dict[str, str]) -> list[Change]:
 
 @contextmanager
 def candidate(path: Path, text: str) -> Iterator[Path]:
-    """``text`` in a temporary file beside ``path`` (same directory, so relative paths
-    resolve the same), removed on the way out whatever happens."""
+    """``text`` in a temporary file beside ``path`` (beside its target if it is a symlink:
+    same directory, so relative paths resolve the same), removed on the way out whatever
+    happens."""
+    path = output_path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".candidate")
     try:
         with os.fdopen(fd, "w") as f:
@@ -119,10 +128,11 @@ def candidate(path: Path, text: str) -> Iterator[Path]:
 
 
 def _read(path: Path) -> str:
+    data = read_input(path, error=LockError)
     try:
-        return path.read_text()
-    except OSError as e:
-        raise LockError(f"cannot read the lock: {e.strerror}", where=str(path), fix="") from e
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise LockError("the lock is not UTF-8", where=str(path), fix="restore the lock") from e
 
 
 def _write_checked(path: Path, text: str) -> None:

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from k3env.config.lock import FileCheck, Lock, check_files
+from k3env.config.pinned_files import FileCheck, check_files
+from k3env.config.pins import Lock
 from k3env.config.twinreq import twin_disagreements
 from k3env.errors import CheckFailed
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from k3env.config.lock import ContainerPatchPin
+from k3env.config.pins import ContainerPatchPin
 from k3env.config.reader import Table, load_toml
 from k3env.errors import SpecError
 

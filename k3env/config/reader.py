@@ -8,6 +8,7 @@ records the key path for error messages and rejects keys nobody asked for. Run u
 
 from __future__ import annotations
 
+import math
 import re
 import tomllib
 from collections.abc import Callable, Iterable
@@ -15,8 +16,9 @@ from contextvars import ContextVar
 from pathlib import Path
 from typing import Any, TypeVar
 
-from k3env.config.shapes import control_character
+from k3env.config.shapes import RELATIVE_PATH_FIX, control_character, is_normal_relative_path
 from k3env.errors import ConfigError
+from k3env.files import MAX_INPUT_BYTES, read_input
 
 T = TypeVar("T")
 
@@ -27,6 +29,15 @@ DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 COMMIT_RE = re.compile(r"^[0-9a-f]{40}$")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]*$")
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+# TOML's integers are 64-bit (toml.io: "Arbitrary 64-bit signed integers should be accepted");
+# tomllib reads any size. A count of things (GPUs, nodes) is at most MAX_COUNT.
+INT_MAX = 2**63 - 1
+MAX_COUNT = 1_000_000
+# A physical quantity (GiB, GB, a fraction) is finite, and either 0 or at least this: NaN
+# compares false with everything (a rule on it passes silently), and a denormal is a typo.
+NUMBER_MIN = 1e-6
+NUMBER_MAX = 1e12
 
 
 # The schema a top-level Table records into while record_schema runs (else None).
@@ -51,17 +62,9 @@ def record_schema(read: Callable[[], object], title: str) -> dict[str, Any]:
 
 
 def load_toml(path: Path, error: type[ConfigError] = ConfigError) -> dict[str, Any]:
-    """Parse ``path``; a syntax error names the file, line and column."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError as e:
-        raise error(
-            "file not found", where=str(path), fix="check the path, or create the file"
-        ) from e
-    except OSError as e:  # a directory, no permission, an I/O error
-        raise error(
-            f"cannot read the file: {e.strerror}", where=str(path), fix="pass a readable file"
-        ) from e
+    """Parse ``path`` (a regular file of at most 16 MiB: never a FIFO or a device, see
+    ``files.read_input``); a syntax error names the file, line and column."""
+    raw = read_input(path, error=error, limit=MAX_INPUT_BYTES)
     try:
         return tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
@@ -69,6 +72,12 @@ def load_toml(path: Path, error: type[ConfigError] = ConfigError) -> dict[str, A
             f"not valid TOML: {e}",
             where=str(path),
             fix="fix the syntax at the line and column given (see https://toml.io)",
+        ) from e
+    except ValueError as e:  # an integer of more than 4300 digits (sys.int_info)
+        raise error(
+            f"not valid TOML: a number too long to read ({str(e).split(':')[0]})",
+            where=str(path),
+            fix="write the number in TOML's range (a 64-bit integer)",
         ) from e
 
 
@@ -161,16 +170,69 @@ class Table:
         self._note(key, {"type": "string"}, required)
         return self._get(key, str, required, default, multiline=True)
 
-    def integer(self, key: str, *, required: bool = True, default: int | None = None) -> Any:
-        self._note(key, {"type": "integer"}, required)
-        return self._get(key, int, required, default)
+    def integer(
+        self,
+        key: str,
+        *,
+        required: bool = True,
+        default: int | None = None,
+        minimum: int = 0,
+        maximum: int = INT_MAX,
+    ) -> Any:
+        """An integer in ``[minimum, maximum]`` (by default TOML's 64-bit range, not below 0)."""
+        self._note(key, {"type": "integer", "minimum": minimum, "maximum": maximum}, required)
+        value = self._get(key, int, required, default)
+        if value is not None and value < minimum:
+            raise self.fail(
+                key, f"must be at least {minimum}, got {_shown(value)}", "fix the value"
+            )
+        if value is not None and value > maximum:
+            raise self.fail(key, f"must be at most {maximum}, got {_shown(value)}", "fix the value")
+        return value
 
-    def number(self, key: str, *, required: bool = True, default: float | None = None) -> float:
-        self._note(key, {"type": "number", "minimum": 0}, required)
+    def number(
+        self,
+        key: str,
+        *,
+        required: bool = True,
+        default: float | None = None,
+        zero: bool = False,
+        maximum: float = NUMBER_MAX,
+    ) -> float:
+        """A physical quantity: finite, at least ``NUMBER_MIN`` (or exactly 0 where ``zero``),
+        at most ``maximum``. NaN, infinities, negatives and denormals are refused."""
+        self._note(key, {"type": "number", "minimum": 0, "maximum": maximum}, required)
         value = self._get(key, (int, float), required, default)
-        if value is None or value < 0:
-            raise self.fail(key, f"expected a non-negative number, got {value!r}", "fix the value")
-        return float(value)
+        if value is None:
+            raise self.fail(key, "expected a number", "fix the value")
+        number = float(value) if abs(value) < 1e300 else math.copysign(math.inf, value)
+        shown = _shown(value)
+        fix = "write the real, finite figure"
+        if math.isnan(number) or (math.isinf(number) and not isinstance(value, int)):
+            raise self.fail(key, f"{shown} is not a finite number", fix)
+        if number > maximum:
+            raise self.fail(key, f"must be at most {maximum:g}, got {shown}", fix)
+        if not (number >= NUMBER_MIN or (zero and number == 0)):
+            least = (
+                f"0 or at least {NUMBER_MIN:g}"
+                if zero
+                else f"greater than 0 (at least {NUMBER_MIN:g})"
+            )
+            raise self.fail(key, f"must be {least}, got {shown}", fix)
+        return number
+
+    def relative_path(self, key: str, *, required: bool = True) -> Any:
+        """A path relative to the repository root that stays inside it: the one check of every
+        file path a file names (``shapes.is_normal_relative_path``)."""
+        value = self.string(key, required=required)
+        if value is not None and not is_normal_relative_path(value):
+            raise self.fail(
+                key,
+                f"{value!r} is not a path inside the repository (absolute, with '..', or not "
+                "normalised)",
+                RELATIVE_PATH_FIX,
+            )
+        return value
 
     def str_list(self, key: str, *, required: bool = False) -> tuple[str, ...]:
         self._note(key, {"type": "array", "items": {"type": "string"}}, required)
@@ -329,6 +391,13 @@ def each_entry(table: Table, make: Callable[[str, Table], T]) -> dict[str, T]:
         out[name] = make(name, table.entry(name))
     table.done()
     return out
+
+
+def _shown(value: float) -> str:
+    """A number as a message shows it: a 5000-digit integer by its length."""
+    if isinstance(value, int) and abs(value) >= 10**30:
+        return f"an integer of about {math.floor(math.log10(abs(value))) + 1} digits"
+    return repr(value)
 
 
 def _join(a: str, b: str) -> str:

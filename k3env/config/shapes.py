@@ -18,6 +18,7 @@ _COMPONENT = rf"{_ALNUM}(?:{_SEPARATOR}{_ALNUM})*"
 _DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
 _DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[0-9a-fA-F:]+\])(?::[0-9]+)?"
 REPOSITORY_RE = re.compile(rf"^(?:{_DOMAIN}/)?{_COMPONENT}(?:/{_COMPONENT})*$")
+TAG_MAX = 128  # the distribution spec's tag grammar: [A-Za-z0-9_][A-Za-z0-9_.-]{0,127}
 TAG_RE = re.compile(r"^[\w][\w.-]{0,127}$")
 # An OCI platform as the index names it: os/architecture[/variant].
 PLATFORM_RE = re.compile(r"^linux/(amd64|arm64)(/v8)?$")
@@ -77,6 +78,22 @@ def is_normal_absolute_path(path: str) -> bool:
         and path != "/"
         and not any(part in ("", ".", "..") for part in path[1:].split("/"))
     )
+
+
+def is_normal_relative_path(path: str) -> bool:
+    """A path relative to the directory it is applied under (the repository root, a mirror)
+    that stays inside it: not absolute, no empty, ``.`` or ``..`` part. The one check every
+    path a file names goes through (a pinned file, a generated file, a mirror path)."""
+    return (
+        bool(path)
+        and not path.startswith("/")
+        and not any(part in ("", ".", "..") for part in path.split("/"))
+    )
+
+
+RELATIVE_PATH_FIX = (
+    "write a path relative to the repository root, without '..', '.', '//' or a leading '/'"
+)
 
 
 def require_git_source(value: str, where: str) -> str:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from k3env.config.lock import Lock
+from k3env.config.pins import Lock
 from k3env.config.reader import NAME_RE, Table, each_entry, env_table, free_table, load_toml
 from k3env.config.secrets import credential_reason, refuse_credentials
 from k3env.config.shapes import REPOSITORY_FIX, REPOSITORY_RE

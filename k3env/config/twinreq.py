@@ -9,8 +9,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from k3env.config.lock import Lock, TwinPin
+from k3env.config.pins import Lock, TwinPin
 from k3env.config.shapes import platform_option
+from k3env.errors import LockError
+from k3env.files import read_input
 from k3env.versions import requirement_name, satisfies
 
 
@@ -32,8 +34,10 @@ def parse_pinned(text: str) -> dict[str, tuple[str, list[str]]]:
 
 
 def pinned_versions(path: Path) -> dict[str, str]:
-    """Canonical distribution name -> version, for each ``name==version`` line."""
-    return {name: version for name, (version, _) in parse_pinned(path.read_text()).items()}
+    """Canonical distribution name -> version, for each ``name==version`` line (``path``: a
+    regular file of at most 16 MiB, see ``files.read_input``)."""
+    text = read_input(path, error=LockError).decode("utf-8", errors="replace")
+    return {name: version for name, (version, _) in parse_pinned(text).items()}
 
 
 def twin_disagreements(lock: Lock) -> list[str]:
@@ -48,7 +52,7 @@ def twin_disagreements(lock: Lock) -> list[str]:
 
 
 def _disagreements(lock: Lock, twin: TwinPin) -> list[str]:
-    path = lock.resolve_path(twin.requirements)
+    path = lock.resolve_path(twin.requirements, key=f"{twin.key}.requirements")
     again = platform_option(twin.platform)
     table = "[twin]" if twin.key == "twin" else f'[twin.platforms."{twin.platform}"]'
     if not path.is_file():

@@ -12,6 +12,7 @@ the long verbs (load, import, push, pull, wait, export, logs follow) pass their 
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import json
 import socket
@@ -44,6 +45,13 @@ class EngineHTTPError(Exception):
         super().__init__(f"{status}: {message}")
         self.status = status
         self.message = message
+
+
+def cut(sock: socket.socket) -> None:
+    """Shut a connection down from another thread (a deadline's watchdog): the blocked read
+    returns at once."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 def quote_ref(ref: str) -> str:

@@ -1,9 +1,29 @@
-"""The registry's HTTP API (stdlib), the one registry client: a tag's manifest digest, and
-whether a manifest is still there.
+"""The registry's HTTP API (stdlib ``http.client``), the one registry client: a tag's
+manifest digest, whether a manifest is still there, tags, blobs and manifests to publish.
 
-``HEAD /v2/<repo>/manifests/<tag>`` answers with ``Docker-Content-Digest``. Registries that
-want a token (Docker Hub) say so in ``WWW-Authenticate``; an anonymous token is fetched from
-the realm it names. Loopback registries are spoken to over http, every other over https.
+What a registry answers is untrusted data:
+- every request has a wall-clock deadline (a watchdog cuts the connection) on top of the
+  socket's idle timeout, so a registry that sends a byte at a time cannot hold k3env; a
+  streamed blob must keep a floor rate instead;
+- bodies are bounded (a manifest 4 MiB, a tag list 16 MiB, a token 64 KiB);
+- a token realm and every redirect must be http(s) under the registry scheme rule below
+  (never ``file:`` or ``ftp:``, never https -> http), and a bearer token is only sent back to
+  the host it was fetched for;
+- a ``Docker-Content-Digest`` is checked against the sha256 of the manifest bytes received,
+  and the digest k3env records is the one it computed;
+- JSON of the wrong shape, tags outside the OCI tag grammar, and any transport error
+  (``OSError``, ``http.client`` protocol errors) are an ``EngineError`` naming the registry.
+
+Registries that want a token (Docker Hub) say so in ``WWW-Authenticate``; an anonymous token
+is fetched from the realm it names. Loopback registries are spoken to over http, every other
+over https.
+
+Why k3env's own client and not ``skopeo`` for these verbs: what they need is four requests
+(HEAD/GET a manifest, list tags, the token dance), and the answers are checked here either
+way; skopeo (Debian's 1.9) adds a process start of ~40 ms per call and still leaves the
+digest and tag checks to the caller. No credentials are read: ``outdated``, ``bump`` and the
+direct publish speak to public or anonymous registries (``push --via-engine`` uses the
+engine's login).
 """
 
 from __future__ import annotations
@@ -11,13 +31,14 @@ from __future__ import annotations
 import http.client
 import json
 import re
-import urllib.error
+import threading
+import time
 import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+from k3env.engine._http import cut
 from k3env.errors import CheckFailed, EngineError, LockError
 from k3env.hashing import sha256_digest
 
@@ -29,6 +50,16 @@ ACCEPT = ", ".join(
         "application/vnd.docker.distribution.manifest.v2+json",
     )
 )
+MAX_MANIFEST = 4 << 20
+MAX_TAGS = 16 << 20
+MAX_TOKEN = 1 << 16
+MAX_REPLY = 1 << 20  # what a registry says back to an upload, a mount, a manifest PUT
+DEADLINE = 60.0  # seconds for one request (and its token and redirects), whole
+FLOOR_RATE = 64 << 10  # bytes per second a streamed blob must keep after its first DEADLINE
+MAX_REDIRECTS = 5
+# The OCI distribution spec's tag grammar.
+TAG = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def split_repository(repository: str) -> tuple[str, str]:
@@ -41,86 +72,271 @@ def split_repository(repository: str) -> tuple[str, str]:
     return first, rest
 
 
+def _loopback(host: str) -> bool:
+    name = host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    return name in ("localhost", "127.0.0.1") or name.startswith("127.")
+
+
 def _scheme(host: str) -> str:
-    name = host.split(":")[0]
-    return "http" if name in ("localhost", "127.0.0.1") or name.startswith("127.") else "https"
+    return "http" if _loopback(host) else "https"
 
 
-def _token(challenge: str) -> str | None:
-    params = dict(re.findall(r'(\w+)="([^"]*)"', challenge))
-    realm = params.pop("realm", None)
-    if not challenge.lower().startswith("bearer") or realm is None:
+def _allowed(url: str, where: str, *, plain: bool = False) -> urllib.parse.SplitResult:
+    """``url`` split, if k3env may follow it: http(s) only, https for all but loopback
+    hosts, no credentials or fragment in it. Else an EngineError naming ``where``."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+        host = parts.hostname or ""
+    except ValueError as e:
+        _refuse(f"the registry sent a URL that does not parse: {url[:200]!r} ({e})", where)
+    if parts.scheme not in ("http", "https") or not host:
+        _refuse(f"the registry sent a {parts.scheme or 'relative'}: URL {url[:200]!r}", where)
+    if parts.scheme == "http" and not plain and not _loopback(parts.netloc):
+        _refuse(f"the registry sent a plain-http URL {url[:200]!r} (https only)", where)
+    if parts.username or parts.password or parts.fragment:
+        _refuse(f"the registry sent a URL with credentials or a fragment: {url[:200]!r}", where)
+    return parts
+
+
+def _refuse(message: str, where: str) -> NoReturn:
+    raise EngineError(message, where=where, fix="k3env follows only http(s) URLs of the "
+                      "registry's own scheme; check the registry (or its proxy)")  # fmt: skip
+
+
+class _Reply:
+    """One answer: status, headers (lower-case names), body (empty when streamed to a file)."""
+
+    def __init__(self, status: int, headers: http.client.HTTPMessage, body: bytes) -> None:
+        self.status, self.headers, self.body = status, headers, body
+
+    def header(self, name: str) -> str:
+        return str(self.headers.get(name) or "")
+
+
+def _exchange(
+    url: str,
+    method: str,
+    headers: dict[str, str],
+    *,
+    limit: int,
+    into: Path | None = None,
+    body: bytes | Path | None = None,
+    progress: Callable[[int], None] | None = None,
+    deadline: float,
+    plain: bool = False,
+) -> _Reply:
+    """One HTTP request, no redirects followed: bounded by ``deadline`` (monotonic) for the
+    headers and a small body; a streamed body (``into``) must keep FLOOR_RATE after that."""
+    parts = _allowed(url, url, plain=plain)
+    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    conn = cls(parts.netloc, timeout=30, blocksize=1 << 20)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    watch = _Watchdog(conn, deadline)
+    try:
+        _send_request(conn, method, path, headers, body, progress)
+        response = conn.getresponse()
+        if into is not None and response.status == 200:
+            _stream(response, into, watch)
+            return _Reply(response.status, response.headers, b"")
+        data = response.read(limit + 1) if method != "HEAD" else b""
+        if len(data) > limit:
+            raise EngineError(f"the answer is over {limit} bytes", where=url,
+                              fix="check the registry or mirror")  # fmt: skip
+        _whole(response, len(data), method)
+        return _Reply(response.status, response.headers, data)
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        why = "no answer within the deadline" if watch.fired else f"{type(e).__name__}: {e}"
+        raise EngineError(f"cannot reach the registry: {why}", where=url,
+                          fix="check the network / registry") from e  # fmt: skip
+    finally:
+        watch.stop()
+        conn.close()
+
+
+def _send_request(
+    conn: http.client.HTTPConnection,
+    method: str,
+    path: str,
+    headers: dict[str, str],
+    body: bytes | Path | None,
+    progress: Callable[[int], None] | None,
+) -> None:
+    if not isinstance(body, Path):
+        if body is not None or method in ("POST", "PUT"):
+            headers = {**headers, "Content-Length": str(len(body or b""))}
+        conn.request(method, path, body=body, headers=headers)
+        return
+    conn.putrequest(method, path, skip_accept_encoding=True)
+    for k, v in {**headers, "Content-Length": str(body.stat().st_size)}.items():
+        conn.putheader(k, v)
+    conn.endheaders()
+    sent = 0
+    with body.open("rb") as f:
+        while block := f.read(1 << 22):
+            conn.send(block)
+            sent += len(block)
+            if progress:
+                progress(sent)
+
+
+def _stream(response: http.client.HTTPResponse, into: Path, watch: _Watchdog) -> None:
+    got = 0
+    with into.open("wb") as f:
+        while block := response.read1(1 << 20):
+            f.write(block)
+            got += len(block)
+            watch.received(len(block))
+    _whole(response, got, "GET")
+
+
+def _whole(response: http.client.HTTPResponse, got: int, method: str) -> None:
+    """A body shorter than its Content-Length (the connection closed early) is an error:
+    ``http.client`` hands back what arrived."""
+    length = str(response.headers.get("Content-Length") or "").strip()
+    if method == "HEAD" or response.status in (204, 304) or not length.isdigit():
+        return
+    if got < int(length):
+        raise http.client.IncompleteRead(b"", int(length) - got)
+
+
+class _Watchdog:
+    """Cuts the connection at the deadline; while a body streams, the deadline moves on with
+    each FLOOR_RATE worth of bytes received."""
+
+    def __init__(self, conn: http.client.HTTPConnection, deadline: float) -> None:
+        self.conn, self.deadline, self.fired = conn, deadline, False
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._done.wait(max(0.0, min(1.0, self.deadline - time.monotonic()))):
+            if time.monotonic() >= self.deadline:
+                self.fired = True
+                if self.conn.sock is not None:
+                    cut(self.conn.sock)
+                return
+
+    def received(self, n: int) -> None:
+        self.deadline = max(self.deadline, time.monotonic()) + n / FLOOR_RATE
+
+    def stop(self) -> None:
+        self._done.set()
+
+
+def _request(
+    url: str,
+    method: str = "GET",
+    *,
+    headers: dict[str, str] | None = None,
+    limit: int | None = None,
+    into: Path | None = None,
+    seconds: float | None = None,
+) -> _Reply:
+    """A registry GET or HEAD: redirects followed (at most MAX_REDIRECTS, each one checked;
+    a token is not carried to another host), and once more with an anonymous token when the
+    registry asks for one (401 + ``WWW-Authenticate``). All within ``seconds``."""
+    deadline = time.monotonic() + (DEADLINE if seconds is None else seconds)
+    limit = MAX_MANIFEST if limit is None else limit
+    headers = dict(headers or {})
+    token_for: str | None = None
+    origin = urllib.parse.urlsplit(url).netloc
+    for _ in range(MAX_REDIRECTS + 2):
+        here = urllib.parse.urlsplit(url).netloc
+        sent = {k: v for k, v in headers.items() if k != "Authorization" or here == token_for}
+        reply = _exchange(url, method, sent, limit=limit, into=into, deadline=deadline)
+        if reply.status in (301, 302, 303, 307, 308) and reply.header("Location"):
+            url = urllib.parse.urljoin(url, reply.header("Location"))
+            _allowed(url, f"a redirect from {origin}")
+            continue
+        if reply.status == 401 and token_for is None and here == origin:
+            token = _token(reply.header("WWW-Authenticate"), origin, deadline)
+            if token:
+                headers["Authorization"], token_for = f"Bearer {token}", here
+                continue
+        return reply
+    raise EngineError(f"the registry redirected more than {MAX_REDIRECTS} times", where=url,
+                      fix="check the registry (or its proxy)")  # fmt: skip
+
+
+def _token(challenge: str, registry: str, deadline: float) -> str | None:
+    """An anonymous bearer token from the realm a 401 names (http(s) only, checked)."""
+    if not challenge.lower().startswith("bearer"):
         return None
-    with urllib.request.urlopen(f"{realm}?{urllib.parse.urlencode(params)}", timeout=30) as r:
-        body = json.loads(r.read())
+    params = dict(re.findall(r'(\w+)="([^"]*)"', challenge[:4096]))
+    realm = params.pop("realm", None)
+    if realm is None:
+        return None
+    parts = _allowed(realm, f"the token realm {registry} named")
+    query = "&".join(q for q in (parts.query, urllib.parse.urlencode(params)) if q)
+    url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, query, ""))
+    reply = _exchange(url, "GET", {}, limit=MAX_TOKEN, deadline=deadline)
+    if reply.status != 200:
+        return None
+    body = _json(reply.body, dict, url)
     token = body.get("token") or body.get("access_token")
-    return str(token) if token else None
+    if not isinstance(token, str) or not re.fullmatch(r"[\x21-\x7e]{1,8192}", token):
+        return None  # a token that cannot go into a header as it is
+    return token
+
+
+def _json(data: bytes, shape: type, where: str) -> Any:
+    """``data`` parsed, if it is JSON of ``shape`` (dict or list); else an EngineError."""
+    try:
+        value = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        message = f"the registry sent JSON that does not parse ({e})"[:300]
+        raise EngineError(message, where=where, fix="check the registry") from e
+    if not isinstance(value, shape):
+        raise EngineError(f"the registry sent a JSON {type(value).__name__}, not an "
+                          f"{shape.__name__}", where=where, fix="check the registry")  # fmt: skip
+    return value
 
 
 def _head_manifest(repository: str, reference: str) -> str:
-    """``HEAD`` a manifest by tag or digest; its ``Docker-Content-Digest``."""
+    """``HEAD`` a manifest by tag or digest; its ``Docker-Content-Digest`` (for a digest
+    reference: that digest, or an error)."""
     return _manifest(repository, reference, "HEAD")[0]
 
 
-def _fetch(
-    url: str,
-    *,
-    method: str = "GET",
-    headers: dict[str, str],
-    into: Path | None = None,
-    timeout: float = 30,
-) -> tuple[Any, bytes]:
-    """One registry request: (response headers, body; empty for HEAD, and when the body is
-    streamed into the file ``into``). When the registry asks for a token (401 +
-    ``WWW-Authenticate``), once more with an anonymous one. ``HTTPError`` and ``OSError``
-    are the caller's to name."""
-    headers = dict(headers)
-    while True:
-        request = urllib.request.Request(url, method=method, headers=headers)
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                if into is not None:
-                    with into.open("wb") as f:
-                        while block := response.read(1 << 22):
-                            f.write(block)
-                    return response.headers, b""
-                return response.headers, response.read() if method == "GET" else b""
-        except urllib.error.HTTPError as e:
-            if e.code == 401 and "Authorization" not in headers:
-                token = _token(e.headers.get("WWW-Authenticate", ""))
-                if token:
-                    headers["Authorization"] = f"Bearer {token}"
-                    continue
-            raise
-
-
 def _manifest(repository: str, reference: str, method: str) -> tuple[str, bytes]:
-    """A manifest by tag or digest: its ``Docker-Content-Digest`` and (for GET) its body."""
+    """A manifest by tag or digest: its digest and (for GET) its body. For GET the digest is
+    the sha256 of the bytes received (the registry's ``Docker-Content-Digest`` must agree);
+    a HEAD's header is taken only in the digest grammar."""
     host, repo = split_repository(repository)
     url = f"{_scheme(host)}://{host}/v2/{repo}/manifests/{reference}"
-    try:
-        headers, body = _fetch(url, method=method, headers={"Accept": ACCEPT})
-    except urllib.error.HTTPError as e:
-        if e.code in (401, 404):
-            raise LockError(
-                f"tag {reference!r} not found in {repository} (HTTP {e.code})",
-                where=f"{repository}:{reference}",
-                fix="check the tag (skopeo list-tags docker://REPOSITORY)",
-            ) from e
-        raise EngineError(f"registry error {e.code}", where=url, fix="try again") from e
-    except OSError as e:
-        raise EngineError(
-            f"cannot reach the registry: {e}", where=url, fix="check the network / registry"
-        ) from e
-    digest = headers.get("Docker-Content-Digest")
-    if not digest:
-        raise EngineError("the registry sent no Docker-Content-Digest", where=url, fix="use skopeo")
-    return str(digest), body
+    reply = _request(url, method, headers={"Accept": ACCEPT})
+    if reply.status in (401, 404):
+        raise LockError(
+            f"tag {reference!r} not found in {repository} (HTTP {reply.status})",
+            where=f"{repository}:{reference}",
+            fix="check the tag (skopeo list-tags docker://REPOSITORY)",
+        )
+    if reply.status != 200:
+        raise EngineError(f"registry error {reply.status}", where=url, fix="try again")
+    said = reply.header("Docker-Content-Digest")
+    if method == "GET":
+        digest = sha256_digest(reply.body)
+        if said and said != digest:
+            raise EngineError(
+                f"the registry says manifest {reference} is {said[:80]}, but its bytes hash "
+                f"to {digest}", where=url, fix="do not trust this registry's answer",
+            )  # fmt: skip
+        return digest, reply.body
+    if not DIGEST.fullmatch(said):
+        raise EngineError(f"the registry sent no valid Docker-Content-Digest ({said[:80]!r})",
+                          where=url, fix="check the registry")  # fmt: skip
+    if reference.startswith("sha256:") and said != reference:
+        raise EngineError(f"the registry answered {reference} with {said}", where=url,
+                          fix="do not trust this registry's answer")  # fmt: skip
+    return said, b""
 
 
 def resolve_digest(repository: str, tag: str) -> str:
-    """The manifest digest a registry serves for ``repository:tag`` now."""
-    return _head_manifest(repository, tag)
+    """The manifest digest a registry serves for ``repository:tag`` now: the sha256 of the
+    manifest bytes it sends (its ``Docker-Content-Digest`` must agree), never the header
+    alone, since this digest is written into the lock."""
+    return _manifest(repository, tag, "GET")[0]
 
 
 def tagged_config(repository: str, tag: str) -> str | None:
@@ -132,9 +348,9 @@ def tagged_config(repository: str, tag: str) -> str | None:
         return None  # 404: no such tag
     try:
         config = json.loads(body).get("config", {}).get("digest")
-    except (ValueError, AttributeError):
+    except (ValueError, AttributeError, RecursionError):
         config = None
-    return str(config) if config else None
+    return config if isinstance(config, str) and DIGEST.fullmatch(config) else None
 
 
 def manifest_exists(repository: str, digest: str) -> bool:
@@ -166,20 +382,20 @@ def refuse_to_move(repository: str, tag: str, image_id: str) -> str | None:
 
 
 def list_tags(repository: str) -> list[str]:
-    """The tags a registry has for ``repository`` (``GET /v2/<repo>/tags/list``)."""
+    """The tags a registry has for ``repository`` (``GET /v2/<repo>/tags/list``), only those
+    in the OCI tag grammar (a name with whitespace or a newline is no version to offer)."""
     host, repo = split_repository(repository)
     url = f"{_scheme(host)}://{host}/v2/{repo}/tags/list?n=10000"
-    try:
-        _headers, body = _fetch(url, headers={})
-        return [str(t) for t in json.loads(body).get("tags") or []]
-    except urllib.error.HTTPError as e:
+    reply = _request(url, limit=MAX_TAGS)
+    if reply.status != 200:
         raise EngineError(
-            f"cannot list tags (HTTP {e.code})", where=url, fix="check the repository"
-        ) from e
-    except (OSError, ValueError) as e:
-        raise EngineError(
-            f"cannot list tags: {e}", where=url, fix="check the network / registry"
-        ) from e
+            f"cannot list tags (HTTP {reply.status})", where=url, fix="check the repository"
+        )
+    tags = _json(reply.body, dict, url).get("tags") or []
+    if not isinstance(tags, list):
+        raise EngineError("the registry's tags are not a list", where=url,
+                          fix="check the registry")  # fmt: skip
+    return [t for t in tags if isinstance(t, str) and TAG.fullmatch(t)]
 
 
 # --- publishing: blobs, manifests and indexes through the registry API --------------------
@@ -196,42 +412,19 @@ def _send(
     body: bytes | Path | None = None,
     progress: Callable[[int], None] | None = None,
 ) -> tuple[int, Any, bytes]:
-    """One request over ``http.client``: (status, headers, body). A file body is streamed in
-    1 MiB blocks (``progress`` gets the bytes sent so far). No token dance: publishing goes to
-    registries that take anonymous pushes (a loopback registry, a site mirror)."""
-    parts = urllib.parse.urlsplit(url)
-    cls = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    conn = cls(parts.netloc, timeout=120, blocksize=1 << 20)
-    path = parts.path + (f"?{parts.query}" if parts.query else "")
-    headers = dict(headers or {})
-    try:
-        if isinstance(body, Path):
-            size = body.stat().st_size
-            headers["Content-Length"] = str(size)
-            conn.putrequest(method, path, skip_accept_encoding=True)
-            for k, v in headers.items():
-                conn.putheader(k, v)
-            conn.endheaders()
-            sent = 0
-            with body.open("rb") as f:
-                while block := f.read(1 << 22):
-                    conn.send(block)
-                    sent += len(block)
-                    if progress:
-                        progress(sent)
-        else:
-            if body is not None or method in ("POST", "PUT"):
-                headers["Content-Length"] = str(len(body or b""))
-            conn.request(method, path, body=body, headers=headers)
-        response = conn.getresponse()
-        data = response.read()
-        return response.status, response.headers, data
-    except OSError as e:
-        raise EngineError(
-            f"cannot reach the registry: {e}", where=url, fix="check the network / registry"
-        ) from e
-    finally:
-        conn.close()
+    """One publishing request: (status, headers, body). A file body is streamed in 4 MiB
+    blocks (``progress`` gets the bytes sent so far), its deadline grown by its size at
+    FLOOR_RATE. No token dance: publishing goes to registries that take anonymous pushes (a
+    loopback registry, a site mirror)."""
+    size = body.stat().st_size if isinstance(body, Path) else 0
+    deadline = time.monotonic() + _deadline() + size / FLOOR_RATE
+    reply = _exchange(url, method, dict(headers or {}), limit=MAX_REPLY, body=body,
+                      progress=progress, deadline=deadline)  # fmt: skip
+    return reply.status, reply.headers, reply.body
+
+
+def _deadline() -> float:
+    return DEADLINE
 
 
 def _refused(status: int, data: bytes, what: str, url: str) -> EngineError:
@@ -253,6 +446,16 @@ def blob_exists(repository: str, digest: str) -> bool:
     return status == 200
 
 
+def _location(url: str, headers: Any) -> str | None:
+    """The upload URL a registry gave, resolved against ``url`` and checked."""
+    location = headers.get("Location")
+    if not location:
+        return None
+    target = urllib.parse.urljoin(url, str(location))
+    _allowed(target, f"the upload location {url} gave")
+    return target
+
+
 def mount_blob(repository: str, digest: str, source: str) -> bool:
     """Ask the registry to link ``digest`` from ``source`` (a repository on the same host)
     into ``repository`` without sending it; whether it did."""
@@ -264,9 +467,9 @@ def mount_blob(repository: str, digest: str, source: str) -> bool:
     if status == 201:
         return True
     if status == 202:  # the registry opened an upload instead: close it, send the bytes
-        location = headers.get("Location")
+        location = _location(url, headers)
         if location:
-            _send("DELETE", urllib.parse.urljoin(url, location))
+            _send("DELETE", location)
         return False
     raise _refused(status, data, f"a mount of {digest[:19]}", url)
 
@@ -278,10 +481,9 @@ def put_blob(
     base, repo = _base_url(repository)
     url = f"{base}/v2/{repo}/blobs/uploads/"
     status, headers, data = _send("POST", url)
-    location = headers.get("Location")
-    if status != 202 or not location:
+    target = _location(url, headers)
+    if status != 202 or not target:
         raise _refused(status, data, "an upload", url)
-    target = urllib.parse.urljoin(url, location)
     target += ("&" if "?" in target else "?") + urllib.parse.urlencode({"digest": digest})
     status, _headers, data = _send(
         "PUT", target, headers={"Content-Type": "application/octet-stream"}, body=source,
@@ -292,22 +494,16 @@ def put_blob(
 
 
 def read_blob(repository: str, digest: str, into: Path) -> None:
-    """A blob of ``repository`` into the file ``into`` (streamed; an anonymous token when
-    the registry asks for one)."""
+    """A blob of ``repository`` into the file ``into`` (streamed, at FLOOR_RATE or better;
+    an anonymous token when the registry asks for one)."""
     base, repo = _base_url(repository)
     url = f"{base}/v2/{repo}/blobs/{digest}"
-    try:
-        _fetch(url, headers={}, into=into, timeout=120)
-    except urllib.error.HTTPError as e:
+    reply = _request(url, into=into)
+    if reply.status != 200:
         raise EngineError(
-            f"cannot read blob {digest[:19]} of {repository} (HTTP {e.code})",
+            f"cannot read blob {digest[:19]} of {repository} (HTTP {reply.status})",
             where=url, fix="check that the image is still in its registry",
-        ) from e  # fmt: skip
-    except OSError as e:
-        raise EngineError(
-            f"cannot read blob {digest[:19]} of {repository}: {e}",
-            where=url, fix="check the network / registry",
-        ) from e  # fmt: skip
+        )  # fmt: skip
 
 
 def copy_blob(source: str, repository: str, digest: str, into: Path) -> None:
@@ -319,13 +515,11 @@ def copy_blob(source: str, repository: str, digest: str, into: Path) -> None:
 def get_manifest(repository: str, reference: str) -> tuple[str, str, bytes]:
     """(digest, media type, body) of a manifest or index, by tag or digest."""
     digest, body = _manifest(repository, reference, "GET")
-    try:
-        media_type = str(json.loads(body).get("mediaType") or "")
-    except (ValueError, AttributeError) as e:
-        raise EngineError(
-            "the registry sent a manifest that is not JSON", where=f"{repository}@{reference}",
-            fix="check the registry",
-        ) from e  # fmt: skip
+    where = f"{repository}@{reference}"
+    media_type = _json(body, dict, where).get("mediaType") or ""
+    if not isinstance(media_type, str):
+        raise EngineError("the manifest's mediaType is not a string", where=where,
+                          fix="check the registry")  # fmt: skip
     return digest, media_type, body
 
 
@@ -341,7 +535,7 @@ def put_manifest(repository: str, reference: str, body: bytes, media_type: str) 
     expected = sha256_digest(body)
     if digest and digest != expected:
         raise EngineError(
-            f"the registry stored manifest {reference} as {digest}, not {expected}",
+            f"the registry stored manifest {reference} as {digest[:80]}, not {expected}",
             where=url, fix="the registry rewrote the manifest: use another registry",
         )  # fmt: skip
     return expected
@@ -349,14 +543,17 @@ def put_manifest(repository: str, reference: str, body: bytes, media_type: str) 
 
 def download(url: str, *, limit: int, timeout: float = 60) -> bytes:
     """One file over HTTP(S) from a mirror (a Debian pool file), at most ``limit`` bytes: a
-    longer answer is refused, never truncated into something that might hash right."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            data: bytes = response.read(limit + 1)
-    except OSError as e:
-        raise EngineError(f"cannot fetch {url}: {e}", where=url, fix="check the mirror") from e
-    if len(data) > limit:
-        raise EngineError(
-            f"{url} is over {limit} bytes", where=url, fix="check that the pin names the file"
-        )
-    return data
+    longer answer is refused, never truncated into something that might hash right. Plain
+    http is taken here (Debian's mirrors speak it): the caller checks the bytes' sha256."""
+    deadline = time.monotonic() + timeout + limit / FLOOR_RATE
+    for _ in range(MAX_REDIRECTS + 1):
+        reply = _exchange(url, "GET", {}, limit=limit, deadline=deadline, plain=True)
+        if reply.status in (301, 302, 303, 307, 308) and reply.header("Location"):
+            url = urllib.parse.urljoin(url, reply.header("Location"))
+            continue
+        if reply.status != 200:
+            raise EngineError(f"cannot fetch {url}: HTTP {reply.status}", where=url,
+                              fix="check the mirror")  # fmt: skip
+        return reply.body
+    raise EngineError(f"{url} redirected more than {MAX_REDIRECTS} times", where=url,
+                      fix="check the mirror")  # fmt: skip

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from k3env.config.lock import BasePin, Lock
+from k3env.config.pins import BasePin, Lock
 from k3env.config.shapes import platform_name
 from k3env.config.spec import ImageSpec
 from k3env.engine.protocol import BaseImage, Engine

@@ -13,12 +13,14 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from k3env import __version__
-from k3env.config.lock import BasePin, ComponentPin, Lock, verify_patch_file
 from k3env.config.patchfile import PatchFile, load_patch_file
+from k3env.config.pinned_files import verify_patch_file
+from k3env.config.pins import BasePin, ComponentPin, Lock
 from k3env.config.shapes import DEFAULT_PLATFORM
 from k3env.config.spec import ImageSpec
 from k3env.engine.protocol import Engine, ImageFile
@@ -109,17 +111,10 @@ def _patch_plan(
 
 def find_modules_script() -> str:
     """A ``python -c`` script printing ``{module: file}`` for the modules in argv, found on
-    the image's own sys.path without importing them: the probe's own lookup, so the builder
-    and ``k3env verify`` agree on where a module lives."""
-    import inspect
-
-    from k3env.probes import probe
-
-    return (
-        inspect.getsource(probe.find_module_file)
-        + "import json, os, sys\n"
-        + "print(json.dumps({m: find_module_file(m) for m in sys.argv[1:]}))\n"
-    )
+    the image's own sys.path without importing them: the probe's own lookup
+    (``k3env/probes/probe/locate.py``), so the builder and ``k3env verify`` agree on where a
+    module lives."""
+    return (resources.files("k3env.probes.probe") / "locate.py").read_text()
 
 
 def resolve_modules(

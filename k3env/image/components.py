@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k3env import __version__
-from k3env.config.lock import ComponentPin
+from k3env.config.pins import ComponentPin
 from k3env.config.shapes import platform_name
 from k3env.engine.protocol import BaseImage, Engine
 from k3env.files import write_atomic

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from k3env.config.lock import BasePin, Lock
+from k3env.config.pins import BasePin, Lock
 from k3env.config.secrets import credential_reason
 from k3env.config.spec import ImageSpec
 from k3env.errors import SecretError

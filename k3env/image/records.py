@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from k3env.config.lock import Lock
+from k3env.config.pins import Lock
 from k3env.config.shapes import DEFAULT_PLATFORM
 from k3env.config.spec import ImageSpec
 from k3env.hashing import canonical_sha256

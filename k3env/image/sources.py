@@ -14,9 +14,10 @@ import dataclasses
 import os
 import shutil
 import tempfile
+from importlib import resources
 from pathlib import Path
 
-from k3env.config.lock import ComponentPin, WheelPin
+from k3env.config.pins import ComponentPin, WheelPin
 from k3env.engine.protocol import Engine
 from k3env.errors import EngineError
 from k3env.hashing import canonical_sha256, file_sha256
@@ -28,21 +29,9 @@ from k3env.versions import canonical_name
 
 SOURCE_FORMAT = 1
 
-# Runs in the base: argv are the project directories under /k3env/src.
-_BUILD = r"""
-import os, subprocess, sys
-env = dict(os.environ, PIP_NO_CACHE_DIR="1", HOME="/tmp", PIP_BREAK_SYSTEM_PACKAGES="1")
-for project in sys.argv[1:]:
-    print(f"building {project}", flush=True)
-    code = subprocess.call(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
-         "--disable-pip-version-check", "--wheel-dir", "/k3env/out",
-         os.path.join("/k3env/src", project)],
-        env=env,
-    )
-    if code:
-        sys.exit(code)
-"""
+# Runs in the base (stdlib only; argv: the project directories under /k3env/src): a module
+# of the probe package, run as ``python -c TEXT``.
+_BUILD = (resources.files("k3env.probes.probe") / "wheels.py").read_text()
 
 
 def _wheel_pin(path: Path) -> WheelPin:

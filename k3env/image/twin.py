@@ -31,7 +31,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from k3env import __version__
-from k3env.config.lock import BasePin, Lock, TwinPin, verify_pinned_file
+from k3env.config.pinned_files import verify_pinned_file
+from k3env.config.pins import BasePin, Lock, TwinPin
 from k3env.config.shapes import DEFAULT_PLATFORM, MACHINES, platform_option
 from k3env.engine import registry
 from k3env.engine.protocol import BaseImage, Engine

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from k3env.config.lock import Lock
 from k3env.config.lock_edit import Change, set_leaves
+from k3env.config.pins import Lock
 from k3env.files import write_atomic
 from k3env.hashing import digest_hex, sha256_digest
 from k3env.image.twin import resolve_debian
@@ -59,7 +59,7 @@ def record_resolved(
         files["debian"] = (twin.debian, resolve_debian(lock, log, platform))
     hashes = {}
     for key, (rel, text) in files.items():
-        write_atomic(lock.resolve_path(rel), text.encode())
+        write_atomic(lock.resolve_path(rel, key=f"{twin.key}.{key}"), text.encode())
         hashes[f"{twin.key}.{key}_sha256"] = digest_hex(sha256_digest(text.encode()))
     changes = set_leaves(lock_path, hashes)
     return Recorded(

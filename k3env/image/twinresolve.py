@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from k3env.config.lock import Lock
+from k3env.config.pins import Lock
 from k3env.config.shapes import DEFAULT_PLATFORM
 from k3env.config.twinreq import parse_pinned
 from k3env.errors import LockError

@@ -51,7 +51,7 @@ def _asked_if_installed() -> bool:
     """Whether this lookup is ``importlib.util.find_spec`` (a library asking whether the
     package is installed: the answer stays no, so its own fallbacks run) rather than an
     ``import`` statement."""
-    frame = sys._getframe(2)
+    frame: types.FrameType | None = sys._getframe(2)
     for _ in range(8):
         if frame is None:
             return False

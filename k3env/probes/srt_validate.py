@@ -8,12 +8,15 @@ the recipe (``{"benchmark": {"aiperf_server_metrics": ["Unknown field."]}}``).
 
 from __future__ import annotations
 
+import importlib
 import json
 import sys
 import traceback
+from collections.abc import Callable, Iterator
+from typing import Any
 
 
-def flatten(messages, prefix=""):
+def flatten(messages: Any, prefix: str = "") -> Iterator[tuple[str, str]]:
     if isinstance(messages, dict):
         for key, value in messages.items():
             yield from flatten(value, f"{prefix}.{key}" if prefix else str(key))
@@ -27,13 +30,12 @@ def flatten(messages, prefix=""):
         yield prefix, str(messages)
 
 
-def load_config_function():
-    from srtctl.core import config
+def load_config_function() -> Callable[[str], Any]:
+    load: Callable[[str], Any] = importlib.import_module("srtctl.core.config").load_config
+    return load
 
-    return config.load_config
 
-
-def field(config, *keys):
+def field(config: Any, *keys: str) -> Any:
     """``config.a.b`` (srt-slurm's dataclasses) or ``config["a"]["b"]`` (a mapping)."""
     for key in keys:
         if config is None:
@@ -53,9 +55,7 @@ JOB_TIME = (
 NOT_CHECKED: list[str] = []
 
 
-def job_time_errors(path, config):
-    import importlib
-
+def job_time_errors(path: str, config: Any) -> list[dict[str, str]]:
     errors = []
     for key, module, function, default in JOB_TIME:
         value = field(config, *key.split(".")) or default
@@ -75,8 +75,8 @@ def job_time_errors(path, config):
     return errors
 
 
-def main():
-    errors = []
+def main() -> None:
+    errors: list[dict[str, str]] = []
     try:
         load_config = load_config_function()
     except Exception:
@@ -92,7 +92,7 @@ def main():
             # load_config wraps marshmallow's ValidationError ("Invalid config in PATH: ...");
             # the structured messages are on the wrapped exception.
             messages = None
-            cause = e
+            cause: BaseException | None = e
             while cause is not None and not messages:
                 messages = getattr(cause, "messages", None)
                 cause = cause.__cause__ or cause.__context__

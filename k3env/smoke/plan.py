@@ -228,59 +228,11 @@ def plan_profile(
 ) -> SmokePlan:
     """The smoke plan of one profile of one image. ``absent``: packages the twin omits by
     design, stood in for when a role imports them (each is reported)."""
-    roles: list[Role] = []
-    reductions: list[str] = []
-    not_checked = list(NOT_CHECKED)
-    engine_env = {
-        "VLLM_TARGET_DEVICE": "cpu",
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "TORCH_COMPILE_DISABLE": "1",
-        "HF_HUB_OFFLINE": "1",
-        "DYN_FILE_KV": "/tmp/k3env-dynamo-kv",
-    }
-    if absent:
-        engine_env["K3ENV_SMOKE_ABSENT"] = ",".join(sorted(absent))
-        reductions.append(
-            f"{', '.join(sorted(absent))}: a stand-in answers the import when the image lacks "
-            "it (the twin omits it; [smoke].absent)"
-        )
-    # BIN first: its sitecustomize stands in for what the twin omits; then the CPU engine.
-    prepend = {"PYTHONPATH": f"{BIN}:{ENGINE}/site", "LD_LIBRARY_PATH": f"{ENGINE}/lib"}
-    url = "http://127.0.0.1:8000"
-    served = "k3env-smoke"
-    dynamo = any(c.role.startswith("dynamo-") for c in profile.commands)
-    for cmd in profile.commands:
-        argv = list(cmd.argv)
-        if cmd.role in ("vllm-serve", "dynamo-worker"):
-            worker = cmd.role == "dynamo-worker"
-            reduced, said = reduce_engine_argv(argv, model_flag="--model" if worker else None)
-            if model.engine_config:
-                llama = f"{MODEL}/{model.engine_config}"
-                reduced = (*reduced, "--hf-config-path", llama, "--tokenizer", llama)
-                said.append(
-                    f"--hf-config-path, --tokenizer: a 2-layer Llama's config and the same "
-                    f"vocabulary as tokenizer.json (config.json keeps the tokenizer's model_type "
-                    f"{model.model_type!r} and tiktoken.model for the frontend)"
-                )
-            if worker:
-                reduced = (*reduced, *DYNAMO_PLANES)
-            reductions += [f"{cmd.role}: {s}" for s in said]
-            served = _value(argv, "--served-model-name") or served
-            if not worker:
-                url = f"http://127.0.0.1:{_port(argv, '--port')}"
-            not_checked += [f"{cmd.role}: {f}" for f in CUDA_ONLY if f in argv]
-            for flag in CONNECTORS:
-                if _value(argv, flag):
-                    not_checked.append(f"{cmd.role}: {flag} {connector(_value(argv, flag))}")
-            roles.append(Role(role=cmd.role, argv=reduced, env=engine_env, prepend=prepend))
-        elif cmd.role == "dynamo-frontend":
-            url = f"http://127.0.0.1:{_port(argv, '--http-port')}"
-            roles.append(
-                Role(role=cmd.role, argv=(*argv, *DYNAMO_PLANES), env=engine_env, prepend=prepend)
-            )
-        else:
-            roles.append(Role(role=cmd.role, argv=tuple(argv), env=engine_env, prepend=prepend))
-    if dynamo:
+    engine_env, reductions = _engine_env(absent)
+    roles = _plan_roles(profile, model, engine_env)
+    reductions += roles.reductions
+    not_checked = [*NOT_CHECKED, *roles.not_checked]
+    if any(c.role.startswith("dynamo-") for c in profile.commands):
         reductions.append(
             "dynamo: --discovery-backend file --request-plane tcp --event-plane zmq "
             "(no etcd or NATS on a build host)"
@@ -288,69 +240,20 @@ def plan_profile(
         not_checked.append("etcd / NATS discovery and request planes (file, TCP and ZMQ here)")
     reductions.append("env: TORCH_COMPILE_DISABLE=1 (the twin has no C++ compiler for inductor)")
     chat = {
-        "model": served,
+        "model": roles.served,
         "messages": [{"role": "user", "content": "Say hello."}],
         "max_tokens": 8,
     }
-    tools: dict[str, Any] | None = None
-    bias_probe: dict[str, Any] | None = None
-    if profile.tool_call_parser:
-        tools = {
-            "model": served,
-            "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
-            "tools": [TOOL],
-            "tool_choice": "required",
-            # Markers are spelled out token by token by the grammar: room for the envelope.
-            "max_tokens": 300,
-        }
-        steer = STEER.get(profile.tool_call_parser)
-        if steer:
-            # Random weights never choose to close a channel: a bias toward the parser's
-            # markers stands in for a trained model's choice (the grammar keeps it valid).
-            tools["logit_bias"] = {str(model.token_id(t)): b for t, b in steer.items()}
-            reductions.append(
-                f"tool-calls: logit_bias toward {sorted(steer)} (random weights never close "
-                "a channel on their own)"
-            )
-        if profile.reasoning_parser and thinks(profile.reasoning_parser):
-            tools["chat_template_kwargs"] = {"thinking": False}
-        if steer:  # after chat_template_kwargs: the probe asks as the tool request will
-            # First ask whether the server applies a bias at all (a frontend may drop it).
-            bias_probe = {
-                "request": {
-                    "model": served,
-                    "messages": [{"role": "user", "content": "Say A."}],
-                    "max_tokens": 4,
-                    "logit_bias": {str(model.token_id("A")): 100},
-                    **({"chat_template_kwargs": tools["chat_template_kwargs"]}
-                       if "chat_template_kwargs" in tools else {}),
-                },
-                "expect": "AAAA",
-            }  # fmt: skip
-    bench = None
-    if "aiperf" in spec.components:
-        artifacts = f"{OUT}/aiperf"
-        bench = {
-            "argv": [
-                "aiperf", "profile", "--model", served, "--url", url, "--endpoint-type", "chat",
-                "--request-count", str(BENCH_REQUESTS), "--concurrency", "1",
-                "--tokenizer", MODEL, "--artifact-dir", artifacts,
-            ],
-            "artifacts": artifacts,
-            # aiperf 0.13.0 reads a local tokenizer path as a hub repo id under HF_HUB_OFFLINE=1.
-            "unset": ["HF_HUB_OFFLINE"],
-        }  # fmt: skip
-        kind = profile.benchmark.get("type") if profile.benchmark else None
-        reductions.append(
-            f"benchmark: {BENCH_REQUESTS} synthetic chat requests at concurrency 1"
-            + (f" (the profile's {kind!r} workload is not run)" if kind else "")
-        )
+    tools, bias_probe, said = _tool_requests(profile, model, roles.served)
+    reductions += said
+    bench, said = _bench(spec, profile, roles.served, roles.url)
+    reductions += said
     return SmokePlan(
         image=spec.name,
         profile=profile.name,
-        roles=tuple(roles),
-        url=url,
-        served=served,
+        roles=roles.roles,
+        url=roles.url,
+        served=roles.served,
         chat=chat,
         tools=tools,
         bias_probe=bias_probe,
@@ -360,3 +263,182 @@ def plan_profile(
         not_checked=tuple(not_checked),
         timeouts={"ready": ready_timeout, "request": 120.0, "bench": 300.0, "stop": 30.0},
     )
+
+
+def _engine_env(absent: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """The environment every role runs with (the CPU engine, offline), and what it reduces."""
+    engine_env = {
+        "VLLM_TARGET_DEVICE": "cpu",
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "TORCH_COMPILE_DISABLE": "1",
+        "HF_HUB_OFFLINE": "1",
+        "DYN_FILE_KV": "/tmp/k3env-dynamo-kv",
+    }
+    reductions = []
+    if absent:
+        engine_env["K3ENV_SMOKE_ABSENT"] = ",".join(sorted(absent))
+        reductions.append(
+            f"{', '.join(sorted(absent))}: a stand-in answers the import when the image lacks "
+            "it (the twin omits it; [smoke].absent)"
+        )
+    return engine_env, reductions
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Roles:
+    """The roles as started here, where the server answers, and what was reduced or unseen."""
+
+    roles: tuple[Role, ...]
+    url: str
+    served: str
+    reductions: tuple[str, ...]
+    not_checked: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class _EngineRole:
+    """One engine role (vllm serve or Dynamo's worker) as started here."""
+
+    role: Role
+    served: str | None  # its --served-model-name
+    port: int | None  # where it answers (None: Dynamo's worker, behind the frontend)
+    reductions: tuple[str, ...]
+    not_checked: tuple[str, ...]
+
+
+def _plan_roles(profile: ServeProfile, model: SmokeModel, engine_env: Mapping[str, str]) -> _Roles:
+    """Each command of the profile as a role, in order; the last to say so names the URL and
+    the served model."""
+    # BIN first: its sitecustomize stands in for what the twin omits; then the CPU engine.
+    prepend = {"PYTHONPATH": f"{BIN}:{ENGINE}/site", "LD_LIBRARY_PATH": f"{ENGINE}/lib"}
+    roles: list[Role] = []
+    reductions: list[str] = []
+    not_checked: list[str] = []
+    url = "http://127.0.0.1:8000"
+    served = "k3env-smoke"
+    for cmd in profile.commands:
+        argv = list(cmd.argv)
+        if cmd.role in ("vllm-serve", "dynamo-worker"):
+            engine = _engine_role(cmd.role, argv, model, engine_env, prepend)
+            reductions += engine.reductions
+            served = engine.served or served
+            if engine.port is not None:
+                url = f"http://127.0.0.1:{engine.port}"
+            not_checked += engine.not_checked
+            roles.append(engine.role)
+        elif cmd.role == "dynamo-frontend":
+            url = f"http://127.0.0.1:{_port(argv, '--http-port')}"
+            roles.append(
+                Role(role=cmd.role, argv=(*argv, *DYNAMO_PLANES), env=engine_env, prepend=prepend)
+            )
+        else:
+            roles.append(Role(role=cmd.role, argv=tuple(argv), env=engine_env, prepend=prepend))
+    return _Roles(
+        roles=tuple(roles),
+        url=url,
+        served=served,
+        reductions=tuple(reductions),
+        not_checked=tuple(not_checked),
+    )
+
+
+def _engine_role(
+    role: str,
+    argv: Sequence[str],
+    model: SmokeModel,
+    engine_env: Mapping[str, str],
+    prepend: Mapping[str, str],
+) -> _EngineRole:
+    """The engine's command line reduced for this host, the small model's config and
+    tokenizer in place of the checkpoint's, and Dynamo's planes for its worker."""
+    worker = role == "dynamo-worker"
+    reduced, said = reduce_engine_argv(argv, model_flag="--model" if worker else None)
+    if model.engine_config:
+        llama = f"{MODEL}/{model.engine_config}"
+        reduced = (*reduced, "--hf-config-path", llama, "--tokenizer", llama)
+        said.append(
+            f"--hf-config-path, --tokenizer: a 2-layer Llama's config and the same "
+            f"vocabulary as tokenizer.json (config.json keeps the tokenizer's model_type "
+            f"{model.model_type!r} and tiktoken.model for the frontend)"
+        )
+    if worker:
+        reduced = (*reduced, *DYNAMO_PLANES)
+    not_checked = [f"{role}: {f}" for f in CUDA_ONLY if f in argv]
+    for flag in CONNECTORS:
+        if _value(argv, flag):
+            not_checked.append(f"{role}: {flag} {connector(_value(argv, flag))}")
+    return _EngineRole(
+        role=Role(role=role, argv=reduced, env=engine_env, prepend=prepend),
+        served=_value(argv, "--served-model-name"),
+        port=None if worker else _port(argv, "--port"),
+        reductions=tuple(f"{role}: {s}" for s in said),
+        not_checked=tuple(not_checked),
+    )
+
+
+def _tool_requests(
+    profile: ServeProfile, model: SmokeModel, served: str
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None, list[str]]:
+    """The tool-call request and the logit-bias probe before it (None without a tool-call
+    parser, or without a bias to steer by), and what they reduce."""
+    if not profile.tool_call_parser:
+        return None, None, []
+    reductions = []
+    bias_probe: dict[str, Any] | None = None
+    tools: dict[str, Any] = {
+        "model": served,
+        "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+        "tools": [TOOL],
+        "tool_choice": "required",
+        # Markers are spelled out token by token by the grammar: room for the envelope.
+        "max_tokens": 300,
+    }
+    steer = STEER.get(profile.tool_call_parser)
+    if steer:
+        # Random weights never choose to close a channel: a bias toward the parser's
+        # markers stands in for a trained model's choice (the grammar keeps it valid).
+        tools["logit_bias"] = {str(model.token_id(t)): b for t, b in steer.items()}
+        reductions.append(
+            f"tool-calls: logit_bias toward {sorted(steer)} (random weights never close "
+            "a channel on their own)"
+        )
+    if profile.reasoning_parser and thinks(profile.reasoning_parser):
+        tools["chat_template_kwargs"] = {"thinking": False}
+    if steer:  # after chat_template_kwargs: the probe asks as the tool request will
+        # First ask whether the server applies a bias at all (a frontend may drop it).
+        bias_probe = {
+            "request": {
+                "model": served,
+                "messages": [{"role": "user", "content": "Say A."}],
+                "max_tokens": 4,
+                "logit_bias": {str(model.token_id("A")): 100},
+                **({"chat_template_kwargs": tools["chat_template_kwargs"]}
+                   if "chat_template_kwargs" in tools else {}),
+            },
+            "expect": "AAAA",
+        }  # fmt: skip
+    return tools, bias_probe, reductions
+
+
+def _bench(
+    spec: ImageSpec, profile: ServeProfile, served: str, url: str
+) -> tuple[dict[str, Any] | None, list[str]]:
+    """aiperf's short synthetic benchmark when the image carries aiperf, and what it reduces."""
+    if "aiperf" not in spec.components:
+        return None, []
+    artifacts = f"{OUT}/aiperf"
+    bench = {
+        "argv": [
+            "aiperf", "profile", "--model", served, "--url", url, "--endpoint-type", "chat",
+            "--request-count", str(BENCH_REQUESTS), "--concurrency", "1",
+            "--tokenizer", MODEL, "--artifact-dir", artifacts,
+        ],
+        "artifacts": artifacts,
+        # aiperf 0.13.0 reads a local tokenizer path as a hub repo id under HF_HUB_OFFLINE=1.
+        "unset": ["HF_HUB_OFFLINE"],
+    }  # fmt: skip
+    kind = profile.benchmark.get("type") if profile.benchmark else None
+    return bench, [
+        f"benchmark: {BENCH_REQUESTS} synthetic chat requests at concurrency 1"
+        + (f" (the profile's {kind!r} workload is not run)" if kind else "")
+    ]

@@ -16,7 +16,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from k3env.config.lock import DebPin, Lock, SmokePin
+from k3env.config.pins import DebPin, Lock, SmokePin
 from k3env.engine.protocol import Engine
 from k3env.engine.registry import download
 from k3env.errors import ConfigError, EngineError

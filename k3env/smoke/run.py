@@ -20,7 +20,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from k3env.config.lock import Lock, SmokePin
+from k3env.config.pins import Lock, SmokePin
 from k3env.config.spec import ImageSpec, ServeProfile
 from k3env.engine.protocol import Engine
 from k3env.hashing import digest_hex, sha256_digest
@@ -161,71 +161,98 @@ def smoke_profile(
         model_type = (profile.tokenizer_model_type if dynamo else None) or "llama"
         model = write_model(root / "model", model_type=model_type, parsers=parsers)
         plan = plan_profile(spec, profile, model, ready_timeout=timeout, absent=pin.absent)
-        key = digest_hex(
-            sha256_digest(
-                "\n".join(
-                    [
-                        build.image_id,
-                        plan.identity(),
-                        DRIVER.read_text(),
-                        ABSENT.read_text(),
-                        prefix.name,
-                    ]
-                ).encode()
-            )
-        )
+        key = _record_key(build, plan, prefix)
         record = state.read_json("smoke", f"{key}.json")
         if isinstance(record, dict) and record.get("image_id") == build.image_id:
             cached = _report(record, cached=True)
             _index(state, cached)
             return cached
-        (root / "bin").mkdir()
-        (root / "bin" / "driver.py").write_text(DRIVER.read_text())  # its name in the plan
-        (root / "bin" / "plan.json").write_text(plan.dumps())
-        (root / "bin" / "sitecustomize.py").write_text(ABSENT.read_text())
-        for name in pin.absent:
-            # Once imported, a stand-in is in sys.modules and libraries ask its version
-            # (transformers parses it): a local version says what it is.
-            info = root / "bin" / f"{name}-{STAND_IN_VERSION}.dist-info"
-            info.mkdir()
-            (info / "METADATA").write_text(
-                f"Metadata-Version: 2.1\nName: {name}\nVersion: {STAND_IN_VERSION}\n"
-            )
-        out = root / "out"
-        out.mkdir()
-        t0 = time.monotonic()
-        with log.step(
-            f"smoke {spec.name} / {profile.name} ({', '.join(r.role for r in plan.roles)})"
-        ):
-            result = engine.run(
-                build.image_id,
-                ["python3", f"{BIN}/driver.py"],
-                # Every stage has its own bound inside; this one bounds the whole.
-                timeout=timeout + sum(plan.timeouts.values()),
-                env={"K3ENV_SMOKE_PLAN": f"{BIN}/plan.json"},
-                mounts={str(root / "model"): MODEL, str(prefix): ENGINE, str(root / "bin"): BIN},
-                writable={str(out): OUT},
-                progress=lambda line: log.info(f"    {line.rstrip()}"),
-                shm_bytes=SHM,
-            )
-        seconds = time.monotonic() - t0
-        words = f"exit status {result.exit_code}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
-        report = SmokeReport(
-            image=spec.name,
-            image_id=build.image_id,
-            profile=profile.name,
-            platform=build.platform,
-            stand_in=stand_in,
-            gates=_gates(plan, _read_result(out), words),
-            reductions=plan.reductions,
-            not_checked=plan.not_checked,
-            seconds=round(seconds, 1),
-            roles=tuple(f"{r.role}: {' '.join(r.argv)}" for r in plan.roles),
+        _write_bin(root / "bin", plan, pin.absent)
+        report = _run_driver(
+            engine, stand_in, prefix, spec, build, plan, root, log, timeout=timeout
         )
     if report.ok:  # a failure is run again next time (it may be the host's)
         state.write_json(report.as_json(), "smoke", f"{key}.json")
     _index(state, report)
     return report
+
+
+def _record_key(build: BuildResult, plan: SmokePlan, prefix: Path) -> str:
+    """What a run's record is keyed by: the image, the plan, the driver and the engine."""
+    return digest_hex(
+        sha256_digest(
+            "\n".join(
+                [
+                    build.image_id,
+                    plan.identity(),
+                    DRIVER.read_text(),
+                    ABSENT.read_text(),
+                    prefix.name,
+                ]
+            ).encode()
+        )
+    )
+
+
+def _write_bin(bin_dir: Path, plan: SmokePlan, absent: Sequence[str]) -> None:
+    """The driver, its plan, and the roles' sitecustomize with a version for each stand-in."""
+    bin_dir.mkdir()
+    (bin_dir / "driver.py").write_text(DRIVER.read_text())  # its name in the plan
+    (bin_dir / "plan.json").write_text(plan.dumps())
+    (bin_dir / "sitecustomize.py").write_text(ABSENT.read_text())
+    for name in absent:
+        # Once imported, a stand-in is in sys.modules and libraries ask its version
+        # (transformers parses it): a local version says what it is.
+        info = bin_dir / f"{name}-{STAND_IN_VERSION}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: {name}\nVersion: {STAND_IN_VERSION}\n"
+        )
+
+
+def _run_driver(
+    engine: Engine,
+    stand_in: str,
+    prefix: Path,
+    spec: ImageSpec,
+    build: BuildResult,
+    plan: SmokePlan,
+    root: Path,
+    log: Log,
+    *,
+    timeout: float,
+) -> SmokeReport:
+    """The driver in a container of the image (``root``'s model, bin/ and out/ mounted),
+    and the report of what it found."""
+    out = root / "out"
+    out.mkdir()
+    t0 = time.monotonic()
+    with log.step(f"smoke {spec.name} / {plan.profile} ({', '.join(r.role for r in plan.roles)})"):
+        result = engine.run(
+            build.image_id,
+            ["python3", f"{BIN}/driver.py"],
+            # Every stage has its own bound inside; this one bounds the whole.
+            timeout=timeout + sum(plan.timeouts.values()),
+            env={"K3ENV_SMOKE_PLAN": f"{BIN}/plan.json"},
+            mounts={str(root / "model"): MODEL, str(prefix): ENGINE, str(root / "bin"): BIN},
+            writable={str(out): OUT},
+            progress=lambda line: log.info(f"    {line.rstrip()}"),
+            shm_bytes=SHM,
+        )
+    seconds = time.monotonic() - t0
+    words = f"exit status {result.exit_code}\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}"
+    return SmokeReport(
+        image=spec.name,
+        image_id=build.image_id,
+        profile=plan.profile,
+        platform=build.platform,
+        stand_in=stand_in,
+        gates=_gates(plan, _read_result(out), words),
+        reductions=plan.reductions,
+        not_checked=plan.not_checked,
+        seconds=round(seconds, 1),
+        roles=tuple(f"{r.role}: {' '.join(r.argv)}" for r in plan.roles),
+    )
 
 
 def _index(state: State, report: SmokeReport) -> None:

@@ -13,14 +13,9 @@ from typing import Any
 
 import pytest
 
-from k3env.checks.verify import (
-    COMPONENTS,
-    ENV_DEFAULT_SOURCES,
-    ENV_FAMILIES,
-    ProbeOutput,
-    probe_env,
-    run_probe,
-)
+from k3env.checks.probe_plan import ENV_DEFAULT_SOURCES, ENV_FAMILIES
+from k3env.checks.probe_run import ProbeOutput, probe_env, run_probe
+from k3env.checks.verdicts import COMPONENTS
 from k3env.cli import main
 from k3env.config.patchfile import Edit, PatchFile
 from k3env.engine.dockerd import DockerEngine

@@ -302,6 +302,28 @@ def commit(repo: Path, message: str) -> str:
 def build(root: Path) -> Upstream:
     repo = root / "srt-slurm"
     src = repo / "src/srtctl"
+    v1036 = _v1036(repo, src)
+    _pr278(src)
+    pr278 = commit(repo, "support direct aggregate serving (#278)")
+    git(repo, "tag", "v1.0.37")
+    _pr296(src)
+    multinode = commit(repo, "direct vllm frontend: vLLM-native multi-node serve")
+    _mocker(src)
+    commit(repo, "frontend: mocker type")
+    git(repo, "tag", "v1.0.38")
+    patches = root / "patches"
+    patches.mkdir()
+    (patches / "pr278.patch").write_text(
+        git(repo, "format-patch", "--stdout", f"{v1036}..{pr278}") + "\n"
+    )
+    (patches / "multinode.patch").write_text(
+        git(repo, "format-patch", "--stdout", f"{pr278}..{multinode}") + "\n"
+    )
+    return Upstream(path=repo, v1036=v1036, pr278=pr278, multinode=multinode, patches=patches)
+
+
+def _v1036(repo: Path, src: Path) -> str:
+    """The repository at tag v1.0.36: its package, schema, config loader, CLI and lookups."""
     for sub in ("core", "cli", "frontends", "benchmarks"):
         (src / sub).mkdir(parents=True)
         (src / sub / "__init__.py").write_text("")
@@ -315,8 +337,11 @@ def build(root: Path) -> Upstream:
     (src / "benchmarks/base.py").write_text(BENCHMARKS)
     v1036 = commit(repo, "srt-slurm v1.0.36")
     git(repo, "tag", "v1.0.36")
+    return v1036
 
-    # PR #278: the vllm frontend, and its load-time checks (srt-slurm's messages, in order).
+
+def _pr278(src: Path) -> None:
+    """PR #278: the vllm frontend, and its load-time checks (srt-slurm's messages, in order)."""
     frontends = src / "frontends/base.py"
     frontends.write_text(
         frontends.read_text().replace(
@@ -360,9 +385,11 @@ def build(root: Path) -> Upstream:
             ),
         )
     )
-    pr278 = commit(repo, "support direct aggregate serving (#278)")
-    git(repo, "tag", "v1.0.37")
-    # PR #296: multi-node aggregate jobs with the direct vllm frontend.
+
+
+def _pr296(src: Path) -> None:
+    """PR #296: multi-node aggregate jobs with the direct vllm frontend."""
+    schema = src / "core/schema.py"
     text = schema.read_text()
     schema.write_text(
         text.replace(
@@ -381,9 +408,13 @@ def build(root: Path) -> Upstream:
 """,
         )
     )
-    multinode = commit(repo, "direct vllm frontend: vLLM-native multi-node serve")
-    # A later release that touched the same lines again: PR #278 no longer reverses cleanly,
-    # yet it is upstream (its commit is an ancestor of the tag).
+
+
+def _mocker(src: Path) -> None:
+    """A later release that touched the same lines again: PR #278 no longer reverses cleanly,
+    yet it is upstream (its commit is an ancestor of the tag)."""
+    frontends = src / "frontends/base.py"
+    schema = src / "core/schema.py"
     frontends.write_text(
         frontends.read_text().replace(
             '"trtllm_serve", "vllm")', '"trtllm_serve", "vllm", "mocker")'
@@ -395,14 +426,3 @@ def build(root: Path) -> Upstream:
             "frontend.type: vllm binds vllm serve to the public port; set ",
         )
     )
-    commit(repo, "frontend: mocker type")
-    git(repo, "tag", "v1.0.38")
-    patches = root / "patches"
-    patches.mkdir()
-    (patches / "pr278.patch").write_text(
-        git(repo, "format-patch", "--stdout", f"{v1036}..{pr278}") + "\n"
-    )
-    (patches / "multinode.patch").write_text(
-        git(repo, "format-patch", "--stdout", f"{pr278}..{multinode}") + "\n"
-    )
-    return Upstream(path=repo, v1036=v1036, pr278=pr278, multinode=multinode, patches=patches)

@@ -1,0 +1,48 @@
+"""What preflight knows of upstream: model, hardware and version numbers, each with its source.
+
+The tables the rules in ``rules`` read (and ``handoff.recipe`` the models). Each entry says
+where it came from (the bring-up, an upstream PR or release); facts learned by ``k3env verify``
+about the image override them. Add a number here when a new model, GPU or release is measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+# Models, keyed by tokenizer model_type.
+MODELS: Mapping[str, Mapping[str, Any]] = {
+    "kimi_k3": {
+        # "must be non-negative and a multiple of scheduler_block_size (3145728)" (#2359)
+        "scheduler_block_size": 3_145_728,
+        # KDA linear attention + gated MLA layers (24 MLA layers; 12 per PP2 stage).
+        "hybrid": True,
+        "mla": True,
+        # MXFP4 MoE weights: flashinfer's trtllm MoE kernel on Blackwell.
+        "moe_quant": "mxfp4",
+    },
+}
+# Workspaces allocated outside vLLM's memory pool on the first forward, per (GPU, MoE quant).
+OUT_OF_POOL_WORKSPACE_GIB: Mapping[tuple[str, str], tuple[float, str]] = {
+    ("B200", "mxfp4"): (1.6, "flashinfer trtllm MXFP4 MoE runtime workspace"),
+}
+# Dynamo Rust frontend: tiktoken model_types it loads, by Dynamo version. kimi_k3 came with
+# ba83080 ("feat: Added support for Kimi-K3", tag v1.4.0-kimi-k3-dev.1); 1.2.1 listed
+# "kimi, kimi_k2, kimi_k25, deepseek_v3" in its error.
+DYNAMO_TIKTOKEN: Mapping[str, str] = {
+    "kimi": ">=1.2.1",
+    "kimi_k2": ">=1.2.1",
+    "kimi_k25": ">=1.2.1",
+    "deepseek_v3": ">=1.2.1",
+    "kimi_k3": ">=1.4.0.dev1",
+}
+DYNAMO_TIKTOKEN_KNOWN_UNTIL = "1.2.1"  # at or below this, the list above is complete
+# srt-slurm features by upstream version (PR #278 -> v1.0.37, PR #296 -> v1.0.49).
+SRT_FEATURES: Mapping[str, str] = {
+    "frontend.vllm": ">=1.0.37",
+    "frontend.vllm.multinode": ">=1.0.49",
+}
+VLLM_DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
+OFFLOAD_DRAM_BUDGET_PERCENT = 80  # the framework's CPU-offload budget per node
+# vLLM frontend-only flags: `python -m dynamo.vllm` rejects them (bring-up commit 2).
+FRONTEND_ONLY_FLAGS = ("--tool-call-parser", "--enable-auto-tool-choice")

@@ -1,0 +1,559 @@
+"""Check any squashfs, an ``enroot import`` made on the cluster or a ``k3env export``, against
+what the image itself carries, then against the lock and spec in this checkout.
+
+Against the image: its provenance file (in k3env's layer, its sha256 in the config's labels),
+every file of k3env's layer, every installed Python distribution's files against its own
+``RECORD``, each /etc/environment line and the /etc/rc script enroot derives from the config
+(rendered by ``enroot``). Against this checkout: the lock and spec the image was built from,
+its env, and each container patch it applied still present. The squashfs is read through
+``unsquashfs`` (no mount): its long listing says what each entry is, only regular files are
+extracted (a link, device or FIFO is never created on this host), and each is read through
+``k3env.untrusted`` (regular files only, size limits, streamed hashing). An entry that is not
+a regular file where the check reads one is a failure naming it and what it is.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import stat
+import tempfile
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from k3env import untrusted
+from k3env.config.patchfile import load_patch_file
+from k3env.config.pinned_files import verify_patch_file
+from k3env.config.pins import Lock
+from k3env.config.spec import ImageSpec
+from k3env.errors import CheckFailed, ConfigError, UntrustedFileError
+from k3env.handoff.enroot import enroot_files
+from k3env.hashing import digest_hex, record_b64, sha256_digest
+from k3env.image.build import PROVENANCE_LABEL, PROVENANCE_PATH, RUNTIME_KEYS
+from k3env.image.envpolicy import merged_env
+from k3env.image.patches import ALREADY_PRESENT, APPLIED, missing_edits
+from k3env.log import Log
+from k3env.quoting import one_line
+from k3env.runner import attempt, output_or_none, require_tool, run
+
+
+# --- check a squashfs ---------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class CheckItem:
+    what: str
+    ok: bool
+    detail: str
+
+
+class Squashfs:
+    """Read access to a squashfs image through unsquashfs (no mount): only its regular files,
+    extracted into ``work`` (a private directory) and read through ``k3env.untrusted``."""
+
+    def __init__(self, path: Path, log: Log, work: Path) -> None:
+        self.path = path
+        self.log = log
+        self.work = work
+        self._entries: dict[str, Entry] | None = None
+        self._extracted = 0
+        self.unsquashfs = require_tool("unsquashfs", "squashfs-tools")
+        if path.is_dir():
+            raise ConfigError(
+                "is a directory, not a squashfs image", where=str(path), fix="pass a .sqsh file"
+            )
+        if not path.is_file():
+            raise ConfigError("file not found", where=str(path), fix="check the path")
+        code, out = attempt([self.unsquashfs, "-s", str(path)], log)
+        if code != 0:
+            size = path.stat().st_size
+            raise ConfigError(
+                f"not a squashfs image ({size} bytes; unsquashfs: "
+                f"{out.strip().splitlines()[-1] if out.strip() else 'no output'})",
+                where=str(path),
+                fix="pass the .sqsh that `enroot import` or `k3env export` wrote",
+            )
+
+    def entries(self) -> dict[str, Entry]:
+        """Every file, link, device and empty directory in the image by path (relative, no
+        leading ``/``), with its type and size, from unsquashfs's long listing."""
+        if self._entries is None:
+            out = output_or_none(
+                [self.unsquashfs, "-llc", "-UTC", "-d", "", str(self.path)], self.log
+            )
+            if out is None:
+                raise ConfigError(
+                    "unsquashfs cannot list the image", where=str(self.path), fix="re-import it"
+                )
+            self._entries = {}
+            for line in out.split(b"\n"):
+                if m := _LISTED.match(os.fsdecode(line)):
+                    path, target = m["path"], None
+                    if m["type"] == "l":  # a name holding " -> " is split at its first
+                        path, _, target = path.partition(" -> ")
+                    self._entries[path] = Entry(
+                        mode=_MODES[m["type"]],
+                        size=int(m["size"]) if m["size"].isdigit() else 0,
+                        target=target,
+                    )
+        return self._entries
+
+    def listing(self) -> list[str]:
+        """Every path in the image (relative, no leading ``/``)."""
+        return list(self.entries())
+
+    def refusal(self, path: str) -> UntrustedFileError | None:
+        """Why ``path`` is not read (it is not a regular file in the image), or None."""
+        entry = self.entries().get(path.lstrip("/"))
+        if entry is None or stat.S_ISREG(entry.mode):
+            return None
+        return untrusted.not_regular("/" + path.lstrip("/"), entry.mode, entry.target)
+
+    def fresh(self) -> Path:
+        """A new empty directory under ``work`` to extract into."""
+        self._extracted += 1
+        dest = self.work / f"x{self._extracted}"
+        dest.mkdir()
+        return dest
+
+    def extract(self, dest: Path, paths: Iterable[str]) -> None:
+        """Extract the regular files among ``paths`` under ``dest``: links, devices and FIFOs
+        are never created (exact names: unsquashfs reads an extract list as globs, so ``[`` in
+        a vLLM config file name is escaped)."""
+        entries = self.entries()
+        regular = [p for p in paths if (e := entries.get(p)) and stat.S_ISREG(e.mode)]
+        if not regular:
+            return
+        listed = dest.with_name(dest.name + ".list")
+        listed.write_bytes(b"".join(os.fsencode(_glob_escape(p)) + b"\n" for p in regular))
+        run(
+            [
+                self.unsquashfs,
+                "-q",
+                "-n",
+                "-f",
+                "-no-xattrs",
+                "-d",
+                str(dest),
+                "-ef",
+                str(listed),
+                str(self.path),
+            ],
+            self.log,
+            capture=True,
+            what="unsquashfs",
+        )
+
+    def read(self, path: str, *, limit: int = untrusted.TEXT_LIMIT) -> bytes | None:
+        """The bytes of the regular file ``path``, None when the image has none there; a
+        link, device or FIFO there, or a file over ``limit``, is refused (UntrustedFileError)."""
+        rel = path.lstrip("/")
+        if refused := self.refusal(rel):
+            raise refused
+        if rel not in self.entries():
+            return None
+        dest = self.fresh()
+        self.extract(dest, [rel])
+        return untrusted.read_bytes(dest, rel, limit=limit, shown_as="/")
+
+    def sha256(self, path: str) -> str | None:
+        """The hex sha256 of the regular file ``path`` (streamed), None when missing."""
+        rel = path.lstrip("/")
+        if refused := self.refusal(rel):
+            raise refused
+        if rel not in self.entries():
+            return None
+        dest = self.fresh()
+        self.extract(dest, [rel])
+        got = untrusted.file_sha256(dest, rel, shown_as="/")
+        return None if got is None else got[0].hex()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Entry:
+    mode: int  # the file type bits (stat.S_IFREG, S_IFLNK, ...)
+    size: int  # bytes (0 for a device)
+    target: str | None  # a symlink's target as listed
+
+
+# unsquashfs -llc: `-rw-r--r-- root/root   3 2024-01-01 00:00 /path` (a device: `1,  5` for
+# the size; a link: `/path -> target`). A name with a newline breaks its line: not matched.
+_LISTED = re.compile(
+    r"^(?P<type>[-dlcbps])\S{9} +\S+ +(?P<size>\d+|\d+, *\d+) +\S+ +\S+ /(?P<path>.+)$"
+)
+_MODES = {
+    "-": stat.S_IFREG,
+    "d": stat.S_IFDIR,
+    "l": stat.S_IFLNK,
+    "c": stat.S_IFCHR,
+    "b": stat.S_IFBLK,
+    "p": stat.S_IFIFO,
+    "s": stat.S_IFSOCK,
+}
+
+
+def _glob_escape(path: str) -> str:
+    return re.sub(r"([][*?\\])", r"\\\1", path)
+
+
+def _provenance(fs: Squashfs) -> tuple[dict[str, Any], bytes]:
+    try:
+        raw = fs.read(PROVENANCE_PATH)
+    except UntrustedFileError as e:
+        raise UntrustedFileError(e.message, where=str(fs.path), fix=e.fix) from e
+    if raw is None:
+        raise ConfigError(
+            f"{PROVENANCE_PATH} is not in the image: it was not built by k3env (or its layer "
+            "was removed)",
+            where=str(fs.path),
+            fix="check an image that `k3env build` made (import it by the digest k3env push "
+            "printed)",
+        )
+    try:
+        doc = json.loads(raw)
+        if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
+            raise ValueError("not a k3env provenance document of this format")
+    except (ValueError, RecursionError) as e:
+        raise ConfigError(
+            f"{PROVENANCE_PATH} is not valid provenance ({e}): the image was altered, or built "
+            "by an older k3env",
+            where=str(fs.path),
+            fix="re-export or re-import the image from the registry digest",
+        ) from e
+    return doc, raw
+
+
+def _lines_diff(what: str, expected: list[str], actual: list[str]) -> list[CheckItem]:
+    if expected == actual:
+        return [CheckItem(what=what, ok=True, detail=f"{len(actual)} line(s) as the config says")]
+    items = []
+    exp_keys = {line.split("=", 1)[0]: line for line in expected}
+    act_keys = {line.split("=", 1)[0]: line for line in actual}
+    for key, line in act_keys.items():
+        if key not in exp_keys:
+            items.append(CheckItem(what=what, ok=False, detail=f"extra line {line!r}"))
+        elif exp_keys[key] != line:
+            items.append(
+                CheckItem(
+                    what=what,
+                    ok=False,
+                    detail=f"changed: {line!r} (image config: {exp_keys[key]!r})",
+                )
+            )
+    for key, line in exp_keys.items():
+        if key not in act_keys:
+            items.append(CheckItem(what=what, ok=False, detail=f"missing line {line!r}"))
+    if not items:
+        items.append(CheckItem(what=what, ok=False, detail="lines reordered or repeated"))
+    return items
+
+
+def _short(match: re.Match[bytes] | None) -> str:
+    return match.group(1).decode()[:16] if match else "absent"
+
+
+def _rc_items(expected: str, actual: bytes | None) -> list[CheckItem]:
+    if actual is None:
+        return [CheckItem(what="etc/rc", ok=False, detail="missing")]
+    text = actual.decode(errors="replace")
+    if text == expected:
+        return [CheckItem(what="etc/rc", ok=True, detail="labels and command as the config says")]
+    exp, act = expected.splitlines(), text.splitlines()
+    items = [
+        CheckItem(what="etc/rc", ok=False, detail=f"unexpected line {line!r}")
+        for line in act
+        if line not in exp
+    ]
+    items += [
+        CheckItem(what="etc/rc", ok=False, detail=f"missing line {line!r}")
+        for line in exp
+        if line not in act
+    ]
+    return items or [CheckItem(what="etc/rc", ok=False, detail="lines reordered")]
+
+
+def _read(fs: Squashfs, path: str) -> tuple[bytes | None, str | None]:
+    """(the bytes of ``path`` or None when missing, why it was refused or None)."""
+    try:
+        return fs.read(path), None
+    except UntrustedFileError as e:
+        return None, e.message
+
+
+def _record_items(fs: Squashfs, listing: list[str], patched: set[str], log: Log) -> list[CheckItem]:
+    """Every installed distribution's files against the sha256 in its own RECORD; files
+    k3env's layer replaced (patched) are checked against the provenance instead."""
+    records = _installed_records(listing)
+    if not records:
+        return [CheckItem(what="python", ok=True, detail="no installed distributions")]
+    refused = {r: e for r in records if (e := fs.refusal(r))}
+    dest = fs.fresh()
+    fs.extract(dest, [r for r in records if r not in refused])
+    wanted, unread = _recorded_files(dest, [r for r in records if r not in refused], patched)
+    unread.update((r.rsplit("/", 2)[1].removesuffix(".dist-info"), e.message)
+                  for r, e in refused.items())  # fmt: skip
+    with log.step(f"read {len(wanted)} file(s) of {len(records)} distribution(s)"):
+        fs.extract(dest, sorted({w.path for w in wanted}))
+    bad = _record_differences(fs, dest, wanted)
+    for dist, why in sorted(unread):
+        bad.setdefault(dist, []).insert(0, why)
+    return _record_verdict(bad, len(wanted), len(records))
+
+
+def _installed_records(listing: list[str]) -> list[str]:
+    """The RECORD of every installed distribution in the image's listing."""
+    # Installed distributions live in a site directory on sys.path; a dist-info vendored
+    # inside a package (setuptools/_vendor/wheel-*.dist-info) lists files never installed.
+    return [
+        p for p in listing if re.search(r"(^|/)(site|dist)-packages/[^/]+\.dist-info/RECORD$", p)
+    ]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Recorded:
+    dist: str
+    path: str  # relative to the image's root
+    sha256: str  # as RECORD writes it (urlsafe base64, no padding)
+    size: int | None  # as RECORD gives it
+
+
+def _recorded_files(
+    dest: Path, records: list[str], patched: set[str]
+) -> tuple[list[Recorded], set[tuple[str, str]]]:
+    """Each file the extracted RECORDs under ``dest`` list with a sha256, but those k3env's
+    layer replaced; and (distribution, why) for each RECORD that could not be read."""
+    wanted: list[Recorded] = []
+    unread: set[tuple[str, str]] = set()
+    for record in records:
+        site = record.rsplit("/", 2)[0]
+        dist = record.rsplit("/", 2)[1].removesuffix(".dist-info")
+        try:
+            text = untrusted.read_text(dest, record, shown_as="/")
+        except UntrustedFileError as e:
+            unread.add((dist, e.message))
+            continue
+        for row in csv.reader(io.StringIO(text or "")):
+            if len(row) >= 2 and row[1].startswith("sha256="):
+                rel = os.path.normpath(os.path.join(site, row[0]))
+                if rel not in patched:
+                    size = row[2] if len(row) > 2 else ""
+                    wanted.append(
+                        Recorded(
+                            dist=dist,
+                            path=rel,
+                            sha256=row[1].removeprefix("sha256=").rstrip("="),
+                            size=int(size) if size.isdigit() and len(size) < 20 else None,
+                        )
+                    )
+    return wanted, unread
+
+
+def _record_differences(fs: Squashfs, dest: Path, wanted: list[Recorded]) -> dict[str, list[str]]:
+    """Per distribution, each of its extracted files missing, not a regular file, or unlike
+    its RECORD (its size first: a file of another size is not read)."""
+    bad: dict[str, list[str]] = {}
+    entries = fs.entries()
+    for w in wanted:
+        entry = entries.get(w.path)
+        try:
+            if entry is None:
+                problem: str | None = f"/{one_line(w.path)} is missing"
+            elif refused := fs.refusal(w.path):
+                problem = refused.message
+            elif w.size is not None and entry.size != w.size:
+                problem = f"/{one_line(w.path)} is {entry.size} bytes, its RECORD {w.size}"
+            elif (got := untrusted.file_sha256(dest, w.path, shown_as="/")) is None:
+                problem = f"/{one_line(w.path)} is missing"
+            elif record_b64(got[0]) != w.sha256:
+                problem = f"/{one_line(w.path)} differs from its RECORD sha256"
+            else:
+                problem = None
+        except UntrustedFileError as e:
+            problem = e.message
+        if problem:
+            bad.setdefault(w.dist, []).append(problem)
+    return bad
+
+
+def _record_verdict(bad: Mapping[str, list[str]], files: int, records: int) -> list[CheckItem]:
+    items = [
+        CheckItem(
+            what=f"python {dist}",
+            ok=False,
+            detail="; ".join(problems[:5])
+            + (f"; and {len(problems) - 5} more" if len(problems) > 5 else ""),
+        )
+        for dist, problems in sorted(bad.items())
+    ]
+    if not bad:
+        items.append(
+            CheckItem(
+                what="python",
+                ok=True,
+                detail=f"{files} file(s) of {records} distribution(s) match their RECORD",
+            )
+        )
+    return items
+
+
+def check_squashfs(
+    sqsh: Path, lock: Lock, specs: Mapping[str, ImageSpec], log: Log
+) -> list[CheckItem]:
+    """Every difference between ``sqsh`` and what its image and this lock say it holds:
+    first against the image (its provenance, /etc/rc, /etc/environment, k3env's files, every
+    RECORD), then against this checkout (lock, spec, env, patches)."""
+    with tempfile.TemporaryDirectory(prefix="k3env-check-") as work:
+        return _check(Squashfs(sqsh, log, Path(work)), lock, specs, log)
+
+
+def _check(fs: Squashfs, lock: Lock, specs: Mapping[str, ImageSpec], log: Log) -> list[CheckItem]:
+    prov, raw = _provenance(fs)
+    config = prov["config"]
+    # The provenance file against its hash in the image's labels (/etc/rc carries them).
+    digest = digest_hex(sha256_digest(raw))
+    try:
+        expected_rc = _expected_rc(config, digest)
+    except ConfigError as e:
+        return [CheckItem(what="config", ok=False, detail=e.message)]
+    rc, rc_refused = _read(fs, "etc/rc")
+    items = [_provenance_item(rc, digest)]
+    items += (
+        [CheckItem(what="etc/rc", ok=False, detail=rc_refused)]
+        if rc_refused
+        else _rc_items(expected_rc, rc)
+    )
+    env, env_refused = _read(fs, "etc/environment")
+    env_actual = (env or b"").decode(errors="replace").splitlines()
+    items += (
+        [CheckItem(what="etc/environment", ok=False, detail=env_refused)]
+        if env_refused
+        else _lines_diff("etc/environment", list(config.get("Env") or []), env_actual)
+    )
+    items += _file_items(fs, prov.get("files") or {})
+    patched = {p.lstrip("/") for p in prov.get("files") or {}}
+    items += _record_items(fs, fs.listing(), patched, log)
+    return items + _checkout_items(fs, prov, lock, specs, set(env_actual))
+
+
+def _expected_rc(config: Mapping[str, Any], digest: str) -> str:
+    """The /etc/rc enroot writes for the image's config, the provenance label its ``digest``
+    (raises ConfigError for a config enroot would split into injected lines)."""
+    labels = dict(config.get("Labels") or {})
+    labels[PROVENANCE_LABEL] = digest
+    runtime = {k: config.get(k) for k in RUNTIME_KEYS}
+    runtime["Labels"] = dict(sorted(labels.items()))
+    expected = {p: data for p, data, _ in enroot_files(runtime)}
+    return expected["etc/rc"].decode()
+
+
+def _provenance_item(rc: bytes | None, digest: str) -> CheckItem:
+    carried = re.search(
+        rb"^# " + re.escape(PROVENANCE_LABEL.encode()) + rb" ([0-9a-f]{64})$", rc or b"", re.M
+    )
+    ok = carried is not None and carried.group(1).decode() == digest
+    return CheckItem(
+        what="provenance",
+        ok=ok,
+        detail=f"{PROVENANCE_PATH} has the sha256 the image's config names"
+        if ok
+        else f"{PROVENANCE_PATH} sha256 {digest[:16]} differs from the image "
+        f"config's {PROVENANCE_LABEL} ({_short(carried)})",
+    )
+
+
+def _file_items(fs: Squashfs, files: Mapping[str, str]) -> list[CheckItem]:
+    """Every file of k3env's layer, by sha256."""
+    items = []
+    for path, sha in sorted(files.items()):
+        try:
+            got = fs.sha256(path)
+        except UntrustedFileError as e:
+            items.append(CheckItem(what=f"file {path}", ok=False, detail=e.message))
+            continue
+        items.append(
+            CheckItem(
+                what=f"file {path}",
+                ok=got == sha,
+                detail="sha256 as built"
+                if got == sha
+                else ("missing" if got is None else f"sha256 {got[:16]}, built {sha[:16]}"),
+            )
+        )
+    return items
+
+
+def _checkout_items(
+    fs: Squashfs,
+    prov: Mapping[str, Any],
+    lock: Lock,
+    specs: Mapping[str, ImageSpec],
+    env_lines: set[str],
+) -> list[CheckItem]:
+    """The image against this checkout: the lock and spec it was built from, its env, and
+    each patch it applied still present."""
+    spec = specs.get(str(prov.get("image", "")))
+    lock_sha = str((prov.get("lock") or {}).get("sha256"))
+    items = [
+        CheckItem(
+            what="provenance.lock",
+            ok=lock_sha == lock.sha256,
+            detail=f"image built from lock {lock_sha[:16]}, this lock is {lock.sha256[:16]}",
+        )
+    ]
+    if spec is None:
+        return [*items, CheckItem(what="provenance.spec", ok=False,
+                                  detail=f"no spec named {prov.get('image')!r} here")]  # fmt: skip
+    spec_sha = str((prov.get("spec") or {}).get("sha256"))
+    items.append(
+        CheckItem(
+            what="provenance.spec",
+            ok=spec_sha == spec.sha256,
+            detail=f"image built from spec {spec_sha[:16]}, {spec.path} is {spec.sha256[:16]}",
+        )
+    )
+    base_pin = lock.bases.get(str((prov.get("base") or {}).get("pin", "")))
+    if base_pin is not None:
+        for name, value in sorted(merged_env(lock, spec, base_pin).items()):
+            ok = f"{name}={value}" in env_lines
+            items.append(
+                CheckItem(
+                    what=f"env {name}",
+                    ok=ok,
+                    detail=f"/etc/environment {'has' if ok else 'lacks'} {name}={value}",
+                )
+            )
+    return items + [_patch_item(fs, p, lock) for p in prov.get("patches", [])]
+
+
+def _patch_item(fs: Squashfs, p: Mapping[str, Any], lock: Lock) -> CheckItem:
+    if p.get("status") not in (APPLIED, ALREADY_PRESENT):
+        return CheckItem(what=f"patch {p.get('name')}", ok=True, detail=str(p.get("status")))
+    pin = lock.container_patches.get(str(p.get("name")))
+    if pin is None:
+        return CheckItem(what=f"patch {p.get('name')}", ok=False, detail="not in this lock")
+    patch = load_patch_file(pin, verify_patch_file(lock, pin))
+    data, refused = _read(fs, str(p["target"]))
+    if refused:
+        return CheckItem(what=f"patch {p['name']}", ok=False, detail=refused)
+    text = (data or b"").decode(errors="replace")
+    missing = missing_edits(patch, text)
+    return CheckItem(
+        what=f"patch {p['name']}",
+        ok=not missing,
+        detail=f"{p['target']}: "
+        + ("; ".join(missing) if missing else f"{len(patch.edits)} edit(s) present"),
+    )
+
+
+def require_ok(sqsh: Path, items: list[CheckItem]) -> None:
+    bad = [i for i in items if not i.ok]
+    if bad:
+        raise CheckFailed(
+            f"{len(bad)} check(s) failed: " + "; ".join(f"{i.what}: {i.detail}" for i in bad),
+            where=str(sqsh),
+            fix="re-import the image by the digest k3env push printed (or re-export it); a "
+            "difference you did not make is tampering",
+        )

@@ -1,0 +1,79 @@
+"""Text for documents others parse (a YAML recipe, a shell line): every value k3env puts into
+one goes through a function here, never interpolated as it is.
+
+YAML: a string is a JSON string (double-quoted, every control character escaped; a JSON
+string is a YAML scalar), a key or a value that is plainly safe stays plain, a float keeps its
+type in YAML 1.1 and 1.2 alike. A comment holds one line: control characters and line
+separators escaped. Shell: ``shlex.quote``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import shlex
+from collections.abc import Mapping
+
+# A plain scalar no YAML parser reads as anything but this string: no indicator first, no
+# `: ` or ` #` inside, and not a word YAML 1.1 reads as a boolean or null.
+_PLAIN = re.compile(r"[A-Za-z_/][A-Za-z0-9_./+-]*")
+_WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false", "null"}
+
+
+def yaml_string(text: str) -> str:
+    """``text`` as a YAML scalar (a key or a value): plain when that is safe, else a JSON
+    string."""
+    if _PLAIN.fullmatch(text) and text.lower() not in _WORDS:
+        return text
+    return json.dumps(text)
+
+
+def yaml_scalar(value: object) -> str:
+    """A YAML flow value: a string always double-quoted (JSON), a number, a boolean, null, or a
+    list or mapping in flow style of those."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return ".nan"
+        if math.isinf(value):
+            return ".inf" if value > 0 else "-.inf"
+        text = repr(value)
+        # YAML 1.1 (PyYAML) reads `1e-05` as a string: its floats have a dot.
+        mantissa, e, exponent = text.partition("e")
+        if "." not in mantissa:
+            mantissa += ".0"
+        if e and exponent[:1] not in "+-":
+            exponent = "+" + exponent
+        return mantissa + (e + exponent if e else "")
+    if isinstance(value, str):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(yaml_scalar(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return (
+            "{"
+            + ", ".join(f"{json.dumps(str(k))}: {yaml_scalar(v)}" for k, v in value.items())
+            + "}"
+        )
+    return json.dumps(str(value))
+
+
+def one_line(text: str) -> str:
+    """``text`` safe on one line (a ``#`` comment, a message): every control character, line
+    or paragraph separator (YAML 1.1 breaks lines at U+0085, U+2028, U+2029) or undecodable
+    byte escaped."""
+    return "".join(
+        ch if ch.isprintable() else ch.encode("unicode_escape", "backslashreplace").decode()
+        for ch in text
+    )
+
+
+def shell_word(text: str) -> str:
+    """``text`` as one shell word (POSIX quoting)."""
+    return shlex.quote(text)

@@ -1,0 +1,228 @@
+"""Reading trees others made (an unpacked image, a checked-out repository): the one place that
+opens their files.
+
+Regular files only: every component of a path under the root is checked with lstat and opened
+with ``O_NOFOLLOW`` (directories with ``O_DIRECTORY``, each from its parent's descriptor, so a
+component swapped for a link between the check and the open is refused too); the file itself
+with ``O_NONBLOCK`` (a FIFO never blocks) and checked again with fstat. A symlink, device,
+FIFO or socket is reported as what it is, never followed or opened. Every read has a size
+limit, and hashing is streamed in 1 MiB blocks, never a whole-file read. A checkout's links are
+checked by ``check_links``: links stay links, none may point outside the tree or at a
+directory holding it.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+from k3env.errors import UntrustedFileError
+from k3env.hashing import sha256_stream
+from k3env.quoting import one_line as shown
+
+TEXT_LIMIT = 64 << 20  # a RECORD, a provenance file, /etc/rc, a patched source file
+# The largest file hashed: a CUDA library in a vLLM image is a few GiB.
+HASH_LIMIT = 16 << 30
+BLOCK = 1 << 20
+
+_KINDS = {
+    stat.S_IFLNK: "a symlink",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFSOCK: "a socket",
+    stat.S_IFDIR: "a directory",
+    stat.S_IFREG: "a regular file",
+}
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+
+
+def kind(mode: int) -> str:
+    """What an entry of mode ``mode`` is, as a message says it (``a FIFO``)."""
+    return _KINDS.get(stat.S_IFMT(mode), f"a file of type {stat.S_IFMT(mode):o}")
+
+
+def not_regular(name: str, mode: int, target: str | None = None) -> UntrustedFileError:
+    """The refusal of ``name`` (as a message shows it), which is not a regular file."""
+    if stat.S_ISLNK(mode):
+        what = f"is a symlink to {shown(target or '?')}; not followed"
+    else:
+        what = f"is {kind(mode)}, not a regular file; not read"
+    return UntrustedFileError(
+        f"{shown(name)} {what}",
+        fix="a file the check reads must be a regular file in the image or repository; "
+        "one that is not was put there by whoever made it",
+    )
+
+
+def parts(rel: str, shown_as: str = "") -> list[str]:
+    """The components of ``rel`` (leading ``/`` and ``.`` dropped); a path that climbs out
+    (``..``) or holds a NUL is refused."""
+    names = [p for p in rel.split("/") if p not in ("", ".")]
+    if not names or ".." in names or any("\0" in p for p in names):
+        raise UntrustedFileError(
+            f"{shown(shown_as + rel)} is not a path inside the tree (empty, `..` or NUL); not read",
+            fix="a path an image or repository names must stay inside it",
+        )
+    return names
+
+
+def _open_regular(root: Path, rel: str, shown_as: str) -> int | None:
+    """A descriptor of the regular file ``rel`` under ``root`` (caller closes), None when it
+    is missing; anything else on the way is refused as what it is."""
+    names = parts(rel, shown_as)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for i, name in enumerate(names):
+            here = shown_as + "/".join(names[: i + 1])
+            last = i == len(names) - 1
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            except (FileNotFoundError, NotADirectoryError):
+                return None
+            if stat.S_ISREG(st.st_mode) and not last:
+                return None  # a/b where a is a file: b is not there
+            if not (stat.S_ISREG(st.st_mode) if last else stat.S_ISDIR(st.st_mode)):
+                target = os.readlink(name, dir_fd=fd) if stat.S_ISLNK(st.st_mode) else None
+                raise not_regular(here, st.st_mode, target)
+            try:
+                nxt = os.open(name, _FILE_FLAGS if last else _DIR_FLAGS, dir_fd=fd)
+            except OSError as e:  # ELOOP: swapped for a link since the lstat
+                raise UntrustedFileError(
+                    f"{shown(here)} cannot be opened as it was listed ({e.strerror}); not read"
+                ) from e
+            os.close(fd)
+            fd = nxt
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise not_regular(shown_as + rel.lstrip("/"), st.st_mode)
+        out, fd = fd, -1
+        return out
+    finally:
+        if fd >= 0:
+            os.close(fd)
+
+
+def _too_large(name: str, size: int, limit: int) -> UntrustedFileError:
+    return UntrustedFileError(
+        f"{shown(name)} is {size} bytes or more, over the limit of {limit} for it; not read",
+        fix="a file this large is not what the check expects there",
+    )
+
+
+def _blocks(fd: int, name: str, limit: int) -> Iterator[bytes]:
+    """The file's bytes in blocks of at most 1 MiB, refused past ``limit`` (it may grow)."""
+    size = os.fstat(fd).st_size
+    if size > limit:
+        raise _too_large(name, size, limit)
+    total = 0
+    while block := os.read(fd, BLOCK):
+        total += len(block)
+        if total > limit:
+            raise _too_large(name, total, limit)
+        yield block
+
+
+def read_bytes(
+    root: Path, rel: str, *, limit: int = TEXT_LIMIT, shown_as: str = ""
+) -> bytes | None:
+    """The bytes of the regular file ``rel`` under ``root``, None when it is missing. Names in
+    messages are ``shown_as`` + the path (``/`` for an image's)."""
+    fd = _open_regular(root, rel, shown_as)
+    if fd is None:
+        return None
+    try:
+        return b"".join(_blocks(fd, shown_as + rel.lstrip("/"), limit))
+    finally:
+        os.close(fd)
+
+
+def read_text(root: Path, rel: str, *, limit: int = TEXT_LIMIT, shown_as: str = "") -> str | None:
+    """``read_bytes`` decoded as UTF-8 (an undecodable byte replaced)."""
+    data = read_bytes(root, rel, limit=limit, shown_as=shown_as)
+    return None if data is None else data.decode(errors="replace")
+
+
+def file_sha256(
+    root: Path, rel: str, *, limit: int | None = None, shown_as: str = ""
+) -> tuple[bytes, int] | None:
+    """(raw sha256, size) of the regular file ``rel`` under ``root``, read in 1 MiB blocks
+    (refused past ``limit``, HASH_LIMIT unless given); None when it is missing."""
+    limit = HASH_LIMIT if limit is None else limit
+    fd = _open_regular(root, rel, shown_as)
+    if fd is None:
+        return None
+    try:
+        size = 0
+
+        def counted() -> Iterator[bytes]:
+            nonlocal size
+            for block in _blocks(fd, shown_as + rel.lstrip("/"), limit):
+                size += len(block)
+                yield block
+
+        return sha256_stream(counted()), size
+    finally:
+        os.close(fd)
+
+
+def entry_size(root: Path, rel: str, *, shown_as: str = "") -> int | None:
+    """The size of the regular file ``rel`` under ``root`` (None when missing), not read."""
+    fd = _open_regular(root, rel, shown_as)
+    if fd is None:
+        return None
+    try:
+        return os.fstat(fd).st_size
+    finally:
+        os.close(fd)
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def link_problem(root: Path, link: Path) -> str | None:
+    """Why the symlink ``link`` (inside ``root``) may not be copied as a link, or None: its
+    target is absolute, climbs out of ``root`` (by its text or through other links), or is a
+    directory holding the link (a loop a walk that follows links never leaves)."""
+    target = os.readlink(link)
+    rel = link.relative_to(root).as_posix()
+    if os.path.isabs(target):
+        return f"{shown(rel)} is a symlink to {shown(target)}, an absolute path; not followed"
+    lexical = os.path.normpath(os.path.join(os.path.dirname(rel), target))
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(link)
+    if lexical == ".." or lexical.startswith("../") or not _within(real, real_root):
+        return f"{shown(rel)} is a symlink to {shown(target)}, outside the repository; not followed"
+    if os.path.isdir(real) and _within(os.path.realpath(link.parent), real):
+        return (
+            f"{shown(rel)} is a symlink to {shown(target)}, a directory holding it (a loop); "
+            "not followed"
+        )
+    return None
+
+
+def check_links(root: Path, *, where: str, skip: tuple[str, ...] = (".git",)) -> None:
+    """Refuse (naming each) every symlink under ``root`` that ``link_problem`` refuses; the
+    top-level directories ``skip`` are not walked. Never follows a link."""
+    problems = []
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        if here == root:
+            dirnames[:] = [d for d in dirnames if d not in skip]
+        for name in sorted(dirnames + filenames):
+            path = here / name
+            if path.is_symlink() and (why := link_problem(root, path)):
+                problems.append(why)
+    if problems:
+        raise UntrustedFileError(
+            f"{len(problems)} symlink(s) point outside the tree or loop: "
+            + "; ".join(problems[:5])
+            + (f"; and {len(problems) - 5} more" if len(problems) > 5 else ""),
+            where=where,
+            fix="a link in the repository must stay inside it and not loop: fix the "
+            "repository (or pin a commit without the link)",
+        )

@@ -1,0 +1,237 @@
+"""A registry that misbehaves, on 127.0.0.1: every answer k3env reads from it is data with a
+shape, a size and a deadline. Each case is one way a registry (or a proxy in front of it) can
+answer; k3env's answer is an ``EngineError`` naming the registry (exit 3), never a host file
+read, a token sent elsewhere, a hang or a traceback."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from k3env.engine import registry
+from k3env.engine.registry import get_manifest, list_tags, read_blob, resolve_digest
+from k3env.errors import EngineError
+
+Answer = Callable[[str, dict[str, str], socket.socket, str], None]
+
+
+class Hostile:
+    """A raw TCP server: ``answer(path, headers, conn, host)`` writes whatever bytes it likes."""
+
+    def __init__(self) -> None:
+        self.answer: Answer = lambda path, headers, conn, host: None
+        self.seen: list[tuple[str, dict[str, str]]] = []
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(16)
+        self.port = self.sock.getsockname()[1]
+        self.host = f"127.0.0.1:{self.port}"
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            head = data.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
+            path = head[0].split()[1]
+            headers = dict(line.split(": ", 1) for line in head[1:] if ": " in line)
+            self.seen.append((path, headers))
+            with contextlib.suppress(OSError):
+                self.answer(path, headers, conn, self.host)
+
+
+@pytest.fixture
+def hostile() -> Iterator[Hostile]:
+    server = Hostile()
+    try:
+        yield server
+    finally:
+        server.sock.close()
+
+
+def reply(conn: socket.socket, status: str, body: bytes = b"", **headers: str) -> None:
+    lines = [f"HTTP/1.1 {status}", f"Content-Length: {len(body)}", "Connection: close"]
+    lines += [f"{k.replace('_', '-')}: {v}" for k, v in headers.items()]
+    conn.sendall(("\r\n".join(lines) + "\r\n\r\n").encode() + body)
+
+
+def manifest_json(**extra: object) -> bytes:
+    return json.dumps({"mediaType": "application/vnd.oci.image.manifest.v1+json", **extra}).encode()
+
+
+def sha(body: bytes) -> str:
+    return "sha256:" + hashlib.sha256(body).hexdigest()
+
+
+def test_a_file_realm_is_refused_and_the_host_file_never_read(
+    hostile: Hostile, tmp_path: Path
+) -> None:
+    secret = tmp_path / "token.json"
+    secret.write_text(json.dumps({"token": "HOST-SECRET"}))
+
+    def answer(path: str, headers: dict[str, str], conn: socket.socket, host: str) -> None:
+        realm = f"file://{secret}#"
+        reply(conn, "401 Unauthorized", WWW_Authenticate=f'Bearer realm="{realm}",scope="x"')
+
+    hostile.answer = answer
+    with pytest.raises(EngineError, match="the registry sent a file: URL") as e:
+        resolve_digest(f"{hostile.host}/team/app", "1")
+    assert "the token realm" in str(e.value.where)
+    assert all("HOST-SECRET" not in str(h) for _, h in hostile.seen)
+    assert len(hostile.seen) == 1  # nothing sent back
+
+
+@pytest.mark.parametrize(
+    "realm",
+    ["ftp://127.0.0.1/token", "http://registry.example.com/token", "https://u:p@example.com/t"],
+)
+def test_a_realm_off_the_registry_scheme_rules_is_refused(hostile: Hostile, realm: str) -> None:
+    hostile.answer = lambda path, headers, conn, host: reply(
+        conn, "401 Unauthorized", WWW_Authenticate=f'Bearer realm="{realm}"'
+    )
+    with pytest.raises(EngineError, match="the registry sent a"):
+        resolve_digest(f"{hostile.host}/team/app", "1")
+
+
+def test_a_redirect_to_a_file_is_refused(hostile: Hostile) -> None:
+    hostile.answer = lambda path, headers, conn, host: reply(
+        conn, "302 Found", Location="file:///etc/passwd"
+    )
+    with pytest.raises(EngineError, match="file: URL") as e:
+        resolve_digest(f"{hostile.host}/team/app", "1")
+    assert "a redirect from" in str(e.value.where)
+
+
+def test_a_token_is_never_carried_to_another_host(hostile: Hostile) -> None:
+    body = manifest_json()
+
+    def answer(path: str, headers: dict[str, str], conn: socket.socket, host: str) -> None:
+        if path.startswith("/token"):
+            return reply(conn, "200 OK", json.dumps({"token": "t0k"}).encode())
+        if headers.get("Host", "").startswith("localhost"):  # the other host
+            return reply(conn, "200 OK", body, Docker_Content_Digest=sha(body))
+        if headers.get("Authorization") != "Bearer t0k":
+            realm = f"http://{host}/token"
+            return reply(conn, "401 Unauthorized", WWW_Authenticate=f'Bearer realm="{realm}"')
+        reply(conn, "307 Temporary Redirect", Location=f"http://localhost:{hostile.port}/elsewhere")
+
+    hostile.answer = answer
+    assert resolve_digest(f"{hostile.host}/team/app", "1") == sha(body)
+    elsewhere = [h for p, h in hostile.seen if p == "/elsewhere"]
+    assert elsewhere and "Authorization" not in elsewhere[0]
+
+
+def test_a_registry_that_sends_a_byte_at_a_time_meets_the_deadline(
+    hostile: Hostile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(registry, "DEADLINE", 1.5)
+
+    def answer(path: str, headers: dict[str, str], conn: socket.socket, host: str) -> None:
+        for byte in b"HTTP/1.1 200 OK\r\nX-Slow: " + b"a" * 1000:
+            conn.sendall(bytes([byte]))
+            time.sleep(0.2)  # well inside the socket's idle timeout: it never fires
+
+    hostile.answer = answer
+    start = time.monotonic()
+    with pytest.raises(EngineError, match="no answer within the deadline"):
+        resolve_digest(f"{hostile.host}/team/app", "1")
+    assert time.monotonic() - start < 5
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"garbage\r\n\r\n",  # a status line that is not HTTP
+        b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(200)) + b"\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n{}",  # a short body, then closed
+        b"",  # the connection closed before any answer
+    ],
+    ids=["status-line", "too-many-headers", "short-body", "no-answer"],
+)
+def test_protocol_garbage_is_an_engine_error_not_a_traceback(hostile: Hostile, raw: bytes) -> None:
+    hostile.answer = lambda path, headers, conn, host: conn.sendall(raw)
+    with pytest.raises(EngineError, match="cannot reach the registry"):
+        resolve_digest(f"{hostile.host}/team/app", "1")
+
+
+def test_a_digest_header_that_is_not_the_bytes_is_refused(hostile: Hostile) -> None:
+    body = manifest_json()
+    hostile.answer = lambda path, headers, conn, host: reply(
+        conn, "200 OK", body, Docker_Content_Digest="sha256:" + "0" * 64
+    )
+    with pytest.raises(EngineError, match="but its bytes hash to " + sha(body)):
+        resolve_digest(f"{hostile.host}/team/app", "1")
+
+
+def test_a_manifest_over_the_limit_is_refused(
+    hostile: Hostile, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(registry, "MAX_MANIFEST", 1000)
+    body = manifest_json(pad="x" * 5000)
+    hostile.answer = lambda path, headers, conn, host: reply(conn, "200 OK", body)
+    with pytest.raises(EngineError, match="the answer is over 1000 bytes"):
+        get_manifest(f"{hostile.host}/team/app", "1")
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"tags": "1.0"}', b'["1.0"]', b"[" * 100_000 + b"]" * 100_000, b'{"tags": {"a": 1}}'],
+    ids=["string", "list", "deep", "object"],
+)
+def test_tags_of_the_wrong_shape_are_an_engine_error(hostile: Hostile, body: bytes) -> None:
+    hostile.answer = lambda path, headers, conn, host: reply(conn, "200 OK", body)
+    with pytest.raises(EngineError, match="the registry"):
+        list_tags(f"{hostile.host}/team/app")
+
+
+def test_tags_outside_the_grammar_are_never_offered(hostile: Hostile) -> None:
+    tags = ["1.2.3", "1.2.4\n", "1.2.5 ", "-x", "a" * 129, 7, "v2.0_rc-1", "1.2.6\nsetup: x"]
+    body = json.dumps({"tags": tags}).encode()
+    hostile.answer = lambda path, headers, conn, host: reply(conn, "200 OK", body)
+    assert list_tags(f"{hostile.host}/team/app") == ["1.2.3", "v2.0_rc-1"]
+
+
+def test_a_redirect_loop_ends(hostile: Hostile) -> None:
+    hostile.answer = lambda path, headers, conn, host: reply(
+        conn, "302 Found", Location=f"http://{host}/again"
+    )
+    with pytest.raises(EngineError, match="redirected more than 5 times"):
+        resolve_digest(f"{hostile.host}/team/app", "1")
+
+
+def test_a_blob_that_trickles_is_cut_at_the_floor_rate(
+    hostile: Hostile, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(registry, "DEADLINE", 1.0)
+
+    def answer(path: str, headers: dict[str, str], conn: socket.socket, host: str) -> None:
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 100000000\r\n\r\n")
+        for _ in range(100):
+            conn.sendall(b"x")
+            time.sleep(0.2)
+
+    hostile.answer = answer
+    start = time.monotonic()
+    with pytest.raises(EngineError, match="no answer within the deadline"):
+        read_blob(f"{hostile.host}/team/app", "sha256:" + "1" * 64, tmp_path / "blob")
+    assert time.monotonic() - start < 5
