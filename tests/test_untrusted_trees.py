@@ -225,13 +225,23 @@ def hostile_image(root: Path, host_file: Path) -> None:
     dist(root, "climb", ["../../../../../host/secret.txt,sha256=AAAA,3"])
 
 
+@pytest.fixture(scope="module")
+def hostile(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(the hostile image's squashfs, the host file it links to), made once: mksquashfs
+    reads the sparse 2 GiB file's zeros."""
+    tmp = tmp_path_factory.mktemp("hostile")
+    host_file = tmp / "host" / "secret.txt"
+    host_file.parent.mkdir()
+    host_file.write_text(f"{SECRET}\nsecond line\n")
+    hostile_image(tmp / "image", host_file)
+    return sqsh_of(tmp / "image", tmp / "hostile.sqsh"), host_file
+
+
 @SQUASHFS_TOOLS
 def test_export_check_never_follows_what_the_image_holds(
-    repo: Path, tmp_path: Path, host_file: Path, monkeypatch: pytest.MonkeyPatch
+    repo: Path, hostile: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    root = tmp_path / "image"
-    hostile_image(root, host_file)
-    sqsh = sqsh_of(root, tmp_path / "hostile.sqsh")
+    sqsh, host_file = hostile
     # The sparse file's RECORD size is right: hashing it is bounded by the limit.
     monkeypatch.setattr(untrusted, "HASH_LIMIT", 1 << 20)
     items = check_squashfs(sqsh, load_lock(Path("pins/k3.lock.toml")), {}, QUIET)
@@ -261,10 +271,10 @@ def test_export_check_never_follows_what_the_image_holds(
 
 
 @SQUASHFS_TOOLS
-def test_extraction_creates_no_link_device_or_fifo(tmp_path: Path, host_file: Path) -> None:
-    root = tmp_path / "image"
-    hostile_image(root, host_file)
-    sqsh = sqsh_of(root, tmp_path / "hostile.sqsh")
+def test_extraction_creates_no_link_device_or_fifo(
+    tmp_path: Path, hostile: tuple[Path, Path]
+) -> None:
+    sqsh, _ = hostile
     work = tmp_path / "work"
     work.mkdir()
     fs = Squashfs(sqsh, QUIET, work)
