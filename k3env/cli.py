@@ -14,21 +14,30 @@ from k3env import __version__
 from k3env.commands import all_commands
 from k3env.commands.app import App, docker_engine
 from k3env.config.lock import DEFAULT_LOCK
-from k3env.errors import K3envError, StateError
+from k3env.errors import EngineError, K3envError, StateError, UsageError
 from k3env.log import Log
 
 if TYPE_CHECKING:
     from k3env.engine.protocol import Engine
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are k3env errors (exit 2): with ``--json`` they are the one
+    JSON document on stdout too."""
+
+    def error(self, message: str) -> Any:
+        usage = " ".join(self.format_usage().split())
+        raise UsageError(message, where=self.prog, fix=f"{usage} (see `{self.prog} --help`)")
+
+
 def parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = _Parser(add_help=False)
     common.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     common.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
     common.add_argument(
         "--lock", type=Path, default=DEFAULT_LOCK, help=f"the lockfile (default: {DEFAULT_LOCK})"
     )
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="k3env",
         description=(
             "Build pinned, patched, verified serving images (vLLM, Dynamo) for Slurm clusters, "
@@ -37,7 +46,7 @@ def parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--version", action="version", version=f"k3env {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    groups: dict[str, argparse._SubParsersAction[argparse.ArgumentParser]] = {}
+    groups: dict[str, argparse._SubParsersAction[_Parser]] = {}
     for command in all_commands():
         where, name = sub, command.NAME
         if " " in name:  # `srt materialize`: a command of the `srt` group
@@ -86,7 +95,12 @@ def command_table(p: argparse.ArgumentParser | None = None) -> str:
 
 def main(argv: Sequence[str] | None = None, *, engine: Engine | None = None) -> int:
     """Run one command; ``engine``: the engine it talks to (default: the local dockerd)."""
-    args = parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = parser().parse_args(words)
+    except UsageError as e:
+        usage = App(log=Log(quiet=False), as_json="--json" in words, make_engine=docker_engine)
+        return _fail(usage, e)
     make: Callable[[], Engine] = docker_engine if engine is None else (lambda: engine)
     app = App(log=Log(quiet=args.quiet), as_json=args.json, make_engine=make)
     try:
@@ -107,8 +121,8 @@ def main(argv: Sequence[str] | None = None, *, engine: Engine | None = None) -> 
                 fix="check the path, its permissions and the free disk space",
             ),
         )
-    if app.as_json:
-        _print_json(app.result)
+    if app.as_json and not _print_json(app.result):
+        return EngineError.return_code
     return code
 
 
@@ -122,9 +136,30 @@ def _fail(app: App, error: K3envError) -> int:
     return error.return_code
 
 
-def _print_json(payload: Any) -> None:
-    json.dump(payload, sys.stdout, indent=2, sort_keys=True)
-    sys.stdout.write("\n")
+def _print_json(payload: Any) -> bool:
+    """The one JSON document on stdout; False (said on stderr) when stdout cannot take it (a
+    full disk, a closed pipe): never a traceback, never half a document claimed as whole."""
+    try:
+        sys.stdout.write(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+        sys.stdout.flush()
+    except OSError as e:
+        print(f"k3env: error: cannot write the JSON result to stdout: {e.strerror or e}",
+              file=sys.stderr)  # fmt: skip
+        _close_stdout()
+        return False
+    return True
+
+
+def _close_stdout() -> None:
+    """Point stdout at nothing, so the interpreter's flush at exit cannot fail again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

@@ -47,6 +47,10 @@ class ConfigError(K3envError):
     return_code = 2
 
 
+class UsageError(ConfigError):
+    """The command line itself: an unknown option, a missing argument (argparse's words)."""
+
+
 class LockError(ConfigError):
     """The lockfile is malformed, or a pin in it is not an immutable identity."""
 

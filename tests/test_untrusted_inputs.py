@@ -426,3 +426,29 @@ def test_an_offload_byte_count_that_is_not_finite_is_an_error(
     code, payload, _ = run(["preflight", "kimi-k3-direct-f"], capsys)
     assert code == 4, payload
     assert "is not a finite byte count" in json.dumps(payload)
+
+
+def test_a_usage_error_with_json_is_one_json_document(capsys: pytest.CaptureFixture[str]) -> None:
+    from k3env.cli import main
+
+    assert main(["lock", "--no-such-option", "--json"]) == 2
+    captured = capsys.readouterr()
+    document = json.loads(captured.out)
+    assert document["error"]["error"] == "UsageError"
+    assert document["error"]["exit_code"] == 2
+    assert "unrecognized arguments: --no-such-option" in document["error"]["message"]
+    assert "usage: k3env" in captured.err
+
+
+def test_json_into_a_full_stdout_is_an_error_not_a_traceback() -> None:
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        proc = subprocess.run(
+            [sys.executable, "-m", "k3env", "lock", "--check", "--json"],
+            stdout=full, stderr=subprocess.PIPE, text=True, cwd=REPO, timeout=120,
+        )  # fmt: skip
+    assert proc.returncode == 3, proc.stderr
+    assert "cannot write the JSON result to stdout: No space left on device" in proc.stderr
+    assert "Traceback" not in proc.stderr and "Exception ignored" not in proc.stderr
