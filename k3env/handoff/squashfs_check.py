@@ -364,7 +364,10 @@ def _record_differences(fs: Squashfs, dest: Path, wanted: list[Recorded]) -> dic
             elif refused := fs.refusal(w.path):
                 problem = refused.message
             elif w.size is not None and entry.size != w.size:
-                problem = f"/{one_line(w.path)} is {entry.size} bytes, its RECORD {w.size}"
+                problem = (
+                    f"/{one_line(w.path)} differs from its RECORD: {entry.size} bytes, "
+                    f"RECORD {w.size}"
+                )
             elif (got := untrusted.file_sha256(dest, w.path, shown_as="/")) is None:
                 problem = f"/{one_line(w.path)} is missing"
             elif record_b64(got[0]) != w.sha256:
