@@ -110,6 +110,20 @@ def output_or_none(argv: Sequence[str], log: Log) -> bytes | None:
     return proc.stdout if proc.returncode == 0 else None
 
 
+def ask(argv: Sequence[str], stdin: bytes, *, timeout: float, limit: int) -> bytes | None:
+    """``argv``'s stdout for ``stdin`` (a credential helper's question), or None when it is
+    not installed, exits non-zero, runs past ``timeout`` or answers more than ``limit``
+    bytes. Never echoed: its answer is a secret."""
+    try:
+        proc = subprocess.run(list(argv), input=stdin, capture_output=True, timeout=timeout,
+                              check=False)  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0 or len(proc.stdout) > limit:
+        return None
+    return proc.stdout
+
+
 def attempt(
     argv: Sequence[str],
     log: Log,

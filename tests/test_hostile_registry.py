@@ -5,9 +5,11 @@ read, a token sent elsewhere, a hang or a traceback."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import hashlib
 import json
+import os
 import socket
 import threading
 import time
@@ -18,7 +20,7 @@ import pytest
 
 from k3env.engine import registry
 from k3env.engine.registry import get_manifest, list_tags, read_blob, resolve_digest
-from k3env.errors import EngineError
+from k3env.errors import EngineError, LockError
 
 Answer = Callable[[str, dict[str, str], socket.socket, str], None]
 
@@ -235,3 +237,148 @@ def test_a_blob_that_trickles_is_cut_at_the_floor_rate(
     with pytest.raises(EngineError, match="no answer within the deadline"):
         read_blob(f"{hostile.host}/team/app", "sha256:" + "1" * 64, tmp_path / "blob")
     assert time.monotonic() - start < 5
+
+
+# --- credentials: found where docker and skopeo keep them, sent only where they belong ---------
+SECRET = "s3cr3t-pw"
+
+
+@pytest.fixture
+def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty home: no auth file but those a test writes."""
+    for name in ("REGISTRY_AUTH_FILE", "XDG_RUNTIME_DIR", "DOCKER_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    return tmp_path
+
+
+def docker_login(home: Path, host: str, user: str = "alice", secret: str = SECRET) -> str:
+    (home / ".docker").mkdir(exist_ok=True)
+    auth = base64.b64encode(f"{user}:{secret}".encode()).decode()
+    (home / ".docker/config.json").write_text(json.dumps({"auths": {host: {"auth": auth}}}))
+    return "Basic " + auth
+
+
+def basic_registry(body: bytes, expected: str) -> Answer:
+    def answer(path: str, headers: dict[str, str], conn: socket.socket, host: str) -> None:
+        if headers.get("Authorization") != expected:
+            return reply(conn, "401 Unauthorized", WWW_Authenticate='Basic realm="reg"')
+        reply(conn, "200 OK", body, Docker_Content_Digest=sha(body))
+
+    return answer
+
+
+def test_docker_config_credentials_answer_a_basic_challenge(hostile: Hostile, home: Path) -> None:
+    body = manifest_json()
+    hostile.answer = basic_registry(body, docker_login(home, hostile.host))
+    assert resolve_digest(f"{hostile.host}/team/app", "1") == sha(body)
+    assert [h.get("Authorization", "")[:6] for _, h in hostile.seen] == ["", "Basic "]
+
+
+def test_without_credentials_a_basic_registry_stays_refused(hostile: Hostile, home: Path) -> None:
+    hostile.answer = basic_registry(manifest_json(), "Basic nothing")
+    with pytest.raises(LockError, match="HTTP 401"):
+        resolve_digest(f"{hostile.host}/team/app", "1")
+
+
+def test_a_containers_auth_file_comes_before_docker_config(hostile: Hostile, home: Path) -> None:
+    docker_login(home, hostile.host, user="stale", secret="old")
+    auth = base64.b64encode(f"bob:{SECRET}".encode()).decode()
+    (home / ".config/containers").mkdir(parents=True)
+    (home / ".config/containers/auth.json").write_text(
+        json.dumps({"auths": {hostile.host: {"auth": auth}}})
+    )
+    body = manifest_json()
+    hostile.answer = basic_registry(body, "Basic " + auth)
+    assert resolve_digest(f"{hostile.host}/team/app", "1") == sha(body)
+
+
+def test_a_credential_helper_is_asked_for_its_host(
+    hostile: Hostile, home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bin_dir = home / "bin"
+    bin_dir.mkdir()
+    helper = bin_dir / "docker-credential-k3test"
+    helper.write_text(
+        "#!/bin/sh\nread host\n"
+        f'printf \'{{"ServerURL": "%s", "Username": "carol", "Secret": "{SECRET}"}}\' "$host"\n'
+    )
+    helper.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    (home / ".docker").mkdir()
+    (home / ".docker/config.json").write_text(json.dumps({"credHelpers": {hostile.host: "k3test"}}))
+    body = manifest_json()
+    expected = "Basic " + base64.b64encode(f"carol:{SECRET}".encode()).decode()
+    hostile.answer = basic_registry(body, expected)
+    assert resolve_digest(f"{hostile.host}/team/app", "1") == sha(body)
+
+
+@pytest.mark.parametrize("content", ["fifo", "not json {", '["a list"]', '{"auths": {"H": 7}}'])
+def test_an_auth_file_of_the_wrong_shape_is_skipped_not_a_traceback(
+    hostile: Hostile, home: Path, content: str
+) -> None:
+    (home / ".docker").mkdir()
+    config = home / ".docker/config.json"
+    if content == "fifo":
+        os.mkfifo(config)
+    else:
+        config.write_text(content.replace("H", hostile.host))
+    hostile.answer = basic_registry(manifest_json(), "Basic nothing")
+    with pytest.raises(LockError, match="HTTP 401"):  # anonymous, as with no file at all
+        resolve_digest(f"{hostile.host}/team/app", "1")
+
+
+def test_a_credential_never_goes_to_a_realm_on_another_site(hostile: Hostile, home: Path) -> None:
+    docker_login(home, hostile.host)
+    other = f"localhost:{hostile.port}"  # another host name: another site
+    body = manifest_json()
+
+    def answer(path: str, headers: dict[str, str], conn: socket.socket, host: str) -> None:
+        if path.startswith("/token"):
+            return reply(conn, "200 OK", json.dumps({"token": "anon"}).encode())
+        if headers.get("Authorization") != "Bearer anon":
+            realm = f"http://{other}/token"
+            return reply(conn, "401 Unauthorized", WWW_Authenticate=f'Bearer realm="{realm}"')
+        reply(conn, "200 OK", body, Docker_Content_Digest=sha(body))
+
+    hostile.answer = answer
+    assert resolve_digest(f"{hostile.host}/team/app", "1") == sha(body)
+    token_requests = [h for p, h in hostile.seen if p.startswith("/token")]
+    assert token_requests and "Authorization" not in token_requests[0]
+    assert all(SECRET not in str(h) for _, h in hostile.seen)
+
+
+def test_a_refused_credential_is_named_by_its_source_never_shown(
+    hostile: Hostile, home: Path
+) -> None:
+    docker_login(home, hostile.host)
+
+    def answer(path: str, headers: dict[str, str], conn: socket.socket, host: str) -> None:
+        if path.startswith("/token"):
+            return reply(conn, "403 Forbidden")
+        realm = f"http://{host}/token"
+        reply(conn, "401 Unauthorized", WWW_Authenticate=f'Bearer realm="{realm}"')
+
+    hostile.answer = answer
+    with pytest.raises(EngineError, match=r"refused the credential from .*config\.json") as e:
+        resolve_digest(f"{hostile.host}/team/app", "1")
+    assert SECRET not in str(e.value) and base64.b64encode(SECRET.encode()).decode() not in str(
+        e.value
+    )
+    assert "Basic" in next(h for p, h in hostile.seen if p.startswith("/token"))["Authorization"]
+
+
+def test_a_credential_is_not_carried_across_a_redirect(hostile: Hostile, home: Path) -> None:
+    expected = docker_login(home, hostile.host)
+    body = manifest_json()
+
+    def answer(path: str, headers: dict[str, str], conn: socket.socket, host: str) -> None:
+        if path == "/elsewhere":
+            return reply(conn, "200 OK", body, Docker_Content_Digest=sha(body))
+        if headers.get("Authorization") != expected:
+            return reply(conn, "401 Unauthorized", WWW_Authenticate='Basic realm="reg"')
+        reply(conn, "302 Found", Location=f"http://localhost:{hostile.port}/elsewhere")
+
+    hostile.answer = answer
+    assert resolve_digest(f"{hostile.host}/team/app", "1") == sha(body)
+    assert "Authorization" not in next(h for p, h in hostile.seen if p == "/elsewhere")

@@ -21,9 +21,9 @@ over https.
 Why k3env's own client and not ``skopeo`` for these verbs: what they need is four requests
 (HEAD/GET a manifest, list tags, the token dance), and the answers are checked here either
 way; skopeo (Debian's 1.9) adds a process start of ~40 ms per call and still leaves the
-digest and tag checks to the caller. No credentials are read: ``outdated``, ``bump`` and the
-direct publish speak to public or anonymous registries (``push --via-engine`` uses the
-engine's login).
+digest and tag checks to the caller. Credentials are read where docker and skopeo keep them
+(``credentials``), sent only to the registry's own host (and its token realm on the same
+site), only over https (or loopback http), and never printed.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from k3env.engine import credentials
 from k3env.engine._http import cut
 from k3env.errors import CheckFailed, EngineError, LockError
 from k3env.hashing import sha256_digest
@@ -234,35 +235,51 @@ def _request(
     seconds: float | None = None,
 ) -> _Reply:
     """A registry GET or HEAD: redirects followed (at most MAX_REDIRECTS, each one checked;
-    a token is not carried to another host), and once more with an anonymous token when the
-    registry asks for one (401 + ``WWW-Authenticate``). All within ``seconds``."""
+    credentials are not carried to another host), and once more with credentials when the
+    registry asks (401: a bearer token from its realm, or Basic). All within ``seconds``."""
     deadline = time.monotonic() + (DEADLINE if seconds is None else seconds)
     limit = MAX_MANIFEST if limit is None else limit
     headers = dict(headers or {})
-    token_for: str | None = None
+    auth: str | None = None
+    asked = False
     origin = urllib.parse.urlsplit(url).netloc
     for _ in range(MAX_REDIRECTS + 2):
         here = urllib.parse.urlsplit(url).netloc
-        sent = {k: v for k, v in headers.items() if k != "Authorization" or here == token_for}
+        sent = {**headers, "Authorization": auth} if auth and here == origin else headers
         reply = _exchange(url, method, sent, limit=limit, into=into, deadline=deadline)
         if reply.status in (301, 302, 303, 307, 308) and reply.header("Location"):
             url = urllib.parse.urljoin(url, reply.header("Location"))
             _allowed(url, f"a redirect from {origin}")
             continue
-        if reply.status == 401 and token_for is None and here == origin:
-            token = _token(reply.header("WWW-Authenticate"), origin, deadline)
-            if token:
-                headers["Authorization"], token_for = f"Bearer {token}", here
+        if reply.status == 401 and not asked and here == origin:
+            asked = True
+            auth = _authorization(reply.header("WWW-Authenticate"), origin, deadline)
+            if auth:
                 continue
         return reply
     raise EngineError(f"the registry redirected more than {MAX_REDIRECTS} times", where=url,
                       fix="check the registry (or its proxy)")  # fmt: skip
 
 
-def _token(challenge: str, registry: str, deadline: float) -> str | None:
-    """An anonymous bearer token from the realm a 401 names (http(s) only, checked)."""
-    if not challenge.lower().startswith("bearer"):
+def _authorization(challenge: str, registry: str, deadline: float) -> str | None:
+    """The Authorization header a 401's challenge asks for: a bearer token from its realm
+    (with the registry's credential, if k3env finds one and the realm is on the registry's
+    own site), or Basic with that credential; None when there is nothing to answer with."""
+    credential = credentials.lookup(registry)
+    scheme = challenge.split(" ", 1)[0].lower()
+    if scheme == "basic":
+        return credential.basic() if credential is not None else None
+    if scheme != "bearer":
         return None
+    token = _token(challenge, registry, deadline, credential)
+    return f"Bearer {token}" if token else None
+
+
+def _token(
+    challenge: str, registry: str, deadline: float, credential: credentials.Credential | None
+) -> str | None:
+    """A bearer token from the realm a 401 names (http(s) only, checked); the registry's
+    credential goes with it only to a realm on the registry's own site."""
     params = dict(re.findall(r'(\w+)="([^"]*)"', challenge[:4096]))
     realm = params.pop("realm", None)
     if realm is None:
@@ -270,8 +287,17 @@ def _token(challenge: str, registry: str, deadline: float) -> str | None:
     parts = _allowed(realm, f"the token realm {registry} named")
     query = "&".join(q for q in (parts.query, urllib.parse.urlencode(params)) if q)
     url = urllib.parse.urlunsplit((parts.scheme, parts.netloc, parts.path, query, ""))
-    reply = _exchange(url, "GET", {}, limit=MAX_TOKEN, deadline=deadline)
+    send = {}
+    if credential is not None and credentials.same_site(parts.netloc, registry):
+        send["Authorization"] = credential.basic()
+    reply = _exchange(url, "GET", send, limit=MAX_TOKEN, deadline=deadline)
     if reply.status != 200:
+        if credential is not None and send:
+            raise EngineError(
+                f"the registry's token service refused the credential from {credential.source} "
+                f"(HTTP {reply.status})",
+                where=registry, fix="log in again (docker login / skopeo login)",
+            )  # fmt: skip
         return None
     body = _json(reply.body, dict, url)
     token = body.get("token") or body.get("access_token")
@@ -414,12 +440,19 @@ def _send(
 ) -> tuple[int, Any, bytes]:
     """One publishing request: (status, headers, body). A file body is streamed in 4 MiB
     blocks (``progress`` gets the bytes sent so far), its deadline grown by its size at
-    FLOOR_RATE. No token dance: publishing goes to registries that take anonymous pushes (a
-    loopback registry, a site mirror)."""
+    FLOOR_RATE. A registry that asks for credentials (401) is answered once, as ``_request``
+    does, with the credential k3env finds for it (else the 401 stands)."""
     size = body.stat().st_size if isinstance(body, Path) else 0
     deadline = time.monotonic() + _deadline() + size / FLOOR_RATE
-    reply = _exchange(url, method, dict(headers or {}), limit=MAX_REPLY, body=body,
-                      progress=progress, deadline=deadline)  # fmt: skip
+    headers = dict(headers or {})
+    reply = _exchange(url, method, headers, limit=MAX_REPLY, body=body, progress=progress,
+                      deadline=deadline)  # fmt: skip
+    if reply.status == 401:
+        origin = urllib.parse.urlsplit(url).netloc
+        auth = _authorization(reply.header("WWW-Authenticate"), origin, deadline)
+        if auth:
+            reply = _exchange(url, method, {**headers, "Authorization": auth}, limit=MAX_REPLY,
+                              body=body, progress=progress, deadline=deadline)  # fmt: skip
     return reply.status, reply.headers, reply.body
 
 
