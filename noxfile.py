@@ -10,8 +10,10 @@ nox.options.sessions = ["tests", "lint"]
 nox.options.reuse_venv = "yes"
 
 PYTHON = "3.11"
-# The unit tests: no Docker engine, no registry, no twin.
-UNIT = ("pytest", "tests", "--ignore=tests/engine", "--durations=10")
+# The unit tests: no Docker engine, no registry, no twin; one worker per core (pytest-xdist:
+# 425 tests in ~48 s on 2 cores, work-stealing; ~97 s in one process).
+UNIT = ("pytest", "tests", "--ignore=tests/engine", "-n", "auto", "--dist", "worksteal",
+        "--durations=10")  # fmt: skip
 
 
 def _install(session: nox.Session, *extras: str) -> None:

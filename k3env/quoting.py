@@ -1,15 +1,15 @@
 """Text for documents others parse (a YAML recipe, a shell line): every value k3env puts into
 one goes through a function here, never interpolated as it is.
 
-YAML: a string is a JSON string (double-quoted, every control character escaped; a JSON
-string is a YAML scalar), a key or a value that is plainly safe stays plain, a float keeps its
-type in YAML 1.1 and 1.2 alike. A comment holds one line: control characters and line
-separators escaped. Shell: ``shlex.quote``.
+YAML: a string is a double-quoted scalar (``quoted``: every character YAML may not hold raw,
+and every line break, escaped with YAML's own escapes; a character beyond the BMP as one
+32-bit escape, never a JSON surrogate pair), a key or a value that is plainly safe stays
+plain, a float keeps its type in YAML 1.1 and 1.2 alike. A comment holds one line: control
+characters and line separators escaped. Shell: ``shlex.quote``.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import shlex
@@ -21,12 +21,35 @@ _PLAIN = re.compile(r"[A-Za-z_/][A-Za-z0-9_./+-]*")
 _WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false", "null"}
 
 
+def quoted(text: str) -> str:
+    """``text`` as a YAML double-quoted scalar that reads back as ``text`` exactly."""
+    return '"' + "".join(_escape(ch) for ch in text) + '"'
+
+
+def _escape(ch: str) -> str:
+    if ch in '"\\':
+        return "\\" + ch
+    code = ord(ch)
+    if 0x20 <= code < 0x7F:
+        return ch
+    # Raw where YAML allows it (its printable set, less line breaks and the BOM).
+    if (0xA0 <= code <= 0xD7FF or 0xE000 <= code <= 0xFFFD or code >= 0x10000) and ch not in (
+        "\u2028\u2029\ufeff"
+    ):
+        return ch
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    return f"\\U{code:08x}"
+
+
 def yaml_string(text: str) -> str:
-    """``text`` as a YAML scalar (a key or a value): plain when that is safe, else a JSON
-    string."""
+    """``text`` as a YAML scalar (a key or a value): plain when that is safe, else
+    double-quoted."""
     if _PLAIN.fullmatch(text) and text.lower() not in _WORDS:
         return text
-    return json.dumps(text)
+    return quoted(text)
 
 
 def yaml_scalar(value: object) -> str:
@@ -52,16 +75,14 @@ def yaml_scalar(value: object) -> str:
             exponent = "+" + exponent
         return mantissa + (e + exponent if e else "")
     if isinstance(value, str):
-        return json.dumps(value)
+        return quoted(value)
     if isinstance(value, (list, tuple)):
         return "[" + ", ".join(yaml_scalar(v) for v in value) + "]"
     if isinstance(value, Mapping):
         return (
-            "{"
-            + ", ".join(f"{json.dumps(str(k))}: {yaml_scalar(v)}" for k, v in value.items())
-            + "}"
+            "{" + ", ".join(f"{quoted(str(k))}: {yaml_scalar(v)}" for k, v in value.items()) + "}"
         )
-    return json.dumps(str(value))
+    return quoted(str(value))
 
 
 def one_line(text: str) -> str:

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from k3env.config.pins import Lock, SrtPatchPin, SrtSlurmPin
 from k3env.config.shapes import require_git_source
+from k3env.files import read_input
 from k3env.handoff.srt import conflict, patch_files, pinned_srt, run_git
 from k3env.log import Log
 from k3env.runner import attempt, require_tool, run, run_streaming
@@ -80,7 +81,7 @@ def _fate(
     merged = _merged(git, src, srt, pin, log)
     if merged is not None:
         return merged
-    ids = _patch_ids(git, path.read_bytes(), log)
+    ids = _patch_ids(git, read_input(path), log)
     if ids and ids <= upstream_ids():
         return SrtPatchFate(
             label=pin.label,

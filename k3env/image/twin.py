@@ -38,6 +38,7 @@ from k3env.engine import registry
 from k3env.engine.protocol import BaseImage, Engine
 from k3env.engine.registry import manifest_exists, refuse_to_move
 from k3env.errors import EngineError, LockError
+from k3env.files import read_input
 from k3env.hashing import canonical_sha256, file_sha256
 from k3env.image.bases import ResolvedBase
 from k3env.image.blobs import (
@@ -188,7 +189,7 @@ def debs_in(directory: Path) -> list[Deb]:
 
 def read_debian_list(path: Path) -> dict[str, Deb]:
     out = {}
-    for line in path.read_text().splitlines():
+    for line in read_input(path).decode("utf-8", "replace").splitlines():
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
@@ -449,7 +450,7 @@ def _stage2_layer(
     req, out, meta = (tmp / d for d in ("req", "out", "meta"))
     for d in (req, out, meta):
         d.mkdir()
-    (req / "requirements.txt").write_bytes(p.requirements.read_bytes())
+    (req / "requirements.txt").write_bytes(read_input(p.requirements))
     how = " natively" if native is not None else ""
     with log.step(f"install the pinned wheels for {p.reference}{how} (minutes; progress below)"):
         # Stage 1 has no pip of its own: it runs from its pinned wheel. Timestamp .pyc,

@@ -9,6 +9,7 @@ from pathlib import Path
 from k3env.config.shapes import DEFAULT_PLATFORM, MACHINES
 from k3env.config.twinreq import parse_pinned
 from k3env.errors import ConfigError
+from k3env.files import read_input
 from k3env.log import Log
 from k3env.runner import attempt, run
 from k3env.state import State
@@ -66,7 +67,8 @@ def held_files(wheelhouse: Path) -> dict[str, Path]:
 
 def pinned_hash_sets(requirements: Path) -> list[set[str]]:
     """Per requirement line, the sha256 values it accepts."""
-    return [set(hashes) for _, hashes in parse_pinned(requirements.read_text()).values()]
+    text = read_input(requirements).decode("utf-8", "replace")
+    return [set(hashes) for _, hashes in parse_pinned(text).values()]
 
 
 def download_wheels(
