@@ -19,6 +19,7 @@ from k3env.config.lock import load_lock
 from k3env.config.pins import Lock
 from k3env.config.shapes import DEFAULT_PLATFORM, MACHINES
 from k3env.config.spec import DEFAULT_IMAGES, ImageSpec, load_specs
+from k3env.errors import ConfigError
 from k3env.log import Log
 from k3env.state import State
 
@@ -70,7 +71,7 @@ class App:
         image's layers and config must be kept too."""
         from k3env.image.build import build_all, make_builder
 
-        lock = load_lock(args.lock)
+        lock = with_variant(load_lock(args.lock), getattr(args, "variant", None), args)
         specs = load_specs(args.images, lock, tuple(args.image))
         engine = self.engine()
         if not self.log.quiet:  # one more engine call (GET /info): only when someone reads it
@@ -84,6 +85,24 @@ class App:
             builds += build_all(builder, specs)
             each += specs
         return lock, each, engine, state, builds
+
+
+def with_variant(lock: Lock, name: str | None, args: argparse.Namespace) -> Lock:
+    """``lock``, or ``lock`` with its ``[variants.NAME]`` in place of the pinned components
+    (over the CPU twin only: a variant is a release the twin can carry)."""
+    if name is None:
+        return lock
+    if name not in lock.variants:
+        raise ConfigError(
+            f"unknown variant {name!r}",
+            where=f"{args.lock} [variants]",
+            fix=f"use one of {sorted(lock.variants)}, or add [variants.NAME] to the lock",
+        )
+    if not getattr(args, "twin", False):
+        raise ConfigError(
+            f"--variant {name} is built over the CPU twin", where="--variant", fix="add --twin"
+        )
+    return lock.with_variant(lock.variants[name])
 
 
 SOURCE_HELP = "git URL or local mirror path of srt-slurm (default: the lock's git URL)"

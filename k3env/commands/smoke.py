@@ -24,6 +24,10 @@ def arguments(p: argparse.ArgumentParser) -> None:
     image_args(p, twin="smoke the images built over the twin")
     p.add_argument("--profile", action="append", default=[], help="only this profile (repeatable)")
     p.add_argument(
+        "--variant", metavar="NAME",
+        help="smoke the images built with the lock's [variants.NAME] components (with --twin)",
+    )  # fmt: skip
+    p.add_argument(
         "--timeout", type=float, default=300,
         help="seconds for the model to be listed (each later stage has its own bound)",
     )  # fmt: skip
@@ -41,6 +45,7 @@ def run(args: argparse.Namespace, app: App) -> int:
     failed = [r for r in reports if not r.ok]
     payload = {
         "twin": args.twin,
+        "variant": args.variant,
         "profiles": [r.as_json() for r in reports],
         "failures": len(failed),
     }

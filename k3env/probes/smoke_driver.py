@@ -95,9 +95,23 @@ class Role:
         except OSError:
             return ""
         marks = (" WARN ", " ERROR ", "WARNING", "Error", "error:")
-        flagged = [x[:300] for x in text.splitlines() if any(m in x for m in marks)][-12:]
+        flagged = [x[:800] for x in text.splitlines() if any(m in x for m in marks)][-12:]
         head = ["[warnings and errors]", *flagged, "[tail]"] if flagged else []
         return "\n".join([*head, tail(self.log, 15)])
+
+    def refused(self, served: str) -> str | None:
+        """The first error line that names ``served``: the process refused the model (Dynamo's
+        frontend: "Error adding model from discovery model_name=...")."""
+        try:
+            text = ANSI.sub("", self.log.read_text(errors="replace"))
+        except OSError:
+            return None
+        for line in text.splitlines():
+            if (" ERROR " in line or "Error" in line) and served in line:
+                # Its reason first (a Rust log line: `... error="..."`), the prefix after.
+                at = line.find("error=")
+                return (line[at:] if at >= 0 else line).strip()[:800]
+        return None
 
     def failure(self, what: str) -> StageFailed:
         text = self.words()
@@ -132,14 +146,27 @@ def http(url: str, body: dict[str, Any] | None, timeout: float) -> tuple[int, st
         return e.code, e.read(1 << 16).decode(errors="replace")
 
 
+# Seconds the model may stay unlisted after a process logged an error naming it: a process
+# that refused the model does not list it later (a registration in flight takes far less).
+REFUSED_GRACE = 15.0
+
+
 def wait_listed(url: str, served: str, roles: list[Role], timeout: float) -> str:
     deadline = time.monotonic() + timeout
     last = "no answer yet"
+    refused: tuple[float, Role, str] | None = None
     while time.monotonic() < deadline:
         for role in roles:
             code = role.exited()
             if code is not None:
                 raise role.failure(f"exited with status {code} before the model was listed")
+            if refused is None and (line := role.refused(served)) is not None:
+                refused = (time.monotonic(), role, line)
+        if refused is not None and time.monotonic() - refused[0] > REFUSED_GRACE:
+            _, role, line = refused
+            roles_words = "\n".join(f"--- {r.name}\n{r.words()}" for r in roles)
+            raise StageFailed(f"{served!r} is not listed: {role.name} refused it: {line}",
+                              roles_words)  # fmt: skip
         try:
             status, body = http(f"{url}/v1/models", None, 2)
             ids = [m.get("id") for m in json.loads(body).get("data", [])] if status == 200 else []

@@ -12,6 +12,7 @@ its record.
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 import time
 from collections.abc import Sequence
@@ -334,6 +335,24 @@ def smoke_images(
     return reports
 
 
+def shown_output(output: str, lines: int = 15) -> list[str]:
+    """A failed gate's evidence for the table: its last ``lines``, or for each role's section
+    (``--- ROLE``) its warnings and errors first and the end of its tail."""
+    sections = [s for s in re.split(r"(?m)^(?=--- )", output) if s.strip()]
+    if len(sections) < 2:
+        return output.splitlines()[-lines:]
+    out: list[str] = []
+    for section in sections:
+        head, *body = section.splitlines()
+        flagged = (
+            body[1 : body.index("[tail]")]
+            if body[:1] == ["[warnings and errors]"] and ("[tail]" in body)
+            else []
+        )
+        out += [head, *flagged[-4:], *[x for x in body if x not in flagged][-3:]]
+    return out
+
+
 def table(reports: Sequence[SmokeReport]) -> str:
     """One line per gate, per profile: what ran, its verdict and its evidence."""
     lines = []
@@ -346,7 +365,7 @@ def table(reports: Sequence[SmokeReport]) -> str:
         for g in r.gates:
             lines.append(f"  {g.status:<11} {g.name:<11} {g.seconds:6.1f} s  {g.detail}")
             if g.status == "failed" and g.output:
-                lines += [f"           | {x}" for x in g.output.splitlines()[-15:]]
+                lines += [f"           | {x}" for x in shown_output(g.output)]
         lines.append("  reduced for this host:")
         lines += [f"    - {x}" for x in r.reductions]
         lines.append("  not checked here:")

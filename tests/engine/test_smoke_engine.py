@@ -105,3 +105,28 @@ def test_worker_given_vllm_frontend_flags_fails_at_start_in_its_words(
     assert "unrecognized arguments" in listed["output"] or "error:" in listed["output"]
     assert "--enable-auto-tool-choice" in listed["output"]
     assert out["error"]["message"].startswith("1 profile(s) did not serve")
+
+
+def test_a_dynamo_1_4_2_frontend_refuses_the_kimi_k3_model_in_its_own_words(
+    in_repo: None, capsys: pytest.CaptureFixture[str], twin_image: str
+) -> None:
+    """The bring-up's 404s: the worker registers the model, the 1.4.2 frontend cannot load its
+    kimi_k3 tokenizer, and nothing is listed. Smoke says so with the frontend's own error,
+    within seconds of it (not the whole listing timeout)."""
+    code, out = smoke(capsys, "--variant", "dynamo-1.4.2", "kimi-k3-dynamo")
+    assert code == 4, json.dumps(out, indent=1)[:4000]
+    assert out["variant"] == "dynamo-1.4.2"
+    (profile,) = out["profiles"]
+    g = gates(profile)
+    assert g["listed"]["status"] == "failed"
+    detail = g["listed"]["detail"]
+    assert detail.startswith("'Kimi-K3' is not listed: dynamo-frontend refused it: ")
+    assert "Unsupported tiktoken model_type 'kimi_k3'" in detail
+    assert g["listed"]["seconds"] < 120
+    assert {g[n]["status"] for n in ("chat", "tool-calls", "benchmark")} == {"not run"}
+    assert "stopped on SIGINT" in g["stop"]["detail"]
+
+
+def test_a_variant_needs_the_twin(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["smoke", "--lock", LOCK, "--variant", "dynamo-1.4.2", "kimi-k3-dynamo"]) == 2
+    assert "--variant dynamo-1.4.2 is built over the CPU twin" in capsys.readouterr().err
