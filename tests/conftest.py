@@ -27,7 +27,8 @@ def replace_in(path: Path, old: str, new: str) -> None:
 
 
 # --- unit tests over the in-memory engine (tests/fake_engine.py) -------------------------------
-from .fake_engine import BUGGY, FakeEngine, Project, python_base, write_project  # noqa: E402
+from .fake_engine import FakeEngine, python_base  # noqa: E402
+from .project import BUGGY, Project, write_project  # noqa: E402
 
 TEST_BASE_REPOSITORY = "127.0.0.1:5000/k3env-test/base"
 

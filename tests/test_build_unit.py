@@ -21,20 +21,8 @@ from k3env.image.layer import LayerFile, assemble, docker_archive
 from k3env.log import Log
 
 from .conftest import TEST_BASE_REPOSITORY
-from .fake_engine import (
-    BUGGY,
-    FIXED,
-    MODULE_FILE,
-    REPOSITORY,
-    FakeEngine,
-    PatchPin,
-    Project,
-    Published,
-    layer_tar,
-    manifest_digest,
-    python_base,
-    write_project,
-)
+from .fake_engine import FakeEngine, Published, layer_tar, manifest_digest, python_base
+from .project import BUGGY, FIXED, MODULE_FILE, REPOSITORY, PatchPin, Project, write_project
 
 QUIET = Log(quiet=True)
 

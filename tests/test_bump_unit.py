@@ -14,17 +14,8 @@ from k3env.engine.protocol import RunResult
 from k3env.log import Log
 
 from .conftest import REPO, TEST_BASE_REPOSITORY
-from .fake_engine import (
-    BUGGY,
-    FIXED,
-    REWRITTEN,
-    FakeEngine,
-    PatchPin,
-    Project,
-    Published,
-    python_base,
-    write_project,
-)
+from .fake_engine import FakeEngine, Published, python_base
+from .project import BUGGY, FIXED, REWRITTEN, PatchPin, Project, write_project
 
 QUIET = Log(quiet=True)
 ANCHOR_GONE = (

@@ -18,13 +18,8 @@ from k3env.handoff.squashfs_check import check_squashfs
 from k3env.image.build import BuildResult, make_builder
 from k3env.log import Log
 
-from .fake_engine import (
-    MODULE_FILE,
-    FakeEngine,
-    Project,
-    PushRecord,
-    manifest_digest,
-)
+from .fake_engine import FakeEngine, PushRecord, manifest_digest
+from .project import MODULE_FILE, Project
 
 QUIET = Log(quiet=True)
 REGISTRY = "127.0.0.1:5000"

@@ -28,17 +28,8 @@ from k3env.log import Log
 from k3env.state import State
 
 from .conftest import TEST_BASE_REPOSITORY, replace_in
-from .fake_engine import (
-    BUGGY,
-    FIXED,
-    MODULE_FILE,
-    REWRITTEN,
-    FakeEngine,
-    PatchPin,
-    Project,
-    python_base,
-    write_project,
-)
+from .fake_engine import FakeEngine, python_base
+from .project import BUGGY, FIXED, MODULE_FILE, REWRITTEN, PatchPin, Project, write_project
 
 QUIET = Log(quiet=True)
 NOT_FOUND = "target module k3test.mod not found in the image"

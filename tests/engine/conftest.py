@@ -13,7 +13,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import textwrap
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -31,25 +30,10 @@ from k3env.log import Log
 from k3env.state import State
 
 from ..conftest import REPO
+from ..project import BUGGY, FIXED
+from ..project import write_project as project_files
 
 REGISTRY = "127.0.0.1:5000"
-BUGGY = textwrap.dedent(
-    """\
-    def postprocess_state(self, idx_mapping, num_sampled):
-        self.num_accepted_tokens_gpu.index_fill_(0, idx_mapping, max(num_sampled, 1))
-    """
-)
-FIXED = BUGGY.replace("idx_mapping, max", "idx_mapping.long(), max")
-PATCH = textwrap.dedent(
-    """\
-    description = "test: int64 index"
-    [[edits]]
-    anchor = "index_fill_(0, idx_mapping,"
-    replacement = "index_fill_(0, idx_mapping.long(),"
-    """
-)
-
-
 TEST_LOCK = "pins/test.lock.toml"  # where write_project puts the lock (cwd: the project)
 
 
@@ -148,51 +132,8 @@ def fixed_base(engine: DockerEngine, registry: str) -> BaseFixture:
 
 
 def write_project(root: Path, base: BaseFixture, *, env: dict[str, str] | None = None) -> Path:
-    """A lock + spec + patch pinning ``base`` by digest; returns the lock path."""
-    from k3env.hashing import file_sha256
-
-    (root / "pins").mkdir(parents=True, exist_ok=True)
-    (root / "images").mkdir(exist_ok=True)
-    (root / "patches/container").mkdir(parents=True, exist_ok=True)
-    patch = root / "patches/container/int64.toml"
-    patch.write_text(PATCH)
-    lock = root / "pins/test.lock.toml"
-    lock.write_text(
-        textwrap.dedent(
-            f"""\
-            # test lock
-            version = 1
-            [env]
-            STACK_WIDE = "1"
-            [bases.testbase]
-            repository = "{base.repository}"
-            tag = "{base.tag}"
-            digest = "{base.digest}"
-            [container_patches.int64]
-            file = "patches/container/int64.toml"
-            sha256 = "{file_sha256(patch)}"
-            module = "k3test.mod"
-            bases = ["testbase"]
-            expects = "index_fill_ with the int32 idx_mapping"
-            why = "test"
-            """
-        )
-    )
-    env_lines = "\n".join(f'{k} = "{v}"' for k, v in (env or {"A": "1"}).items())
-    (root / "images/probe.toml").write_text(
-        textwrap.dedent(
-            """\
-            description = "test image"
-            base = "testbase"
-            repository = "k3env-test/probe"
-            patches = ["int64"]
-            [env]
-            """
-        )
-        + env_lines
-        + "\n"
-    )
-    return lock
+    """The one project builder (tests/project.py) over ``base``; returns the lock path."""
+    return project_files(root, {"testbase": base}, env=env).lock_path
 
 
 @pytest.fixture

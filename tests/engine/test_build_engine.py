@@ -13,7 +13,8 @@ from k3env.cli import main
 from k3env.engine.dockerd import DockerEngine
 
 from ..conftest import replace_in
-from .conftest import FIXED, BaseFixture, probe_tags, write_project
+from ..project import FIXED
+from .conftest import BaseFixture, probe_tags, write_project
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry]
 

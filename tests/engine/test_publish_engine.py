@@ -18,7 +18,8 @@ from k3env.handoff.publish import publish
 from k3env.log import Log
 from k3env.state import State
 
-from .conftest import BUGGY, REGISTRY, BaseFixture, _make_base, run_json, write_project
+from ..project import BUGGY
+from .conftest import REGISTRY, BaseFixture, _make_base, run_json, write_project
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry]
 
