@@ -117,7 +117,7 @@ def test_a_tree_layer_is_a_function_of_the_tree_not_of_when_or_in_what_order_it_
 
 
 def test_the_debian_package_set_names_what_moved(tmp_path: Path) -> None:
-    from k3env.image.twin import Deb, debs_in, moved
+    from k3env.image.twindebian import Deb, debs_in, moved
 
     (tmp_path / "python3.11_3.11.2-6+deb12u6_amd64.deb").write_bytes(b"a")
     (tmp_path / "libc6_2.36-9+deb12u13_amd64.deb").write_bytes(b"b")

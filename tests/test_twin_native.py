@@ -11,7 +11,7 @@ import pytest
 
 from k3env.cli import main
 from k3env.config.lock import load_lock
-from k3env.image import twin
+from k3env.image import twin, twindebian
 from k3env.log import Log
 
 from .conftest import replace_in
@@ -20,8 +20,8 @@ ARM = "linux/arm64"
 
 
 def test_the_python_packages_are_told_apart_from_the_rest() -> None:
-    debs = twin.read_debian_list(Path(__file__).parent.parent / "pins/cpu-twin.debian.txt")
-    release = twin.python_release(debs)
+    debs = twindebian.read_debian_list(Path(__file__).parent.parent / "pins/cpu-twin.debian.txt")
+    release = twindebian.python_release(debs)
     assert set(release) == {
         "libpython3-stdlib", "libpython3.11-minimal", "libpython3.11-stdlib", "python3",
         "python3-minimal", "python3.11", "python3.11-minimal",

@@ -17,7 +17,7 @@ from k3env.config.lock_edit import Change, set_leaves
 from k3env.config.pins import Lock
 from k3env.files import write_atomic
 from k3env.hashing import digest_hex, sha256_digest
-from k3env.image.twin import resolve_debian
+from k3env.image.twindebian import resolve_debian
 from k3env.image.twinresolve import resolve_twin
 from k3env.log import Log
 

@@ -17,7 +17,7 @@ import pytest
 from k3env.config.lock import load_lock
 from k3env.engine.dockerd import DockerEngine
 from k3env.errors import EngineError
-from k3env.image import twin
+from k3env.image import twin, twindebian
 from k3env.image.install import Native, install_tree
 from k3env.image.wheels import platform_tags
 from k3env.log import Log
@@ -138,6 +138,6 @@ def test_the_committed_twins_share_one_debian_python_release() -> None:
     lock = load_lock(REPO / "pins/k3.lock.toml")
     arm, amd = twin.plan(lock, ARM), twin.plan(lock, AMD)
     assert arm.debian is not None and amd.debian is not None
-    a = twin.python_release(twin.read_debian_list(arm.debian))
-    b = twin.python_release(twin.read_debian_list(amd.debian))
+    a = twindebian.python_release(twindebian.read_debian_list(arm.debian))
+    b = twindebian.python_release(twindebian.read_debian_list(amd.debian))
     assert a == b and a["python3.11-minimal"].startswith("3.11.")
