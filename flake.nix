@@ -19,6 +19,7 @@
               ps.pip
               ps.tomlkit
               ps.packaging
+              ps.pyyaml
               ps.pytest
             ]))
             pkgs.docker-client

@@ -1,5 +1,5 @@
-"""Text for documents others parse (a YAML recipe, a shell line): every value k3env puts into
-one goes through a function here, never interpolated as it is.
+"""Text for documents others parse (a YAML recipe, a TOML spec, a shell line): every value k3env
+puts into one goes through a function here, never interpolated as it is.
 
 YAML: a string is a double-quoted scalar (``quoted``: every character YAML may not hold raw,
 and every line break, escaped with YAML's own escapes; a character beyond the BMP as one
@@ -98,3 +98,50 @@ def one_line(text: str) -> str:
 def shell_word(text: str) -> str:
     """``text`` as one shell word (POSIX quoting)."""
     return shlex.quote(text)
+
+
+# TOML (an image spec `k3env adopt` writes): a basic string with TOML's escapes, a key bare
+# when TOML allows it, floats as TOML spells them.
+_TOML_BARE = re.compile(r"[A-Za-z0-9_-]+")
+_TOML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f",
+                 "\r": "\\r"}  # fmt: skip
+
+
+def toml_string(text: str) -> str:
+    """``text`` as a TOML basic string that reads back as ``text`` exactly."""
+    out = []
+    for ch in text:
+        code = ord(ch)
+        if ch in _TOML_ESCAPES:
+            out.append(_TOML_ESCAPES[ch])
+        elif code < 0x20 or code == 0x7F or 0x80 <= code <= 0x9F or ch in "\u2028\u2029":
+            out.append(f"\\u{code:04x}")
+        else:
+            out.append(ch)
+    return '"' + "".join(out) + '"'
+
+
+def toml_key(text: str) -> str:
+    return text if _TOML_BARE.fullmatch(text) else toml_string(text)
+
+
+def toml_value(value: object) -> str:
+    """A TOML value: a string, number, boolean, or an array / inline table of them."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "nan"
+        if math.isinf(value):
+            return "inf" if value > 0 else "-inf"
+        return repr(value)
+    if isinstance(value, str):
+        return toml_string(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        inner = ", ".join(f"{toml_key(str(k))} = {toml_value(v)}" for k, v in value.items())
+        return "{ " + inner + " }" if inner else "{}"
+    return toml_string(str(value))

@@ -30,6 +30,7 @@ LAYERS = (
 OWNERS = {
     "tomllib": "k3env.config.reader",
     "tomlkit": "k3env.config.lock_edit",
+    "yaml": "k3env.config.yamlread",  # PyYAML: recipes and srtslurm.yaml people wrote
     "packaging": "k3env.versions",
     "subprocess": "k3env.runner",
     "socket": "k3env.engine._http",

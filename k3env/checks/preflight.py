@@ -37,6 +37,9 @@ class Context:
     commands: tuple[ParsedCommand, ...]
     facts_source: str | None = None
     lacked: set[str] = field(default_factory=set)
+    # Where a command's findings point, when the profile was read from a file other than a
+    # spec (an srt-slurm recipe: its engine flags' key); default: the spec's argv key.
+    command_key: Callable[[ParsedCommand], str] | None = None
 
     def engine_commands(self) -> list[ParsedCommand]:
         return [c for c in self.commands if c.role in ENGINE_ROLES]
@@ -45,6 +48,8 @@ class Context:
         return {c.role for c in self.commands}
 
     def key(self, command: ParsedCommand) -> str:
+        if self.command_key is not None:
+            return self.command_key(command)
         return f"profiles.{self.profile.name}.commands[{command.index}].argv"
 
     def fact(self, *path: str, lacking: str) -> Any:

@@ -10,6 +10,7 @@ def all_commands() -> list[ModuleType]:
     """Every command module; imported when the parser is built (each imports its heavy
     dependencies only when it runs)."""
     from k3env.commands import (
+        adopt,
         build,
         bump,
         export,
@@ -28,4 +29,4 @@ def all_commands() -> list[ModuleType]:
     )
 
     return [lock, schema, build, matrix, twin, push, export, srt_materialize, srt_validate,
-            srt_recipe, verify, smoke, bump, outdated, preflight]  # fmt: skip
+            srt_recipe, adopt, verify, smoke, bump, outdated, preflight]  # fmt: skip

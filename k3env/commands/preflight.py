@@ -1,5 +1,11 @@
 """Check serve profiles, specs, the lock and a cluster profile against the rules drawn from the
-bring-up's failures (`--list-rules`), with no engine (~10 ms)
+bring-up's failures (`--list-rules`), with no engine (~10 ms). With `--recipe FILE.yaml`: an
+srt-slurm recipe people already have, mapped as srt-slurm will start it (its defaults applied,
+its image found by `model.container` in k3env's push and export records, else taken as a lock
+base), with the same rules; findings on the recipe's keys and lines, each baked env value the
+recipe changes, and srt-slurm's own loader and dry-run where the pinned srt-slurm is
+materialized (else said: not checked). `--srtslurm FILE`: a key srt-slurm's cluster config does
+not take is an error (srt-slurm only warns, then drops the file)
 """
 
 from __future__ import annotations
@@ -9,6 +15,9 @@ import time
 from pathlib import Path
 
 from k3env.commands.app import App, image_args
+from k3env.commands.preflight_recipes import arguments as recipe_arguments
+from k3env.commands.preflight_recipes import run as run_recipes
+from k3env.commands.preflight_recipes import wanted as recipes_wanted
 from k3env.config.cluster import DEFAULT_CLUSTER
 from k3env.config.lock import load_lock
 from k3env.config.shapes import platform_option
@@ -27,6 +36,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rule", action="append", default=[], help="run only this rule (repeatable)")
     p.add_argument("--explain", metavar="RULE", help="print what RULE prevents and its fix")
     p.add_argument("--list-rules", action="store_true", help="list the rules")
+    recipe_arguments(p)
 
 
 def run(args: argparse.Namespace, app: App) -> int:
@@ -54,15 +64,17 @@ def run(args: argparse.Namespace, app: App) -> int:
         )
         return 0
     start = time.perf_counter()
-    lock = load_lock(args.lock)
-    specs = load_specs(args.images, lock, tuple(args.image))
-    cluster = load_cluster(args.cluster)
     unknown = sorted(set(args.rule) - set(RULES_BY_ID))
     if unknown:
         raise ConfigError(
             f"unknown rule(s) {unknown}", where="--rule", fix=f"choose from {sorted(RULES_BY_ID)}"
         )
     rules = [r for r in RULES if not args.rule or r.id in args.rule]
+    if recipes_wanted(args):
+        return run_recipes(args, app, rules)
+    lock = load_lock(args.lock)
+    specs = load_specs(args.images, lock, tuple(args.image))
+    cluster = load_cluster(args.cluster)
     report = run_rules(contexts(lock, specs, cluster, app.state()), rules)
     elapsed = time.perf_counter() - start
     payload = {**report.as_json(), "cluster": str(args.cluster), "platform": cluster.platform,

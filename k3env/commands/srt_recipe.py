@@ -76,6 +76,16 @@ def run(args: argparse.Namespace, app: App) -> int:
             "no model path", where=str(args.cluster), fix="set model_path, or pass --model-path"
         )
     base = lock.bases[spec.base]
+    versions = facts.get("versions") or {}
+    if facts:  # what verify found in the image
+        dynamo_baked = bool(versions.get("dynamo"))
+    else:  # no record of verify: the spec's word, said
+        dynamo_baked = "dynamo" in spec.components
+        if dynamo_baked:
+            log.info(
+                f"    no verify record of the image: Dynamo taken as baked, as {spec.path} lists "
+                f"it in components (`k3env verify {spec.name}` checks it)"
+            )
     text = to_yaml(
         recipe(
             spec,
@@ -85,7 +95,7 @@ def run(args: argparse.Namespace, app: App) -> int:
             container=container,
             model_path=model_path,
             precision=precision_of(profile.tokenizer_model_type),
-            dynamo_baked=bool((facts.get("versions") or {}).get("dynamo")),
+            dynamo_baked=dynamo_baked,
             dynamo_commit=lock.dynamo.commit if lock.dynamo else None,
             aiperf_version=lock.aiperf.version if lock.aiperf else None,
         )

@@ -1,0 +1,363 @@
+"""An srt-slurm recipe as the preflight rules read a spec's serve profile: the commands and
+the environment srt-slurm will start, with its defaults applied, and each rule's key mapped
+back to the recipe's own key.
+
+The command lines follow srt-slurm's ``backends/vllm.py: build_worker_command`` (pinned
+v1.0.36 + PR #278): ``vllm serve /model`` for ``frontend.type: vllm`` (with the multi-node
+patch's leader flags on more than one node), else ``python3 -m dynamo.vllm`` with the
+connector srt-slurm turns into ``--kv-transfer-config`` (``nixl`` unless the recipe says
+otherwise), then ``vllm_config.aggregated`` as flags (sorted, ``_`` -> ``-``, ``true`` a bare
+flag, ``false`` dropped). The environment is the image's baked env, then
+``backend.aggregated_environment``, then ``environment`` (srt-slurm exports both inside the
+container, after it starts: they win). When srt-slurm installs Dynamo at job start, the rules
+judge that Dynamo, and the image's facts about its own Dynamo are dropped, and said.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from k3env.checks.argv import ParsedCommand, parse_options
+from k3env.checks.known import DYNAMO_COMMITS, MODELS, SRT_CONNECTORS, SRT_DEFAULTS
+from k3env.checks.preflight import Context, Finding
+from k3env.config.cluster import Cluster
+from k3env.config.pins import Lock
+from k3env.config.spec import Command, ImageSpec, ServeProfile
+from k3env.config.srtrecipe import ENGINE_KEY, Recipe
+from k3env.errors import ConfigError
+from k3env.image.envpolicy import merged_env
+from k3env.versions import in_range
+
+PROFILE = "aggregated"
+# Where srt-slurm's vllm frontend binds (srt-slurm allocates the port; any stands in).
+DIRECT_PREFIX = ("vllm", "serve", "/model", "--host", "0.0.0.0", "--port", "8000")
+FRONTEND_ARGV = ("python3", "-m", "dynamo.frontend", "--http-port", "8000")
+_FLAG = re.compile(r"--[a-z0-9][a-z0-9-]*")
+_KV_WORDS = (
+    "kv_connector",
+    "cpu_bytes_to_use_per_rank",
+    "enable_cross_layers_blocks",
+    "SimpleCPUOffloadConnector",
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ImageOf:
+    """What a recipe's ``model.container`` is, as far as this host knows."""
+
+    container: str
+    base: str  # the lock base it is (or is taken as)
+    how: str  # one line: how k3env knows (a push or export record, or that it does not)
+    known: bool  # an image k3env built, pushed or exported
+    spec: ImageSpec | None = None  # the spec that built it
+    image_id: str | None = None
+    facts: Mapping[str, Any] | None = None
+    facts_source: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvEntry:
+    name: str
+    value: str
+    key: str  # the recipe key that sets it, or "image" (baked)
+    baked: str | None  # the image's baked value, when it has one
+
+    @property
+    def changed(self) -> bool:
+        return self.key != "image" and self.baked is not None and self.baked != self.value
+
+    def as_json(self) -> dict[str, Any]:
+        return {**self.__dict__, "changed": self.changed}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Mapped:
+    context: Context
+    env: tuple[EnvEntry, ...]
+    notes: tuple[str, ...]  # srt-slurm defaults applied, facts dropped, inferences
+    model_type_key: str  # the recipe key the tokenizer model_type was taken from
+
+
+def flag_args(flags: Mapping[str, Any]) -> list[str]:
+    """srt-slurm's ``_config_to_cli_args``: sorted, ``_`` -> ``-``, ``true`` a bare flag,
+    ``false`` and null dropped, a list its items. A mapping becomes JSON here (srt-slurm
+    passes ``str()`` of it)."""
+    out: list[str] = []
+    for key, value in sorted(flags.items()):
+        flag = "--" + str(key).replace("_", "-")
+        if isinstance(value, bool):
+            if value:
+                out.append(flag)
+        elif isinstance(value, list):
+            out += [flag, *(str(v) for v in value)]
+        elif isinstance(value, dict):
+            out += [flag, json.dumps(value, separators=(",", ":"))]
+        elif value is not None:
+            out += [flag, str(value)]
+    return out
+
+
+def _multinode(nodes: int) -> list[str]:
+    """The leader's flags the multi-node patch adds (``--master-addr/--nnodes/--node-rank``)."""
+    return (
+        ["--master-addr", "node-0", "--nnodes", str(nodes), "--node-rank", "0"] if nodes > 1 else []
+    )
+
+
+def _nodes(recipe: Recipe) -> int:
+    value = recipe.resources.get("agg_nodes")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+
+
+def frontend_type(recipe: Recipe) -> str:
+    return str(recipe.frontend.get("type", SRT_DEFAULTS["frontend.type"]))
+
+
+def commands(recipe: Recipe, notes: list[str]) -> tuple[Command, ...]:
+    """The command lines srt-slurm starts for the recipe's aggregate worker (the leader's)."""
+    backend = recipe.backend.get("type", SRT_DEFAULTS["backend.type"])
+    if backend != "vllm":
+        where = "backend.type" if "type" in recipe.backend else "backend"
+        raise recipe.fail(
+            where,
+            f"backend.type is {backend!r}"
+            + ("" if "type" in recipe.backend else " (srt-slurm's default: the recipe sets none)")
+            + ": k3env's rules read vLLM recipes",
+            "set backend.type: vllm (a recipe for another backend is not checked here)",
+        )
+    if not recipe.engine_flags and recipe.backend.get("vllm_config"):
+        raise recipe.fail(
+            "backend.vllm_config",
+            "the recipe has no backend.vllm_config.aggregated: k3env maps aggregate recipes",
+            "disaggregated (prefill/decode) recipes are not mapped yet",
+        )
+    flags = dict(recipe.engine_flags)
+    nodes = _nodes(recipe)
+    name = str(flags.get("served-model-name") or Path(recipe.model_path).name)
+    if frontend_type(recipe) == "vllm":
+        for key in ("host", "port", "connector"):
+            flags.pop(key, None)
+        flags.setdefault("served-model-name", name)
+        argv = [*DIRECT_PREFIX, *_multinode(nodes), *flag_args(flags)]
+        return (Command(role="vllm-serve", argv=tuple(argv)),)
+    worker = ["python3", "-m", "dynamo.vllm", "--model", "/model", "--served-model-name", name]
+    flags.pop("served-model-name", None)
+    connector = flags.pop("connector", None)
+    if connector is None:
+        connector = recipe.backend.get("connector", SRT_DEFAULTS["backend.connector"])
+        if "connector" not in recipe.backend and connector:
+            notes.append(
+                f"srt-slurm default backend.connector: {connector} gives the Dynamo worker "
+                f"--kv-transfer-config {json.dumps(SRT_CONNECTORS.get(connector, connector))} "
+                "(set backend.connector: null for none)"
+            )
+    if connector and str(connector).lower() not in ("null", "none"):
+        preset = SRT_CONNECTORS.get(str(connector).lower())
+        worker += ["--kv-transfer-config", json.dumps(dict(preset)) if preset else str(connector)]
+    worker += [*_multinode(nodes), *flag_args(flags)]
+    return (
+        Command(role="dynamo-frontend", argv=FRONTEND_ARGV),
+        Command(role="dynamo-worker", argv=tuple(worker)),
+    )
+
+
+def model_type(recipe: Recipe, given: str | None) -> tuple[str | None, str]:
+    """The tokenizer ``model_type`` (``--model-type``, else a parser named for a model k3env
+    knows, else the model directory's name) and the recipe key it came from."""
+    if given:
+        return given, "model.path"
+    for key in (
+        "tool-call-parser",
+        "reasoning-parser",
+        "dyn-tool-call-parser",
+        "dyn-reasoning-parser",
+    ):
+        value = recipe.engine_flags.get(key)
+        if isinstance(value, str) and value in MODELS:
+            return value, f"{ENGINE_KEY}.{key}"
+    guess = Path(recipe.model_path).name.lower().replace("-", "_")
+    return (guess, "model.path") if guess in MODELS else (None, "model.path")
+
+
+def _parser(flags: Mapping[str, Any], *names: str) -> str | None:
+    for n in names:
+        if isinstance(flags.get(n), str):
+            return str(flags[n])
+    return None
+
+
+def _dynamo_version(recipe: Recipe, notes: list[str]) -> str | None:
+    """The Dynamo srt-slurm installs at job start (``None``: none, or the image's)."""
+    section = recipe.dynamo if recipe.dynamo is not None else {}
+    if not section.get("install", SRT_DEFAULTS["dynamo.install"]):
+        return None
+    where = "dynamo" if recipe.dynamo is not None else "(no dynamo: section)"
+    if section.get("wheel"):
+        version = str(section["wheel"])
+    elif section.get("hash"):
+        version = DYNAMO_COMMITS.get(str(section["hash"]), "")
+        if not version:
+            notes.append(
+                f"dynamo.hash {section['hash']}: no version known for that commit; "
+                "the rules judge the lock's Dynamo instead"
+            )
+            return None
+    elif section.get("top_of_tree"):
+        notes.append("dynamo.top_of_tree: whatever Dynamo's main is at job start; not judged")
+        return None
+    else:
+        version = str(section.get("version", SRT_DEFAULTS["dynamo.version"]))
+    try:
+        in_range(version, ">=0")
+    except ValueError:
+        notes.append(f"dynamo: {version!r} is not a version; the rules judge the lock's Dynamo")
+        return None
+    said = any(k in section for k in ("version", "wheel", "hash"))
+    default = "" if said else " (srt-slurm's default)"
+    notes.append(
+        f"srt-slurm installs Dynamo {version} at every job start{default} [{where}]: "
+        "the rules judge that Dynamo, not the image's"
+    )
+    return version
+
+
+def baked_env(lock: Lock, image: ImageOf) -> dict[str, str]:
+    """The env the image carries as k3env bakes it (the spec that built it), else the lock's
+    and its base's (what k3env would bake over that base)."""
+    if image.spec is not None:
+        return merged_env(lock, image.spec)
+    base = lock.bases.get(image.base)
+    return {**lock.env, **(base.env if base else {})}
+
+
+def effective_env(recipe: Recipe, baked: Mapping[str, str]) -> tuple[EnvEntry, ...]:
+    """Each name the worker sees: the recipe's exports over the image's baked env."""
+    set_by = recipe.env()
+    entries = [
+        EnvEntry(name=n, value=v, key=recipe.env_key(n), baked=baked.get(n))
+        for n, v in set_by.items()
+    ]
+    entries += [
+        EnvEntry(name=n, value=v, key="image", baked=v) for n, v in baked.items() if n not in set_by
+    ]
+    return tuple(sorted(entries, key=lambda e: e.name))
+
+
+def map_recipe(
+    recipe: Recipe, lock: Lock, cluster: Cluster, image: ImageOf, *, model_type_given: str | None
+) -> Mapped:
+    """The Context the rules judge for ``recipe`` run in ``image`` on ``cluster``."""
+    if image.base not in lock.bases:
+        raise ConfigError(
+            f"base {image.base!r} is not pinned in {lock.path}",
+            where="--base",
+            fix=f"use one of {sorted(lock.bases)}",
+        )
+    notes: list[str] = []
+    cmds = commands(recipe, notes)
+    mtype, mtype_key = model_type(recipe, model_type_given)
+    if mtype is None:
+        notes.append(
+            "no tokenizer model_type: none of the parsers or the model directory name a "
+            "model k3env knows (pass --model-type)"
+        )
+    elif not model_type_given:
+        notes.append(
+            f"tokenizer model_type {mtype!r} taken from {mtype_key} (the model's "
+            "config.json is on the cluster; --model-type to say otherwise)"
+        )
+    flags = recipe.engine_flags
+    profile = ServeProfile(
+        name=PROFILE,
+        description=recipe.name,
+        tokenizer_model_type=mtype,
+        tool_call_parser=_parser(flags, "tool-call-parser", "dyn-tool-call-parser"),
+        reasoning_parser=_parser(flags, "reasoning-parser", "dyn-reasoning-parser"),
+        commands=cmds,
+        benchmark=dict(recipe.benchmark),
+    )
+    baked = baked_env(lock, image)
+    env = effective_env(recipe, baked)
+    spec = ImageSpec(
+        name=recipe.name,
+        path=recipe.path,
+        sha256="",
+        description=recipe.name,
+        base=image.base,
+        repository="",
+        patches=image.spec.patches if image.spec else (),
+        components=image.spec.components if image.spec else (),
+        env=recipe.env(),
+        env_readers={},
+        allow_credentials=(),
+        profiles={PROFILE: profile},
+    )
+    facts = dict(image.facts) if image.facts is not None else None
+    if frontend_type(recipe) == "dynamo":
+        version = _dynamo_version(recipe, notes)
+        if version is not None:
+            if facts and facts.get("dynamo"):
+                notes.append(
+                    "verify's facts about the image's own Dynamo (its tokenizer model "
+                    "types, parsers) no longer hold: the job installs another"
+                )
+                facts.pop("dynamo")
+            facts = {
+                **(facts or {}),
+                "versions": {**(facts or {}).get("versions", {}), "dynamo": version},
+            }
+    ctx = Context(
+        spec=spec,
+        profile=profile,
+        lock=lock,
+        cluster=cluster,
+        env={e.name: e.value for e in env},
+        facts=facts,
+        commands=tuple(
+            ParsedCommand(role=c.role, index=i, argv=c.argv, options=parse_options(c.argv))
+            for i, c in enumerate(cmds)
+        ),
+        facts_source=image.facts_source,
+        command_key=lambda c: "frontend" if c.role == "dynamo-frontend" else ENGINE_KEY,
+    )
+    return Mapped(context=ctx, env=env, notes=tuple(notes), model_type_key=mtype_key)
+
+
+def recipe_key(recipe: Recipe, mapped: Mapped, finding: Finding) -> str:
+    """The recipe key a finding is about (findings on the lock keep the lock's key)."""
+    if finding.file != str(recipe.path):
+        return finding.key
+    key = finding.key
+    if key.startswith("env."):
+        return recipe.env_key(key.removeprefix("env."))
+    if key.endswith(".tokenizer_model_type"):
+        return mapped.model_type_key
+    if key == "patches":
+        return "model.container"
+    if key == ENGINE_KEY:
+        return _flag_key(recipe, finding.message)
+    if key.startswith("profiles."):
+        return "backend"
+    return key
+
+
+def _flag_key(recipe: Recipe, message: str) -> str:
+    """The engine flag a message is about, as the recipe spells its key (the first one the
+    message names that the recipe sets), else the engine flags' section."""
+    spelled = {str(k).replace("_", "-"): str(k) for k in recipe.engine_flags}
+    for m in _FLAG.finditer(message):
+        flag = m.group(0)[2:]
+        if flag == "nnodes":
+            return "resources.agg_nodes"
+        if flag in spelled:
+            return f"{ENGINE_KEY}.{spelled[flag]}"
+    if "kv-transfer-config" in spelled and any(w in message for w in _KV_WORDS):
+        return f"{ENGINE_KEY}.{spelled['kv-transfer-config']}"
+    if message.startswith("TP x PP") and "tensor-parallel-size" in spelled:
+        return f"{ENGINE_KEY}.{spelled['tensor-parallel-size']}"
+    return ENGINE_KEY

@@ -1,0 +1,134 @@
+"""The `--recipe` / `--srtslurm` half of `k3env preflight`: srt-slurm recipes and a cluster's
+`srtslurm.yaml` that people already have, checked with the rules of k3env's own specs (the
+pipeline is ``handoff.recipe_check``; this module reads the arguments and prints).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+from typing import Any
+
+from k3env.commands.app import App
+from k3env.config.lock import load_lock
+from k3env.errors import CheckFailed
+
+
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--recipe",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE.yaml",
+        help="an srt-slurm recipe to check instead of the specs (repeatable)",
+    )
+    p.add_argument(
+        "--srtslurm",
+        type=Path,
+        metavar="FILE",
+        help="a cluster's srtslurm.yaml: unknown keys are errors; its aliases are resolved",
+    )
+    p.add_argument("--base", help="the lock base a recipe's unknown container is taken as")
+    p.add_argument("--model-type", help="the recipe model's tokenizer model_type")
+
+
+def wanted(args: argparse.Namespace) -> bool:
+    return bool(args.recipe or args.srtslurm)
+
+
+def run(args: argparse.Namespace, app: App, rules: list[Any]) -> int:
+    from k3env.config.cluster import load_cluster
+    from k3env.config.srtrecipe import load_cluster_config, load_recipe, str_mapping
+    from k3env.handoff.recipe_check import (
+        check_cluster_config,
+        check_recipe,
+        containers_of,
+        find_image,
+        srt_loader,
+    )
+
+    start = time.perf_counter()
+    lock = load_lock(args.lock)
+    cluster = load_cluster(args.cluster)
+    state = app.state()
+    aliases: dict[str, str] = {}
+    model_paths: dict[str, str] = {}
+    payload: dict[str, Any] = {"cluster": str(args.cluster), "platform": cluster.platform}
+    lines: list[str] = []
+    if args.srtslurm:
+        doc = load_cluster_config(args.srtslurm)
+        version = lock.srt_slurm.version if lock.srt_slurm else "(unpinned)"
+        check_cluster_config(doc, version)
+        aliases, model_paths = str_mapping(doc, "containers"), str_mapping(doc, "model_paths")
+        entries = []
+        for alias, value, image in containers_of(
+            state, lock, args.images, aliases, cluster.platform
+        ):
+            entries.append(
+                {"alias": alias, "container": value, "known": image.known, "how": image.how}
+            )
+            lines.append(f"{args.srtslurm}: containers.{alias}: {value}: {image.how}")
+        payload["srtslurm"] = {"file": str(args.srtslurm), "containers": entries}
+        lines.append(f"{args.srtslurm}: every key is one srt-slurm {version} takes")
+    recipes = [load_recipe(r, containers=aliases, model_paths=model_paths) for r in args.recipe]
+    loaders = srt_loader(lock, state, app.log, [r.path for r in recipes]) if recipes else {}
+    results = []
+    for recipe in recipes:
+        image = find_image(state, lock, args.images, recipe.container, args.base, cluster.platform)
+        results.append(
+            check_recipe(
+                recipe,
+                lock,
+                cluster,
+                image,
+                rules,
+                loaders[recipe.path],
+                model_type=args.model_type,
+            )
+        )
+    elapsed = time.perf_counter() - start
+    payload["recipes"] = [r.as_json() for r in results]
+    payload["errors"] = sum(r.errors for r in results)
+    payload["warnings"] = sum(r.warnings for r in results)
+    payload["seconds"] = round(elapsed, 4)
+
+    def human() -> None:
+        for line in lines:
+            print(line)
+        for r in results:
+            print(f"{r.recipe.path}: model.container {r.recipe.container}: {r.image.how}")
+            for f in r.findings:
+                print(f.text())
+            for e in r.env:
+                if e.changed:
+                    print(
+                        f"{r.recipe.path}: {e.key}: {e.name}={e.value} changes the value the "
+                        f"image bakes ({e.baked})"
+                    )
+            for note in r.notes:
+                print(f"{r.recipe.path}: note: {note}")
+            if r.lacked:
+                print(
+                    f"{r.recipe.path}: lacked facts {list(r.lacked)} (no verify record of "
+                    "this image: `k3env verify` the image k3env built)"
+                )
+            print(
+                f"{r.recipe.path}: srt-slurm's loader and dry-run: {r.loader.verdict} "
+                f"({r.loader.detail})"
+            )
+            print(
+                f"{r.recipe.path}: {len(rules)} rules, on {cluster.name}: {r.errors} "
+                f"error(s), {r.warnings} warning(s)"
+            )
+
+    app.emit(payload, human)
+    if payload["errors"]:
+        failing = [str(r.recipe.path) for r in results if r.errors]
+        raise CheckFailed(
+            f"preflight found {payload['errors']} error(s) in {len(failing)} recipe(s)",
+            where=", ".join(failing),
+            fix="apply each finding's fix; `k3env preflight --explain RULE` says why",
+        )
+    return 0

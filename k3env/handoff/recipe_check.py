@@ -1,0 +1,355 @@
+"""Recipes in: check srt-slurm recipes and a cluster's ``srtslurm.yaml`` that people already
+have, with the rules k3env runs over its own specs.
+
+Pipeline per recipe: read (``config.srtrecipe``, a cluster's aliases resolved as srt-slurm
+resolves them) -> find its image (``model.container`` against this host's push and export
+records, else the lock base it is taken as) -> map it to a serve profile with srt-slurm's
+defaults (``checks.recipe_map``) -> the rules -> srt-slurm's own loader, job-time lookups
+and dry-run where the pinned srt-slurm is materialized here (else said: not checked, never
+passed) -> findings on the recipe's own keys and lines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from k3env.checks.known import SRT_CLUSTER_CONFIG_KEYS, SRT_CLUSTER_CONFIG_NESTED
+from k3env.checks.preflight import ERROR, WARNING, Rule, run_rules
+from k3env.checks.recipe_map import EnvEntry, ImageOf, Mapped, map_recipe, recipe_key
+from k3env.config.cluster import Cluster
+from k3env.config.pins import Lock
+from k3env.config.spec import ImageSpec, load_spec
+from k3env.config.srtrecipe import Recipe
+from k3env.config.yamlread import YamlDoc
+from k3env.errors import ConfigError
+from k3env.image.records import last_build
+from k3env.log import Log
+from k3env.state import State
+
+NOT_CHECKED = "not checked"
+LOADER_RULE = "SRT-LOADER"
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecipeFinding:
+    rule: str
+    severity: str
+    file: str
+    line: int | None
+    key: str
+    message: str
+    fix: str
+
+    def text(self) -> str:
+        at = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{at}: {self.key}: {self.rule} {self.severity}: {self.message}\n    fix: {self.fix}"
+
+    def as_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Loader:
+    """What srt-slurm's own loader, job-time lookups and dry-run said: ``passed``,
+    ``failed`` or ``not checked`` (with why)."""
+
+    verdict: str
+    detail: str
+    errors: tuple[tuple[str, str, str], ...] = ()  # (key, message, stage)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecipeResult:
+    recipe: Recipe
+    image: ImageOf
+    findings: tuple[RecipeFinding, ...]
+    env: tuple[EnvEntry, ...]
+    notes: tuple[str, ...]
+    loader: Loader
+    lacked: tuple[str, ...]
+
+    @property
+    def errors(self) -> int:
+        return sum(f.severity == ERROR for f in self.findings)
+
+    @property
+    def warnings(self) -> int:
+        return sum(f.severity == WARNING for f in self.findings)
+
+    def as_json(self) -> dict[str, Any]:
+        image = {k: v for k, v in self.image.__dict__.items() if k not in ("spec", "facts")}
+        return {
+            "recipe": str(self.recipe.path),
+            "name": self.recipe.name,
+            "image": {**image, "spec": self.image.spec.name if self.image.spec else None},
+            "findings": [f.as_json() for f in self.findings],
+            "env": [e.as_json() for e in self.env],
+            "env_changed": [e.name for e in self.env if e.changed],
+            "notes": list(self.notes),
+            "srt_slurm_loader": {"verdict": self.loader.verdict, "detail": self.loader.detail},
+            "lacked_facts": list(self.lacked),
+            "errors": self.errors,
+            "warnings": self.warnings,
+        }
+
+
+# --- the image a recipe names ------------------------------------------------------------------
+def _records(state: State, kind: str) -> list[dict[str, Any]]:
+    directory = state.path(kind)
+    if not directory.is_dir():
+        return []
+    out = []
+    for f in sorted(directory.glob("*.json")):
+        record = state.read_json(kind, f.name)
+        if isinstance(record, dict) and record.get("image_id"):
+            out.append(record)
+    return out
+
+
+def _as_reference(container: str) -> str:
+    """``docker://REGISTRY#REPO@sha256:...`` (enroot's form) as ``REGISTRY/REPO@sha256:...``."""
+    text = container.removeprefix("docker://")
+    return text.replace("#", "/", 1) if "#" in text else text
+
+
+def _pushed(state: State, container: str) -> tuple[dict[str, Any], str] | None:
+    ref = _as_reference(container)
+    for r in _records(state, "pushed"):
+        by_digest = f"{str(r.get('reference', '')).rsplit(':', 1)[0]}@{r.get('digest')}"
+        if ref == by_digest:
+            return r, f"pushed by k3env as {by_digest}"
+        if ref == r.get("reference"):
+            return r, f"pushed by k3env as {ref} (by tag: the tag can move; name {by_digest})"
+        if ref == r.get("digest") or ("@" in ref and ref.rsplit("@", 1)[1] == r.get("digest")):
+            return r, f"manifest {r.get('digest')} that k3env pushed (as {by_digest})"
+    return None
+
+
+def _exported(state: State, container: str) -> tuple[dict[str, Any], str] | None:
+    for r in _records(state, "exports"):
+        path = str(r.get("path", ""))
+        if container == path:
+            return r, f"exported by k3env to {path} (sha256 {r.get('sha256')})"
+        if container.endswith(".sqsh") and Path(container).name == Path(path).name:
+            return r, (
+                f"by file name, the enroot image k3env exported to {path} (sha256 "
+                f"{r.get('sha256')}): check the cluster's copy with `k3env export --check "
+                f"{container}`"
+            )
+    return None
+
+
+def _default_base(lock: Lock, container: str) -> tuple[str, str | None]:
+    """The lock base ``container`` names (its repository:tag or @digest), else the first
+    real base; and how it matched (``None``: it did not)."""
+    ref = _as_reference(container)
+    bare = ref.removeprefix("docker.io/")
+    for name, base in lock.bases.items():
+        if base.kind == "twin" or base.repository is None:
+            continue
+        repo = base.repository.removeprefix("docker.io/")
+        forms = {f"{repo}:{base.tag}"} if base.tag else set()
+        forms |= {f"{repo}@{d}" for d in (base.digest, *base.platforms.values()) if d}
+        if bare in forms:
+            return name, f"the lock's base {name} itself ({base.display}): no k3env layer"
+    real = [n for n, b in lock.bases.items() if b.kind != "twin"]
+    if not real:
+        raise ConfigError(
+            "the lock pins no base image", where=str(lock.path), fix="add [bases.NAME]"
+        )
+    return real[0], None
+
+
+def find_image(
+    state: State, lock: Lock, images: Path, container: str, base: str | None, platform: str
+) -> ImageOf:
+    """What ``container`` is: an image k3env pushed or exported (its spec, image ID and the
+    facts verify learned about it), else the lock base it is taken as."""
+    found = _pushed(state, container) or _exported(state, container)
+    if found is None:
+        name, matched = _default_base(lock, container)
+        chosen = base or name
+        how = (
+            matched
+            if matched and chosen == name
+            else (
+                f"not an image k3env pushed or exported (no record on this host): taken as lock "
+                f"base {chosen}" + ("" if base else " (`--base NAME` to choose)")
+            )
+        )
+        return ImageOf(container=container, base=chosen, how=how, known=False)
+    record, how = found
+    image_id = str(record["image_id"])
+    spec = _spec_of(lock, images, str(record.get("image", "")), image_id, state, platform)
+    if spec is None:
+        how += (
+            f"; its spec {record.get('image')} under this lock no longer builds it: its "
+            "patches and env are not known from here"
+        )
+    facts = state.read_record("facts", image_id)
+    chosen = base or (spec.base if spec else _default_base(lock, container)[0])
+    return ImageOf(
+        container=container,
+        base=chosen,
+        how=how,
+        known=True,
+        spec=spec,
+        image_id=image_id,
+        facts=facts if isinstance(facts, Mapping) else None,
+        facts_source=f"{record.get('image')} ({image_id})" if isinstance(facts, Mapping) else None,
+    )
+
+
+def _spec_of(
+    lock: Lock, images: Path, name: str, image_id: str, state: State, platform: str
+) -> ImageSpec | None:
+    """The spec that built ``image_id`` under this lock (its record says so), else None."""
+    path = images / f"{name}.toml"
+    if not name or not path.is_file():
+        return None
+    spec = load_spec(path, lock)
+    build = last_build(state, lock, spec, platform) or {}
+    return spec if build.get("image_id") == image_id else None
+
+
+# --- srtslurm.yaml -----------------------------------------------------------------------------
+def unknown_cluster_keys(doc: YamlDoc) -> list[str]:
+    """Keys of a cluster config srt-slurm's ``ClusterConfig`` does not take (dotted)."""
+    data = doc.data if isinstance(doc.data, dict) else {}
+    out = [str(k) for k in data if k not in SRT_CLUSTER_CONFIG_KEYS]
+    for parent, keys in SRT_CLUSTER_CONFIG_NESTED.items():
+        node: Any = data
+        for part in parent.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            out += [f"{parent}.{k}" for k in node if k not in keys]
+    return out
+
+
+def check_cluster_config(doc: YamlDoc, version: str) -> None:
+    """Refuse a key srt-slurm's cluster config does not take (srt-slurm only warns, then
+    drops the whole file: every default and alias in it)."""
+    unknown = unknown_cluster_keys(doc)
+    if not unknown:
+        return
+    shown = ", ".join(f"{k} (line {doc.line(k)})" if doc.line(k) else k for k in unknown)
+    raise ConfigError(
+        f"{len(unknown)} key(s) srt-slurm {version}'s cluster config does not take: {shown}. "
+        "srt-slurm would only log a warning and then ignore the whole file (every default "
+        "and alias in it)",
+        where=doc.where(unknown[0]),
+        fix="remove or rename each; the keys it takes: " + ", ".join(SRT_CLUSTER_CONFIG_KEYS),
+    )
+
+
+# --- srt-slurm's own loader --------------------------------------------------------------------
+def srt_loader(lock: Lock, state: State, log: Log, recipes: Sequence[Path]) -> dict[Path, Loader]:
+    """srt-slurm's loader, job-time lookups and dry-run for each recipe, when the pinned
+    srt-slurm is materialized on this host; else each is ``not checked``, saying why."""
+    from k3env.handoff.srt import cache_key, materialize
+    from k3env.handoff.srt_validate import validate
+
+    srt = lock.srt_slurm
+    why = None
+    if srt is None:
+        why = f"the lock pins no srt-slurm ({lock.path})"
+    elif unresolved := [p.label for p in srt.patches if p.sha256 is None]:
+        why = (
+            f"the pinned srt-slurm {srt.version} cannot be materialized here: patch(es) "
+            f"{unresolved} unresolved (see README: srt-slurm against the real upstream)"
+        )
+    elif not state.path("srt", cache_key(srt)[:20]).is_dir():
+        why = (
+            f"the pinned srt-slurm {srt.version} is not materialized on this host "
+            "(run `k3env srt materialize`)"
+        )
+    if why is not None:
+        return {r: Loader(verdict=NOT_CHECKED, detail=why) for r in recipes}
+    m = materialize(lock, state, log)
+    result = validate(m, list(recipes), log)
+    what = f"srt-slurm {m.version} + {list(m.patches)}"
+    extra = "".join(f"; not checked: {n}" for n in result.not_checked)
+    out = {}
+    for r in recipes:
+        errs = tuple(
+            (e.key, e.message, e.stage) for e in result.errors if e.file == str(r.resolve())
+        )
+        verdict = "failed" if errs else "passed"
+        out[r] = Loader(verdict=verdict, detail=what + extra, errors=errs)
+    return out
+
+
+# --- one recipe --------------------------------------------------------------------------------
+def check_recipe(
+    recipe: Recipe,
+    lock: Lock,
+    cluster: Cluster,
+    image: ImageOf,
+    rules: Sequence[Rule],
+    loader: Loader,
+    *,
+    model_type: str | None = None,
+) -> RecipeResult:
+    mapped = map_recipe(recipe, lock, cluster, image, model_type_given=model_type)
+    report = run_rules([mapped.context], rules)
+    findings = [_finding(recipe, mapped, f) for f in report.findings]
+    for key, message, stage in loader.errors:
+        where = key or "(recipe)"
+        findings.append(
+            RecipeFinding(
+                rule=LOADER_RULE,
+                severity=ERROR,
+                file=str(recipe.path),
+                line=recipe.doc.line(key) if key else None,
+                key=where,
+                message=f"srt-slurm's {stage} ({loader.detail}): {message}",
+                fix="fix the key as srt-slurm's own message says",
+            )
+        )
+    findings.sort(key=lambda f: (f.severity != ERROR, f.file, f.line or 0, f.key, f.rule))
+    lacked = next(iter(report.lacked.values()), ())
+    return RecipeResult(
+        recipe=recipe,
+        image=image,
+        findings=tuple(findings),
+        env=mapped.env,
+        notes=mapped.notes,
+        loader=loader,
+        lacked=tuple(lacked),
+    )
+
+
+def _finding(recipe: Recipe, mapped: Mapped, f: Any) -> RecipeFinding:
+    key = recipe_key(recipe, mapped, f)
+    on_recipe = f.file == str(recipe.path)
+    message, fix = f.message, f.fix
+    if on_recipe and f.key == "patches":  # the image is the recipe's container, not a spec
+        if recipe.setup_script:
+            message += (
+                f" (the recipe's setup_script {recipe.setup_script} runs at every job "
+                "start; k3env cannot see what it does)"
+            )
+        fix = (
+            f"run an image that carries it: `k3env adopt {recipe.path}` (the spec bakes the "
+            "lock's patches), build and push it, and name its digest in model.container"
+        )
+    return RecipeFinding(
+        rule=f.rule,
+        severity=f.severity,
+        file=f.file,
+        line=recipe.doc.line(key) if on_recipe else None,
+        key=key,
+        message=message,
+        fix=fix,
+    )
+
+
+def containers_of(
+    state: State, lock: Lock, images: Path, aliases: Mapping[str, str], platform: str
+) -> Iterable[tuple[str, str, ImageOf]]:
+    """Each ``containers:`` entry of a cluster config with what it is on this host."""
+    for alias, value in aliases.items():
+        yield alias, value, find_image(state, lock, images, value, None, platform)

@@ -1,0 +1,359 @@
+"""Recipes in: the bring-up's srt-slurm recipes (tests/data/recipes, written from its history)
+get from `preflight --recipe` the verdicts the history recorded, with the rule IDs of k3env's
+own specs; adopt round-trips; an unknown srtslurm.yaml key fails naming it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml  # type: ignore[import-untyped]
+
+from k3env.cli import main
+from k3env.config.lock import load_lock
+from k3env.config.spec import load_spec
+from k3env.handoff.adopt import ABSENT, Difference, naming, recipe_diff
+from k3env.image.records import build_key
+from k3env.state import State
+
+from .conftest import REPO
+
+RECIPES = REPO / "tests/data/recipes"
+LOCK = Path("pins/k3.lock.toml")
+E, W = "error", "warning"
+DROPPED = {"K3-DROPPED-PATCH": W}  # the bring-up image carries no int64 index fix
+
+# recipe -> {rule: worst severity}: the failures its cluster run hit (tests/data/recipes/README).
+VERDICTS: dict[str, dict[str, str]] = {
+    "a1-fork.yaml": {"K3-PARSER-FLAGS": E, "K3-TOKENIZER-MODEL-TYPE": E,
+                     "K3-GPU-MEM-HEADROOM": E, "K3-ALLOC-FRAGMENTATION": W, **DROPPED},
+    "a2-dynamo-1.2.1.yaml": {"K3-TOKENIZER-MODEL-TYPE": E, "K3-GPU-MEM-HEADROOM": E,
+                             "K3-ALLOC-FRAGMENTATION": W, **DROPPED},
+    "a3-session-control.yaml": {"K3-AIPERF-SESSION-CONTROL": E, "K3-GPU-MEM-HEADROOM": E,
+                                "K3-ALLOC-FRAGMENTATION": W, **DROPPED},
+    "a4-mamba.yaml": {"K3-GPU-MEM-HEADROOM": E, "K3-ALLOC-FRAGMENTATION": W, **DROPPED},
+    "c.yaml": {"K3-ALLOC-FRAGMENTATION": W, **DROPPED},
+    "d1-mem-095.yaml": {"K3-GPU-MEM-HEADROOM": E, "K3-ALLOC-FRAGMENTATION": W, **DROPPED},
+    "d2-retention.yaml": {"K3-RETENTION-BLOCK": E, "K3-ALLOC-FRAGMENTATION": W, **DROPPED},
+    "d.yaml": {"K3-ALLOC-FRAGMENTATION": W, **DROPPED},
+    "e1-cross-layer.yaml": {"K3-CROSS-LAYER-HYBRID": E, "K3-ALLOC-FRAGMENTATION": E, **DROPPED},
+    "e.yaml": {"K3-ALLOC-FRAGMENTATION": E, **DROPPED},
+    "f1-no-cumem.yaml": {"K3-SIMPLECPU-CUMEM": E, **DROPPED},
+    "f2-custom-ar.yaml": {"K3-CUMEM-CUSTOM-AR": E, **DROPPED},
+    "f.yaml": {**DROPPED},
+}  # fmt: skip
+
+
+@pytest.fixture
+def resolved(repo: Path) -> Path:
+    """The lock's srt-slurm PR patches written and pinned and its base's manifests resolved
+    (as on a host that reaches GitHub and Docker Hub), so verdicts are about the recipes."""
+    shutil.copytree(REPO / "clusters", repo / "clusters")
+    text = LOCK.read_text()
+    for platform, digit in (("linux/amd64", "a"), ("linux/arm64", "b")):
+        text = text.replace(f'"{platform}" = "unresolved"', f'"{platform}" = "sha256:{digit * 64}"')
+    LOCK.write_text(text)
+    srt = repo / "patches/srt-slurm"
+    srt.mkdir(parents=True, exist_ok=True)
+    (srt / "pr278-direct-aggregate-serving.patch").write_text("From 6fd6000 ...\n")
+    (srt / "pr278-direct-vllm-multinode.patch").write_text("From k3env ...\n")
+    assert main(["lock", "--update-hashes", "-q"]) == 0
+    return repo
+
+
+def preflight(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any]]:
+    capsys.readouterr()
+    code = main(["preflight", "--json", "-q", *args])
+    return code, json.loads(capsys.readouterr().out)
+
+
+def worst(result: dict[str, Any]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for f in result["findings"]:
+        if out.get(f["rule"]) != E:
+            out[f["rule"]] = f["severity"]
+    return out
+
+
+def line_of(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
+
+
+@pytest.mark.parametrize("name", sorted(VERDICTS))
+def test_each_recipe_gets_the_verdict_its_run_recorded(
+    resolved: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    code, out = preflight(capsys, "--recipe", str(RECIPES / name))
+    (result,) = out["recipes"]
+    assert worst(result) == VERDICTS[name]
+    assert code == (4 if E in VERDICTS[name].values() else 0)
+    # srt-slurm is not materialized here: said, never passed.
+    assert result["srt_slurm_loader"]["verdict"] == "not checked"
+    assert "not materialized" in result["srt_slurm_loader"]["detail"]
+
+
+def test_findings_name_the_recipes_own_keys_and_lines(
+    resolved: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cases = [
+        ("d1-mem-095.yaml", "K3-GPU-MEM-HEADROOM",
+         "backend.vllm_config.aggregated.gpu-memory-utilization", "gpu-memory-utilization:"),
+        ("d2-retention.yaml", "K3-RETENTION-BLOCK",
+         "backend.aggregated_environment.VLLM_PREFIX_CACHE_RETENTION_INTERVAL",
+         "VLLM_PREFIX_CACHE_RETENTION_INTERVAL:"),
+        ("e1-cross-layer.yaml", "K3-CROSS-LAYER-HYBRID",
+         "backend.vllm_config.aggregated.kv-transfer-config", "kv-transfer-config:"),
+        ("f2-custom-ar.yaml", "K3-CUMEM-CUSTOM-AR",
+         "backend.vllm_config.aggregated.enable-cumem-allocator", "enable-cumem-allocator:"),
+        ("a1-fork.yaml", "K3-PARSER-FLAGS",
+         "backend.vllm_config.aggregated.enable-auto-tool-choice", "enable-auto-tool-choice:"),
+        ("a3-session-control.yaml", "K3-AIPERF-SESSION-CONTROL",
+         "backend.aggregated_environment.AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING",
+         "aggregated_environment:"),
+    ]  # fmt: skip
+    for name, rule, key, text in cases:
+        path = RECIPES / name
+        _, out = preflight(capsys, "--recipe", str(path))
+        hits = [f for f in out["recipes"][0]["findings"] if f["rule"] == rule and f["key"] == key]
+        assert hits, (name, out["recipes"][0]["findings"])
+        assert hits[0]["file"] == str(path) and hits[0]["line"] == line_of(path, text)
+    # The human form is a linter's: FILE:LINE: KEY: RULE severity.
+    path = RECIPES / "d1-mem-095.yaml"
+    assert main(["preflight", "--recipe", str(path)]) == 4
+    line = line_of(path, "gpu-memory-utilization:")
+    assert (f"{path}:{line}: backend.vllm_config.aggregated.gpu-memory-utilization: "
+            "K3-GPU-MEM-HEADROOM error:") in capsys.readouterr().out  # fmt: skip
+
+
+def test_the_committed_lock_is_judged_on_its_own_keys(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With the PR patches unresolved, the 2-node direct recipe fails on the lock's keys, and
+    srt-slurm's loader is said not to have run, naming why."""
+    shutil.copytree(REPO / "clusters", repo / "clusters")
+    code, out = preflight(capsys, "--recipe", str(RECIPES / "f.yaml"))
+    assert code == 4
+    (result,) = out["recipes"]
+    srt = {(f["file"], f["key"]) for f in result["findings"] if f["rule"] == "K3-SRT-FRONTEND"}
+    assert srt == {("pins/k3.lock.toml", "srt_slurm.patches[0]"),
+                   ("pins/k3.lock.toml", "srt_slurm.patches[1]")}  # fmt: skip
+    loader = result["srt_slurm_loader"]
+    assert loader["verdict"] == "not checked" and "unresolved" in loader["detail"]
+    assert main(["preflight", "--recipe", str(RECIPES / "f.yaml")]) == 4
+    assert "srt-slurm's loader and dry-run: not checked (" in capsys.readouterr().out
+
+
+def test_the_effective_env_lists_each_baked_value_a_recipe_changes(
+    resolved: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = (RECIPES / "d.yaml").read_text()
+    changed = resolved / "d-off.yaml"
+    changed.write_text(
+        text.replace('K3_LATENT_MOE_TAIL_FUSION: "1"', 'K3_LATENT_MOE_TAIL_FUSION: "0"')
+    )
+    _, out = preflight(capsys, "--recipe", str(changed))
+    (result,) = out["recipes"]
+    assert result["env_changed"] == ["VLLM_ENABLE_K3_LATENT_MOE_TAIL_FUSION"]
+    (entry,) = [e for e in result["env"] if e["changed"]]
+    assert entry["baked"] == "1" and entry["value"] == "0"
+    assert entry["key"] == "backend.aggregated_environment.VLLM_ENABLE_K3_LATENT_MOE_TAIL_FUSION"
+    # `environment:` is exported after the mode's env: it wins, and is the key named.
+    changed.write_text(text + 'environment:\n  NCCL_CUMEM_ENABLE: "0"\n')
+    _, out = preflight(capsys, "--recipe", str(changed))
+    env = {e["name"]: e for e in out["recipes"][0]["env"]}
+    assert env["NCCL_CUMEM_ENABLE"]["value"] == "0"
+    assert env["NCCL_CUMEM_ENABLE"]["key"] == "environment.NCCL_CUMEM_ENABLE"
+    assert main(["preflight", "--recipe", str(changed)]) == 0
+
+
+def test_a_container_k3env_pushed_is_its_image_with_its_patches_and_facts(
+    resolved: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    lock = load_lock(LOCK)
+    spec = load_spec(Path("images/kimi-k3-direct-f.toml"), lock)
+    state, image_id = State(), "sha256:" + "cd" * 32
+    ref, digest = "127.0.0.1:5000/k3env/kimi-k3-direct-f:abc", "sha256:" + "ef" * 32
+    state.write_record({"image_id": image_id, "reference": "k3env/kimi-k3-direct-f:abc",
+                        "twin": False}, "builds", build_key(lock, spec, twin=False))  # fmt: skip
+    state.write_record({"image": spec.name, "image_id": image_id, "reference": ref,
+                        "digest": digest}, "pushed", image_id)  # fmt: skip
+    state.write_record({"vllm": {"scheduler_block_size": 3145728}}, "facts", image_id)
+    recipe = resolved / "f-pushed.yaml"
+    by_digest = f"127.0.0.1:5000/k3env/kimi-k3-direct-f@{digest}"
+    final = (RECIPES / "f.yaml").read_text()
+    recipe.write_text(final.replace("vllm/vllm-openai:kimi-k3", by_digest))
+    code, out = preflight(capsys, "--recipe", str(recipe))
+    (result,) = out["recipes"]
+    assert code == 0 and result["findings"] == [] and result["lacked_facts"] == []
+    assert result["image"]["spec"] == "kimi-k3-direct-f" and result["image"]["known"]
+    assert result["image"]["how"] == f"pushed by k3env as {by_digest}"
+    # enroot's own spelling of the same digest, and an export found by its file name.
+    recipe.write_text(
+        recipe.read_text().replace(
+            by_digest, f"docker://127.0.0.1:5000#k3env/kimi-k3-direct-f@{digest}"
+        )
+    )
+    assert preflight(capsys, "--recipe", str(recipe))[1]["recipes"][0]["image"]["known"]
+    sqsh = "k3env+kimi-k3-direct-f+abc.sqsh"
+    state.write_record({"image": spec.name, "image_id": image_id, "sha256": "0" * 64,
+                        "path": f"out/{sqsh}"}, "exports", image_id)  # fmt: skip
+    recipe.write_text(final.replace("vllm/vllm-openai:kimi-k3", f"/lustre/containers/{sqsh}"))
+    image = preflight(capsys, "--recipe", str(recipe))[1]["recipes"][0]["image"]
+    assert image["spec"] == "kimi-k3-direct-f" and "by file name" in image["how"]
+    assert "k3env export --check" in image["how"]
+
+
+def test_an_unknown_container_is_taken_as_a_lock_base_and_said(
+    resolved: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    recipe = resolved / "other.yaml"
+    recipe.write_text((RECIPES / "d.yaml").read_text().replace(
+        "vllm/vllm-openai:kimi-k3", "/shared/containers/someones.sqsh"))  # fmt: skip
+    image = preflight(capsys, "--recipe", str(recipe))[1]["recipes"][0]["image"]
+    assert image["base"] == "vllm-kimi-k3" and not image["known"]
+    assert "taken as lock base vllm-kimi-k3 (`--base NAME` to choose)" in image["how"]
+
+
+def test_srt_slurm_defaults_are_applied_and_said(
+    resolved: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """No `dynamo:` section: srt-slurm installs Dynamo 0.8.0 at job start, and judges that;
+    no `connector:`: the aggregate Dynamo worker gets NixlConnector."""
+    text = (RECIPES / "c.yaml").read_text()
+    bare = resolved / "bare.yaml"
+    bare.write_text(text.split("dynamo:\n", 1)[0].replace("  connector: none\n", "")
+                    + "benchmark:" + text.split("benchmark:", 1)[1])  # fmt: skip
+    _, out = preflight(capsys, "--recipe", str(bare))
+    (result,) = out["recipes"]
+    notes = " ".join(result["notes"])
+    assert "installs Dynamo 0.8.0 at every job start (srt-slurm's default)" in notes
+    assert "NixlConnector" in notes
+    rules = worst(result)
+    assert rules["K3-TOKENIZER-MODEL-TYPE"] == E and rules["K3-ALLOC-FRAGMENTATION"] == E
+    # A recipe without backend.type is an SGLang recipe to srt-slurm: refused, said why.
+    bare.write_text(text.replace("  type: vllm\n", "", 1))
+    assert main(["preflight", "--recipe", str(bare)]) == 2
+    assert "srt-slurm's default" in capsys.readouterr().err
+
+
+def test_a_key_given_twice_and_a_non_string_env_value_are_refused(
+    resolved: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = resolved / "bad.yaml"
+    bad.write_text((RECIPES / "d.yaml").read_text() + "name: again\n")
+    assert main(["preflight", "--recipe", str(bad)]) == 2
+    assert "key 'name' is given twice" in capsys.readouterr().err
+    bad.write_text(
+        (RECIPES / "d.yaml").read_text().replace('NCCL_CUMEM_ENABLE: "1"', "NCCL_CUMEM_ENABLE: 1")
+    )
+    assert main(["preflight", "--recipe", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "backend.aggregated_environment.NCCL_CUMEM_ENABLE is int" in err
+    assert f"{bad}:{line_of(bad, 'NCCL_CUMEM_ENABLE: 1')}" in err
+
+
+SRTSLURM = """\
+default_account: "gpu-account"
+default_partition: "batch"
+containers:
+  kimi-k3: "vllm/vllm-openai:kimi-k3"
+model_paths:
+  kimi-k3: "/lustre/fsw/models/Kimi-K3"
+"""
+
+
+def test_an_unknown_srtslurm_yaml_key_fails_naming_it(
+    resolved: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = resolved / "srtslurm.yaml"
+    cfg.write_text(SRTSLURM + 'default_container: "/shared/containers/old.sqsh"\n'
+                   "reporting:\n  status:\n    endpoint: http://x\n    token: t\n")  # fmt: skip
+    assert main(["preflight", "--srtslurm", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "2 key(s)" in err and "default_container (line 7)" in err
+    assert "reporting.status.token (line 11)" in err
+    assert f"{cfg}:7: default_container" in err and "ignore the whole file" in err
+    cfg.write_text(SRTSLURM + "reporting:\n  status:\n    endpoint: http://x\n  token: t\n")
+    assert main(["preflight", "--srtslurm", str(cfg), "--json"]) == 2
+    error = json.loads(capsys.readouterr().out)["error"]
+    assert error["exit_code"] == 2 and error["message"].startswith("1 key(s)")
+    assert "reporting.token (line 10)" in error["message"]
+    # Every key known: the aliases resolve as srt-slurm resolves them.
+    cfg.write_text(SRTSLURM)
+    recipe = resolved / "aliased.yaml"
+    recipe.write_text((RECIPES / "f.yaml").read_text()
+                      .replace("container: vllm/vllm-openai:kimi-k3", "container: kimi-k3")
+                      .replace("path: /lustre/fsw/models/Kimi-K3", "path: kimi-k3"))  # fmt: skip
+    code, out = preflight(capsys, "--srtslurm", str(cfg), "--recipe", str(recipe))
+    assert code == 0
+    assert out["recipes"][0]["image"]["container"] == "vllm/vllm-openai:kimi-k3"
+    assert out["srtslurm"]["containers"][0]["alias"] == "kimi-k3"
+
+
+# --- adopt ---------------------------------------------------------------------------------------
+def adopt_and_regenerate(
+    name: str, capsys: pytest.CaptureFixture[str], tmp: Path
+) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+    """`k3env adopt` a recipe, then `k3env srt recipe` of the spec it wrote: (adopt's JSON,
+    the original, the regenerated recipe)."""
+    path = RECIPES / name
+    original = yaml.safe_load(path.read_text())
+    capsys.readouterr()
+    assert main(["adopt", str(path), "--json", "-q"]) == 0
+    adopted = json.loads(capsys.readouterr().out)
+    out = tmp / f"{adopted['spec']}.yaml"
+    assert main(["srt", "recipe", adopted["spec"], "--profile", adopted["profile"],
+                 "--container", original["model"]["container"], "--model-path",
+                 original["model"]["path"], "--out", str(out), "-q"]) == 0  # fmt: skip
+    return adopted, original, yaml.safe_load(out.read_text())
+
+
+@pytest.mark.parametrize("name", ["d.yaml", "e.yaml", "f.yaml"])
+def test_adopt_then_srt_recipe_gives_the_recipe_back_key_for_key(
+    resolved: Path, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    adopted, original, regenerated = adopt_and_regenerate(name, capsys, resolved)
+    # The one difference: the container patch is baked, no setup_script runs it at job start.
+    assert recipe_diff(original, regenerated) == [
+        Difference(key="setup_script", original="patch-mamba-hybrid-index.sh", regenerated=ABSENT)
+    ]
+    assert [d["key"] for d in adopted["differences"]] == ["setup_script"]
+    assert "bakes the lock's container patches" in adopted["differences"][0]["why"]
+    spec = Path(adopted["out"])
+    text = spec.read_text()
+    assert text.startswith("#:schema ../schemas/image-spec.schema.json\n# Adopted by `k3env adopt`")
+    assert 'patches = ["mamba-hybrid-index-int64"]' in text
+    # The adopted spec passes preflight as the recipe did, without the dropped patch.
+    assert main(["preflight", adopted["spec"]]) == (0 if name != "e.yaml" else 4)
+
+
+def test_adopt_of_a_dynamo_recipe_lists_what_it_bakes_instead(
+    resolved: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    adopted, _, regenerated = adopt_and_regenerate("c.yaml", capsys, resolved)
+    keys = {d["key"]: d for d in adopted["differences"]}
+    assert keys["dynamo.hash"]["in_original"] and not keys["dynamo.hash"]["in_regenerated"]
+    assert keys["dynamo.install"]["regenerated"] is False
+    assert "bakes the lock's Dynamo" in keys["dynamo.hash"]["why"]
+    assert regenerated["frontend"]["type"] == "dynamo"
+    assert regenerated["backend"]["vllm_config"]["aggregated"]["dyn-tool-call-parser"] == "kimi_k3"
+    # Never over an existing spec.
+    assert main(["adopt", str(RECIPES / "c.yaml")]) == 2
+    assert "refusing to overwrite" in capsys.readouterr().err
+
+
+def test_recipe_diff_and_naming() -> None:
+    assert recipe_diff({"a": {"b": 8, "c": "x"}}, {"a": {"b": "8", "d": 1}}) == [
+        Difference(key="a.b", original=8, regenerated="8"),
+        Difference(key="a.c", original="x", regenerated=ABSENT),
+        Difference(key="a.d", original=ABSENT, regenerated=1),
+    ]
+    assert recipe_diff({"t": True}, {"t": 1}) == [Difference(key="t", original=True, regenerated=1)]
+    assert recipe_diff({"x": [1, 2]}, {"x": [1, 2]}) == []
+    assert naming("kimi-k3-d-agg") == naming("Kimi-K3-D-agg")
+    assert (naming("kimi-k3-d-agg").spec, naming("kimi-k3-d-agg").profile) == ("kimi-k3-d", "agg")
+    assert naming("kimi-k3-d-agg", "mine").profile == "agg"
+    assert naming("mine-fast", "mine").profile == "fast"
