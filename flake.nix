@@ -32,6 +32,9 @@
             pkgs.qemu
             # `k3env twin --resolve` resolves the twin's requirements with uv.
             pkgs.uv
+            # The local Slurm of tests/engine/test_slurm_engine.py (slurmctld, slurmd, munged).
+            pkgs.slurm
+            pkgs.munge
           ];
           shellHook = ''
             export PIP_DISABLE_PIP_VERSION_CHECK=1

@@ -143,3 +143,17 @@ def attempt(
         stderr=subprocess.STDOUT,
     )
     return proc.returncode, proc.stdout
+
+
+def poll(argv: Sequence[str], *, timeout: float) -> tuple[int, str]:
+    """Run ``argv``, a question asked again every few seconds (``squeue``): (exit code, stdout
+    + stderr), not echoed (its caller says once what it polls); 124 when it runs past
+    ``timeout`` or cannot be started (its words then say why)."""
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+                              check=False)  # fmt: skip
+    except subprocess.TimeoutExpired:
+        return 124, f"`{argv[0]}` did not answer within {timeout:.0f} s"
+    except OSError as e:
+        return 124, f"`{argv[0]}`: {e.strerror or e}"
+    return proc.returncode, proc.stdout + proc.stderr

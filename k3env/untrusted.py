@@ -146,6 +146,24 @@ def read_text(root: Path, rel: str, *, limit: int = TEXT_LIMIT, shown_as: str = 
     return None if data is None else data.decode(errors="replace")
 
 
+def read_tail(root: Path, rel: str, *, limit: int, shown_as: str = "") -> tuple[bytes, int] | None:
+    """The last ``limit`` bytes of the regular file ``rel`` under ``root``, and its size (None
+    when missing): a log of any length is read within the bound, its end kept."""
+    fd = _open_regular(root, rel, shown_as)
+    if fd is None:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        os.lseek(fd, max(0, size - limit), os.SEEK_SET)
+        chunks, got = [], 0
+        while got < limit and (block := os.read(fd, min(BLOCK, limit - got))):
+            chunks.append(block)
+            got += len(block)
+        return b"".join(chunks), size
+    finally:
+        os.close(fd)
+
+
 def file_sha256(
     root: Path, rel: str, *, limit: int | None = None, shown_as: str = ""
 ) -> tuple[bytes, int] | None:

@@ -8,9 +8,11 @@ need=()
 for pair in dockerd:docker.io docker-registry:docker-registry skopeo:skopeo \
             mksquashfs:squashfs-tools debootstrap:debootstrap nix-instantiate:nix-bin \
             curl:curl git:git faketime:faketime qemu-aarch64-static:qemu-user-static \
-            update-binfmts:binfmt-support; do
+            update-binfmts:binfmt-support sbatch:slurm-wlm slurmd:slurm-wlm munged:munge; do
   command -v "${pair%%:*}" >/dev/null 2>&1 || need+=("${pair##*:}")
 done
+# slurm-wlm + munge: the local Slurm of tests/engine/test_slurm_engine.py (the test starts its
+# own munged, slurmctld and slurmd on localhost, and stops them; nothing runs between tests).
 if [ "${#need[@]}" -gt 0 ]; then
   echo "+ apt-get install ${need[*]}"
   export DEBIAN_FRONTEND=noninteractive

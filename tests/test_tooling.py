@@ -55,6 +55,8 @@ HOST_TOOLS = {
     "git": "git",
     "qemu-user-static": "qemu",
     "binfmt-support": "qemu",
+    "slurm-wlm": "slurm",
+    "munge": "munge",
 }
 
 

@@ -91,6 +91,9 @@ def recipe(
     }
     if frontend == "dynamo":
         out["dynamo"] = _dynamo_install(spec, dynamo_baked, dynamo_commit)
+        # Left out, srt-slurm gives the aggregate Dynamo worker `--kv-transfer-config` for its
+        # default connector (nixl: NixlConnector); the profile's own flags carry any it uses.
+        out["backend"]["connector"] = None
     if profile.benchmark:
         out["benchmark"] = _benchmark(spec, profile, aiperf_version)
     return out

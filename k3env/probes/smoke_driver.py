@@ -25,6 +25,9 @@ from pathlib import Path
 from typing import Any
 
 PLAN = Path(os.environ.get("K3ENV_SMOKE_PLAN", "/k3env-smoke/bin/plan.json"))
+# A cluster job's own output directory, known only when it starts: the plan's ``out`` moves
+# there (every path of the plan under it too).
+OUT = os.environ.get("K3ENV_SMOKE_OUT")
 TAIL = 25  # log lines kept with a failure, per process
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 BODY = 600  # characters of a reply kept as evidence
@@ -279,8 +282,21 @@ def bench(plan: dict[str, Any], timeout: float, logs: Path) -> str:
     return summary
 
 
+def relocated(value: Any, old: str, new: str) -> Any:
+    """``value`` with every string at or under the directory ``old`` moved under ``new``."""
+    if isinstance(value, str) and (value == old or value.startswith(old + "/")):
+        return new + value[len(old) :]
+    if isinstance(value, list):
+        return [relocated(v, old, new) for v in value]
+    if isinstance(value, dict):
+        return {k: relocated(v, old, new) for k, v in value.items()}
+    return value
+
+
 def main() -> int:
     plan = json.loads(PLAN.read_text())
+    if OUT:
+        plan = relocated(plan, plan["out"], OUT.rstrip("/") or "/")
     out = Path(plan["out"])
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -332,7 +348,7 @@ def main() -> int:
     finally:
         say("stop ...")
         t0 = time.monotonic()
-        clean, words = True, []
+        clean, words = True, [] if roles else ["no processes of its own (the job started them)"]
         for role in reversed(roles):
             ok, what = role.stop(limits["stop"])
             clean = clean and ok

@@ -1,0 +1,101 @@
+"""`k3env smoke --cluster` / `--collect`: the cluster smoke's part of the smoke command (its
+options are the command's, in ``commands.smoke``)."""
+
+from __future__ import annotations
+
+import argparse
+
+from k3env.commands.app import App
+from k3env.errors import CheckFailed, ConfigError
+
+
+def run_cluster(args: argparse.Namespace, app: App) -> int:
+    from k3env.handoff.cluster_job import submit_and_collect, write_job
+    from k3env.smoke.collect import collect, record, table
+
+    state = app.state()
+    if args.collect is not None:
+        if args.cluster is not None or args.submit:
+            raise ConfigError(
+                "--collect reads a finished job; it takes no --cluster or --submit",
+                where="k3env smoke --collect",
+                fix="pass only --collect DIR",
+            )
+        verdict = record(state, collect(args.collect))
+        app.emit({"collected": verdict.as_json()}, lambda: print(table(verdict)))
+        return _verdict(verdict.ok, verdict.failures, str(args.collect))
+    from k3env.config.cluster import load_cluster
+    from k3env.config.lock import load_lock
+    from k3env.config.spec import load_specs
+
+    if len(args.image) != 1:
+        raise ConfigError(
+            "--cluster smokes one image",
+            where="k3env smoke --cluster",
+            fix="name one image spec (e.g. kimi-k3-direct-f)",
+        )
+    lock = load_lock(args.lock)
+    (spec,) = load_specs(args.images, lock, tuple(args.image))
+    cluster = load_cluster(args.cluster)
+    name = args.profile[0] if args.profile else next(iter(spec.profiles), "")
+    if name not in spec.profiles:
+        raise ConfigError(
+            f"no serve profile {name!r} in {spec.path}",
+            where="--profile",
+            fix=f"choose from {sorted(spec.profiles)}",
+        )
+    written = write_job(
+        lock,
+        spec,
+        spec.profiles[name],
+        cluster,
+        state,
+        app.log,
+        out=args.out,
+        layers=args.layers,
+        container=args.container,
+        model_path=args.model_path,
+        runtime=args.runtime,
+        job_timeout=args.job_timeout,
+        ready_timeout=1200.0 if args.timeout is None else args.timeout,
+    )
+    payload = {"written": written.as_json()}
+    if not args.submit:
+        app.emit(payload, lambda: print(_written(written)))
+        return 0
+    app.log.info(_written(written))
+    verdict = submit_and_collect(written, state, app.log, job_timeout=args.job_timeout)
+    app.emit({**payload, "collected": verdict.as_json()}, lambda: print(table(verdict)))
+    return _verdict(verdict.ok, verdict.failures, str(written.out))
+
+
+def _written(w: object) -> str:
+    from k3env.handoff.cluster_job import RECIPE, SCRIPT, Written
+
+    assert isinstance(w, Written)
+    s = w.smoke
+    lines = [
+        f"{s.image} / {s.profile} on {s.cluster}: {s.topology.said()}"
+        + (f" ({s.layers} layers)" if s.layers else ""),
+        f"  image: {w.image.container} ({w.image.how})",
+        f"  srt-slurm recipe: {w.out / RECIPE} ({w.validation['verdict']}: "
+        f"{w.validation['detail']})",
+        f"  sbatch script:    {w.out / SCRIPT}",
+        "  changed from a full attempt:",
+        *[f"    - {c}" for c in s.changes],
+        "  not checked by this job:",
+        *[f"    - {n}" for n in s.not_checked],
+        f"  run: srtctl apply -f {w.out / RECIPE}   or   sbatch {w.out / SCRIPT}",
+        "  then: k3env smoke --collect JOB_DIR (the script prints it)",
+    ]
+    return "\n".join(lines)
+
+
+def _verdict(ok: bool, failures: object, where: str) -> int:
+    if not ok:
+        raise CheckFailed(
+            "the cluster smoke job did not serve",
+            where=where,
+            fix="each failure above names its stage, its log line and the bring-up's fix",
+        )
+    return 0
