@@ -147,28 +147,31 @@ class Squashfs:
             what="unsquashfs",
         )
 
+    def _alone(self, path: str) -> tuple[Path, str] | None:
+        """``path`` extracted alone into a fresh directory: (that directory, the relative
+        path), or None when the image has nothing there; a link, device or FIFO there is
+        refused (UntrustedFileError)."""
+        rel = path.lstrip("/")
+        if refused := self.refusal(rel):
+            raise refused
+        if rel not in self.entries():
+            return None
+        dest = self.fresh()
+        self.extract(dest, [rel])
+        return dest, rel
+
     def read(self, path: str, *, limit: int = untrusted.TEXT_LIMIT) -> bytes | None:
         """The bytes of the regular file ``path``, None when the image has none there; a
         link, device or FIFO there, or a file over ``limit``, is refused (UntrustedFileError)."""
-        rel = path.lstrip("/")
-        if refused := self.refusal(rel):
-            raise refused
-        if rel not in self.entries():
+        if (found := self._alone(path)) is None:
             return None
-        dest = self.fresh()
-        self.extract(dest, [rel])
-        return untrusted.read_bytes(dest, rel, limit=limit, shown_as="/")
+        return untrusted.read_bytes(*found, limit=limit, shown_as="/")
 
     def sha256(self, path: str) -> str | None:
         """The hex sha256 of the regular file ``path`` (streamed), None when missing."""
-        rel = path.lstrip("/")
-        if refused := self.refusal(rel):
-            raise refused
-        if rel not in self.entries():
+        if (found := self._alone(path)) is None:
             return None
-        dest = self.fresh()
-        self.extract(dest, [rel])
-        got = untrusted.file_sha256(dest, rel, shown_as="/")
+        got = untrusted.file_sha256(*found, shown_as="/")
         return None if got is None else got[0].hex()
 
 
