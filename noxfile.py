@@ -11,7 +11,7 @@ nox.options.reuse_venv = "yes"
 
 PYTHON = "3.11"
 # The unit tests: no Docker engine, no registry, no twin; one worker per core (pytest-xdist:
-# 425 tests in ~48 s on 2 cores, work-stealing; ~97 s in one process).
+# 471 tests in ~33 s on 2 cores, work-stealing, with cold pip and uv caches).
 UNIT = ("pytest", "tests", "--ignore=tests/engine", "-n", "auto", "--dist", "worksteal",
         "--durations=10")  # fmt: skip
 

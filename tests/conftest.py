@@ -3,11 +3,19 @@
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from k3env.cli import main
+
+from .fake_srt.upstream import Upstream, build
+
 REPO = Path(__file__).resolve().parent.parent
+LOCK = Path("pins/k3.lock.toml")
 
 
 @pytest.fixture
@@ -99,3 +107,56 @@ def dynamo_wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
         for dist in ("ai-dynamo", "ai-dynamo-runtime"):
             make_wheel(d, dist, version)
     return d
+
+
+# --- srt-slurm: a local git upstream and srtctl's pinned closure, shared by every module ---
+@pytest.fixture(scope="session")
+def upstream(tmp_path_factory: pytest.TempPathFactory) -> Upstream:
+    return build(tmp_path_factory.mktemp("upstream"))
+
+
+@pytest.fixture(scope="session")
+def srtctl_requirements(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The stand-in srtctl's closure (pyyaml, and setuptools, its build backend) pinned with
+    hashes, as the lock's requirements file pins the real one's."""
+    out = tmp_path_factory.mktemp("srtctl-req") / "requirements.txt"
+    src = out.with_name("requirements.in")
+    src.write_text("pyyaml>=6\nsetuptools>=61\n")
+    subprocess.run(
+        [sys.executable, "-m", "uv", "pip", "compile", str(src), "--generate-hashes",
+         "--quiet", "--no-header", "--python-version", "3.11", "-o", str(out)],
+        check=True,
+    )  # fmt: skip
+    return out.read_text()
+
+
+@pytest.fixture(scope="session")
+def srt_state(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One k3env state dir for the session (per worker): every module's tests share the
+    materialized cache, as a build host does."""
+    return tmp_path_factory.mktemp("srt-state")
+
+
+@pytest.fixture
+def srt_repo(
+    repo: Path,
+    upstream: Upstream,
+    srt_state: Path,
+    srtctl_requirements: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Path]:
+    """The real lock with [srt_slurm] pointed at the local upstream and its format-patches."""
+    monkeypatch.setenv("K3ENV_STATE_DIR", str(srt_state))
+    shutil.copytree(REPO / "clusters", repo / "clusters")
+    (repo / "patches/srt-slurm").mkdir(parents=True, exist_ok=True)
+    for name in ("pr278-direct-aggregate-serving.patch", "pr278-direct-vllm-multinode.patch"):
+        src = upstream.patches / ("pr278.patch" if "serving" in name else "multinode.patch")
+        shutil.copy(src, repo / "patches/srt-slurm" / name)
+    text = LOCK.read_text()
+    text = text.replace("https://github.com/NVIDIA/srt-slurm.git", str(upstream.path))
+    text = text.replace("cb651682117df129162cd276cf567ec70dc57b36", upstream.v1036)
+    text = text.replace("6fd6000035c8d698d08a2807fcc93b462f658dd6", upstream.pr278)
+    LOCK.write_text(text)
+    (repo / "pins/srtctl.requirements.txt").write_text(srtctl_requirements)
+    assert main(["lock", "--update-hashes", "-q"]) == 0
+    yield repo

@@ -13,14 +13,13 @@ import pytest
 from k3env.cli import main
 
 from .test_cluster_smoke import CONTAINER
-from .test_srt import srt_repo, srt_state, srtctl_requirements, upstream  # noqa: F401
 
 pytestmark = pytest.mark.srt
 
 
 @pytest.mark.parametrize("layers", [(), ("--layers", "2")], ids=["full", "layers"])
 def test_variant_f_smoke_recipe_validates_with_the_pinned_srt_slurm(
-    srt_repo: Path,  # noqa: F811
+    srt_repo: Path,
     capsys: pytest.CaptureFixture[str],
     layers: tuple[str, ...],
 ) -> None:
@@ -38,7 +37,7 @@ def test_variant_f_smoke_recipe_validates_with_the_pinned_srt_slurm(
 
 
 def test_a_recipe_srt_slurm_refuses_is_not_written(
-    srt_repo: Path,  # noqa: F811
+    srt_repo: Path,
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -11,13 +11,12 @@ import pytest
 from k3env.cli import main
 
 from .test_recipes_in import RECIPES, line_of
-from .test_srt import srt_repo, srt_state, srtctl_requirements, upstream  # noqa: F401
 
 pytestmark = pytest.mark.srt
 
 
 def test_srt_slurms_own_loader_runs_where_it_is_materialized(
-    srt_repo: Path,  # noqa: F811
+    srt_repo: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     assert main(["srt", "materialize", "-q"]) == 0

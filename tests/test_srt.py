@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,63 +13,16 @@ import pytest
 from k3env.cli import main
 from k3env.state import State
 
-from .conftest import REPO, replace_in
-from .fake_srt.upstream import Upstream, build
+from .conftest import replace_in
+from .fake_srt.upstream import Upstream
 
 pytestmark = pytest.mark.srt
 
 LOCK = Path("pins/k3.lock.toml")
-
-
-@pytest.fixture(scope="session")
-def upstream(tmp_path_factory: pytest.TempPathFactory) -> Upstream:
-    return build(tmp_path_factory.mktemp("upstream"))
-
-
-@pytest.fixture(scope="session")
-def srtctl_requirements(tmp_path_factory: pytest.TempPathFactory) -> str:
-    """The stand-in srtctl's closure (pyyaml, and setuptools, its build backend) pinned with
-    hashes, as the lock's requirements file pins the real one's."""
-    out = tmp_path_factory.mktemp("srtctl-req") / "requirements.txt"
-    src = out.with_name("requirements.in")
-    src.write_text("pyyaml>=6\nsetuptools>=61\n")
-    subprocess.run(
-        [sys.executable, "-m", "uv", "pip", "compile", str(src), "--generate-hashes",
-         "--quiet", "--no-header", "--python-version", "3.11", "-o", str(out)],
-        check=True,
-    )  # fmt: skip
-    return out.read_text()
-
-
-@pytest.fixture(scope="session")
-def srt_state(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One k3env state dir for the module: the materialized cache is shared between tests."""
-    return tmp_path_factory.mktemp("srt-state")
-
-
-@pytest.fixture
-def srt_repo(
-    repo: Path,
-    upstream: Upstream,
-    srt_state: Path,
-    srtctl_requirements: str,
-    monkeypatch: pytest.MonkeyPatch,
-) -> Iterator[Path]:
-    """The real lock with [srt_slurm] pointed at the local upstream and its format-patches."""
-    monkeypatch.setenv("K3ENV_STATE_DIR", str(srt_state))
-    shutil.copytree(REPO / "clusters", repo / "clusters")
-    (repo / "patches/srt-slurm").mkdir(parents=True, exist_ok=True)
-    for name in ("pr278-direct-aggregate-serving.patch", "pr278-direct-vllm-multinode.patch"):
-        src = upstream.patches / ("pr278.patch" if "serving" in name else "multinode.patch")
-        shutil.copy(src, repo / "patches/srt-slurm" / name)
-    text = LOCK.read_text()
-    text = text.replace("https://github.com/NVIDIA/srt-slurm.git", str(upstream.path))
-    text = text.replace("cb651682117df129162cd276cf567ec70dc57b36", upstream.v1036)
-    text = text.replace("6fd6000035c8d698d08a2807fcc93b462f658dd6", upstream.pr278)
-    LOCK.write_text(text)
-    (repo / "pins/srtctl.requirements.txt").write_text(srtctl_requirements)
-    assert main(["lock", "--update-hashes", "-q"]) == 0
-    yield repo
+LIST_INSTALLED = (
+    "import importlib.metadata as m, json; "
+    "print(json.dumps({d.metadata['Name'].lower(): d.version for d in m.distributions()}))"
+)
 
 
 def materialize(capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[dict[str, object], str]:
@@ -303,9 +253,10 @@ def test_srtctl_gets_the_pinned_closure_and_an_edit_to_it_is_found(
 ) -> None:
     first, _ = materialize(capsys)
     python = str(first["python"])
-    listed = subprocess.run([python, "-m", "pip", "list", "--format", "json"],
+    # What the venv's own interpreter finds installed (it has no pip: k3env's installed it).
+    listed = subprocess.run([python, "-c", LIST_INSTALLED],
                             capture_output=True, text=True, check=True).stdout  # fmt: skip
-    installed = {d["name"].lower(): d["version"] for d in json.loads(listed)}
+    installed: dict[str, str] = json.loads(listed)
     for line in srtctl_requirements.splitlines():
         if "==" in line and not line.startswith((" ", "#")):
             name, version = line.split(" ")[0].split("==")
@@ -399,3 +350,31 @@ def test_srt_patch_fates_after_a_version_bump(
         ("PR #278", "upstream"),
         ("direct vllm frontend: vLLM-native multi-node serve", "upstream"),
     ]
+
+
+@pytest.mark.parametrize("host_pip", [True, False], ids=["k3env's pip", "the venv's own"])
+def test_srtctls_venv_gets_a_pip_that_installs_into_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, host_pip: bool
+) -> None:
+    """k3env's own pip installs into a venv made without one; where k3env has no pip (or one
+    older than ``--python``), the venv gets its own. Either way pip reports the venv's site."""
+    import importlib.metadata
+    import sys
+
+    from k3env.handoff import srt
+    from k3env.log import Log
+
+    if not host_pip:
+        real = importlib.metadata.version
+
+        def version(name: str) -> str:
+            return "22.2" if name == "pip" else real(name)
+
+        monkeypatch.setattr(importlib.metadata, "version", version)
+    argv = srt.venv_pip(tmp_path / "venv", Log(quiet=True))
+    assert (argv[0] == sys.executable) is host_pip
+    assert (tmp_path / "venv/bin/pip").exists() is not host_pip
+    shown = subprocess.run([*argv, "list", "--format", "json"], capture_output=True, text=True,
+                           check=True).stdout  # fmt: skip
+    names = {d["name"] for d in json.loads(shown)}
+    assert "k3env" not in names and "pytest" not in names  # the venv's, not k3env's

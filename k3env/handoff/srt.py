@@ -33,6 +33,7 @@ from k3env.log import Log
 from k3env.runner import attempt, require_tool, run
 from k3env.state import State
 from k3env.untrusted import check_links
+from k3env.versions import in_range
 
 # 2: venv scripts point at the cache entry, not the build directory
 # 3: srtctl's dependencies from the lock's hashed requirements; the venv's files recorded
@@ -379,6 +380,29 @@ def copy_checkout(src: Path, dest: Path, *, where: str) -> None:
     shutil.copytree(src, dest, symlinks=True, ignore=shutil.ignore_patterns(".git"))
 
 
+def _host_pip() -> bool:
+    """Whether k3env's own interpreter has a pip that can install into another environment
+    (``--python``, pip 22.3 or later)."""
+    import importlib.metadata
+
+    try:
+        version = importlib.metadata.version("pip")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return in_range(version, ">=22.3") is True
+
+
+def venv_pip(venv: Path, log: Log) -> list[str]:
+    """Create ``venv`` and return the pip command that installs into it. With k3env's own pip
+    the venv is made without one (``ensurepip`` is 3.7 of materialize's 6.5 s) and that pip
+    is pointed at it; otherwise the venv gets its own pip."""
+    if _host_pip():
+        run([sys.executable, "-m", "venv", "--without-pip", str(venv)], log, what="venv")
+        return [sys.executable, "-m", "pip", "--python", str(venv / "bin/python")]
+    run([sys.executable, "-m", "venv", str(venv)], log, what="venv")
+    return [str(venv / "bin/python"), "-m", "pip"]
+
+
 def _install_srtctl(
     lock: Lock, srt: SrtSlurmPin, requirements: Path | None, src: Path, tmp: Path, log: Log
 ) -> None:
@@ -388,9 +412,8 @@ def _install_srtctl(
     # checkout must stay exactly the pinned commit + patches.
     pkg = tmp / "pkg"
     copy_checkout(src, pkg, where=f"srt-slurm {srt.version} + its patches")
-    run([sys.executable, "-m", "venv", str(tmp / "venv")], log, what="venv")
-    pip = [str(tmp / "venv/bin/python"), "-m", "pip", "install", "--quiet",
-           "--disable-pip-version-check"]  # fmt: skip
+    pip_argv = venv_pip(tmp / "venv", log)
+    pip = [*pip_argv, "install", "--quiet", "--disable-pip-version-check"]
     if requirements is None:
         log.info(
             "    warning: srtctl's dependencies are not pinned (no "
@@ -406,7 +429,7 @@ def _install_srtctl(
             what="pip install srtctl's pinned requirements")  # fmt: skip
         run([*pip, "--no-deps", "--no-index", "--no-build-isolation", str(pkg)], log,
             capture=True, what="pip install srtctl")  # fmt: skip
-        code, broken = attempt([str(tmp / "venv/bin/python"), "-m", "pip", "check"], log)
+        code, broken = attempt([*pip_argv, "check"], log)
         if code != 0:
             raise LockError(
                 f"srtctl's pinned requirements do not satisfy srt-slurm {srt.version}: "
