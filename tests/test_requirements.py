@@ -167,7 +167,7 @@ def test_uv_output_is_parsed_with_every_hash() -> None:
 
 def test_variants_swap_component_wheels_under_a_content_hash_of_their_own(repo: Path) -> None:
     lock = load_lock(repo / LOCK)
-    assert sorted(lock.variants) == ["dynamo-1.4.2", "dynamo-1.5.1"]
+    assert sorted(lock.variants) == ["dynamo-1.4.2", "dynamo-1.5.1", "vllm-0.29.0"]
     old = lock.with_variant(lock.variants["dynamo-1.4.2"])
     assert old.dynamo is not None and old.dynamo.version == "1.4.2"
     assert [(w.name, w.version) for w in old.components["dynamo"].wheels] == [
@@ -178,13 +178,62 @@ def test_variants_swap_component_wheels_under_a_content_hash_of_their_own(repo: 
     assert old.components["aiperf"] == lock.components["aiperf"]
     # Never the lock's own hash: nothing built from a variant is taken for the lock's image.
     assert old.sha256 != lock.sha256
+    assert old.overlay is None and old.stack() == {"vllm": "0.31.0", "dynamo": "1.4.2",
+                                                   "aiperf": "0.13.0"}  # fmt: skip
+
+
+def test_a_vllm_variant_lays_its_release_and_closure_over_the_twin(repo: Path) -> None:
+    """Dynamo 1.5.1 with the vLLM its extra pins: the overlay is the release's one wheel plus
+    the closure file `twin --resolve` wrote, both in the variant lock's identity."""
+    lock = load_lock(repo / LOCK)
+    v = lock.with_variant(lock.variants["dynamo-1.5.1"])
+    assert v.overlay is not None and v.variant == "dynamo-1.5.1"
+    assert [(w.name, w.version) for w in v.overlay.wheels] == [("vllm", "0.28.0")]
+    assert v.overlay.closure == "pins/variants/dynamo-1.5.1.requirements.txt"
+    assert v.stack() == {"vllm": "0.28.0", "dynamo": "1.5.1", "aiperf": "0.13.0"}
+    assert lock.stack()["vllm"] == "0.31.0" and lock.overlay is None
+    # The closure's hash is part of what the layer is.
+    assert {"closure": v.overlay.closure, "sha256": v.overlay.closure_sha256} in (
+        v.overlay.identity
+    )
+    direct = lock.with_variant(lock.variants["vllm-0.29.0"])
+    assert direct.dynamo == lock.dynamo and direct.stack()["vllm"] == "0.29.0"
+
+
+def test_a_vllm_variants_closure_is_checked_like_the_twins(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    closure = Path("pins/variants/vllm-0.29.0.requirements.txt")
+    assert main(["lock", "--check"]) == 0
+    out = capsys.readouterr().out
+    assert f'ok             {closure}  (variants."vllm-0.29.0".vllm.closure_sha256)' in out
+    closure.write_text(closure.read_text() + "six==1.16.0\n")
+    assert main(["lock", "--check"]) == 4
+    assert f"SHA256 DIFFERS {closure}" in capsys.readouterr().out
+    # --update-hashes finds the key inside the quoted variant name and records the file.
+    assert main(["lock", "--update-hashes", "-q"]) == 0
+    assert main(["lock", "--check", "-q"]) == 0
+    text = LOCK.read_text()
+    assert 'closure = "pins/variants/vllm-0.29.0.requirements.txt"' in text
 
 
 @pytest.mark.parametrize(
     ("append", "message"),
     [
         ('[variants.x]\nwhy = "nothing"\n', "a variant changes nothing"),
-        ("[variants.x.vllm]\nwheels = []\n", "'vllm' is not a component the lock pins wheels for"),
+        ("[variants.x.sglang]\nwheels = []\n", "'sglang' is not a component the lock pins wheels"),
+        (
+            '[variants.x.vllm]\nwheels = [{ name = "torch", version = "2.9.0", sha256 = "'
+            + "0" * 64
+            + '" }]\n',
+            "a vllm variant pins exactly one wheel, vllm's",
+        ),
+        (
+            '[variants.x.vllm]\nwheels = [{ name = "vllm", version = "0.29.0", sha256 = "'
+            + "0" * 64
+            + '" }]\nclosure = "../outside.txt"\n',
+            "'../outside.txt' is not a path inside the repository",
+        ),
         (
             '[variants.x.dynamo]\nwheels = [{ name = "ai-dynamo", version = "1.4.2", '
             'sha256 = "' + "0" * 64 + '" }]\n',
@@ -240,9 +289,11 @@ def test_the_matrix_names_each_variant_cell_and_why_it_failed(repo: Path) -> Non
         ("dynamo-1.4.2", "kimi-k3-dynamo", "arm64", "fail"),
     ]
     text = markdown(lock, cells)
-    assert "| image | platform | `pinned` | `dynamo-1.4.2` |" in text
+    assert ("| image | platform | `pinned`<br>vLLM 0.31.0 · Dynamo 1.6.1 · aiperf 0.13.0 | "
+            "`dynamo-1.4.2`<br>vLLM 0.31.0 · Dynamo 1.4.2 · aiperf 0.13.0 |") in text  # fmt: skip
     assert "| `kimi-k3-dynamo` | linux/amd64 | ✅ | ✅ |" in text
-    assert "| `kimi-k3-dynamo` | linux/arm64 | ✅ | ❌ |" in text
+    assert ("| `kimi-k3-dynamo` | linux/arm64 | ✅ | ❌ tokenizer model_type kimi_k3: Dynamo "
+            "1.4.2's frontend does not load kimi_k3 |") in text  # fmt: skip
     assert "| `kimi-k3-direct-f` | linux/arm64 | ✅ | = pinned |" in text
     assert ("- `dynamo-1.4.2` **kimi-k3-dynamo/agg (linux/arm64)** `tokenizer` model_type "
             "kimi_k3: Dynamo 1.4.2's frontend does not load kimi_k3") in text  # fmt: skip
@@ -307,3 +358,34 @@ def test_the_twin_plan_refuses_an_edited_or_missing_generated_file(repo: Path) -
     ) as e:
         twin.plan(load_lock(LOCK))
     assert "k3env twin --resolve" in (e.value.fix or "")
+
+
+def test_a_vllm_variant_is_under_every_image_of_its_column(repo: Path) -> None:
+    """A release laid over the twin changes the direct images too: every cell of its column
+    is built and verified, and its header names the variant's vLLM."""
+    from k3env.checks.matrix import markdown, run_matrix
+    from k3env.checks.verdicts import CheckResult, ImageReport
+
+    lock = load_lock(repo / LOCK)
+    specs = [load_spec(repo / "images/kimi-k3-direct-f.toml", lock)]
+
+    def verify(vlock, spec, platform):  # type: ignore[no-untyped-def]
+        vllm = vlock.stack()["vllm"]
+        read = vllm in ("0.28.0", "0.29.0")
+        row = CheckResult(image=spec.name, profile=None, check="env",
+                          subject="VLLM_PREFIX_CACHE_RETENTION_INTERVAL",
+                          status="pass" if read else "fail", component="vllm", version=vllm,
+                          output="unread | by 0.31.0\nmore")  # fmt: skip
+        return ImageReport(image=spec.name, reference="r", image_id="sha256:" + "1" * 64,
+                           results=(row,), facts={}, seconds=0.0, platform=platform)  # fmt: skip
+
+    cells = run_matrix(lock, specs, ["dynamo-1.5.1", "vllm-0.29.0"], verify)
+    assert [(c.variant, c.status, c.stack["vllm"]) for c in cells] == [
+        ("pinned", "fail", "0.31.0"), ("dynamo-1.5.1", "pass", "0.28.0"),
+        ("vllm-0.29.0", "pass", "0.29.0"),
+    ]  # fmt: skip
+    assert cells[1].versions == "aiperf 0.13.0, vllm 0.28.0"
+    text = markdown(lock, cells)
+    assert "`vllm-0.29.0`<br>vLLM 0.29.0 · Dynamo 1.6.1 · aiperf 0.13.0 |" in text
+    # A cell's first line is escaped for the table it sits in.
+    assert "| ❌ env VLLM_PREFIX_CACHE_RETENTION_INTERVAL: unread \\| by 0.31.0 | ✅ | ✅ |" in text

@@ -8,12 +8,12 @@ cell is one real build (its components layer cached by content) and one probe ru
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from k3env.checks.verdicts import CheckResult, ImageReport
-from k3env.config.pins import Lock
+from k3env.config.pins import OVERLAYS, Lock
 from k3env.config.shapes import DEFAULT_PLATFORM
 from k3env.config.spec import ImageSpec
 
@@ -29,6 +29,16 @@ class Cell:
     failed: tuple[CheckResult, ...] = ()
     image_id: str | None = None
     platform: str = DEFAULT_PLATFORM
+    stack: Mapping[str, str | None] = field(default_factory=dict)  # vllm / dynamo / aiperf
+
+    @property
+    def first_failure(self) -> str:
+        """The first failing check, as one line: ``check subject: first output line``."""
+        if not self.failed:
+            return ""
+        f = self.failed[0]
+        first = next(iter(f.output.strip().splitlines()), "")
+        return f"{f.check} {f.subject}: {first}"
 
     @property
     def row(self) -> tuple[str, str]:
@@ -42,8 +52,18 @@ class Cell:
             "status": self.status,
             "versions": self.versions,
             "image_id": self.image_id,
+            "stack": dict(self.stack),
+            "first_failure": self.first_failure or None,
             "failed": [f.as_json() for f in self.failed],
         }
+
+
+def baked_versions(vlock: Lock, spec: ImageSpec) -> str:
+    """The wheels a cell bakes: the spec's components, and a variant's release over the twin."""
+    pins = [vlock.components[c] for c in spec.components]
+    if vlock.overlay is not None:
+        pins.append(vlock.overlay)
+    return ", ".join(f"{w.name} {w.version}" for c in pins for w in c.wheels)
 
 
 def variant_locks(lock: Lock, names: Sequence[str]) -> list[tuple[str, Lock]]:
@@ -64,14 +84,12 @@ def run_matrix(
         changed = set(lock.variants[name].components) if name != PINNED else None
         for platform in platforms:
             for spec in specs:
-                versions = ", ".join(
-                    f"{w.name} {w.version}"
-                    for c in spec.components
-                    for w in vlock.components[c].wheels
-                )
-                cell = Cell(variant=name, image=spec.name, status="same", versions=versions,
-                            platform=platform)  # fmt: skip
-                if changed is None or changed & set(spec.components):
+                # A release laid over the twin is under every image.
+                touches = changed is None or bool(changed & {*spec.components, *OVERLAYS})
+                cell = Cell(variant=name, image=spec.name, status="same",
+                            versions=baked_versions(vlock, spec), platform=platform,
+                            stack=vlock.stack(platform))  # fmt: skip
+                if touches:
                     report = verify(vlock, spec, platform)
                     status = "fail" if report.failed else "pass"
                     cell = replace(cell, status=status, failed=tuple(report.failed),
@@ -81,21 +99,40 @@ def run_matrix(
 
 
 _MARK = {"pass": "✅", "fail": "❌", "same": "= pinned"}
+_STACK = (("vllm", "vLLM"), ("dynamo", "Dynamo"), ("aiperf", "aiperf"))
+CELL_LINE = 90  # characters of a cell's first failing line (the details keep 300)
+
+
+def column_header(variant: str, cells: Sequence[Cell]) -> str:
+    """`variant`<br>vLLM x · Dynamo y · aiperf z: what the column's images run."""
+    stack = next((c.stack for c in cells if c.variant == variant and c.stack), {})
+    parts = [f"{label} {stack[key]}" for key, label in _STACK if stack.get(key)]
+    return f"`{variant}`" + (f"<br>{' · '.join(parts)}" if parts else "")
+
+
+def cell_text(cell: Cell) -> str:
+    if cell.status != "fail":
+        return _MARK[cell.status]
+    line = cell.first_failure.replace("|", "\\|").replace("`", "'")
+    short = line if len(line) <= CELL_LINE else line[: CELL_LINE - 1] + "…"
+    more = f" (+{len(cell.failed) - 1})" if len(cell.failed) > 1 else ""
+    return f"❌ {short}{more}"
 
 
 def markdown(lock: Lock, cells: Sequence[Cell]) -> str:
-    """Images x variants; below, each variant's components and each failure's first line."""
+    """Images x variants (each column naming its vLLM, Dynamo and aiperf; each ❌ cell its
+    first failing line); below, each variant's wheels and each failure's first line."""
     variants = list(dict.fromkeys(c.variant for c in cells))
     rows = list(dict.fromkeys(c.row for c in cells))
     at = {(c.variant, c.row): c for c in cells}
     lines = [
         "### k3env version matrix (CPU twin)",
         "",
-        "| image | platform | " + " | ".join(f"`{v}`" for v in variants) + " |",
+        "| image | platform | " + " | ".join(column_header(v, cells) for v in variants) + " |",
         "|---|---|" + "---|" * len(variants),
     ]
     for image, platform in rows:
-        row = [_MARK[at[(v, (image, platform))].status] for v in variants]
+        row = [cell_text(at[(v, (image, platform))]) for v in variants]
         lines.append(f"| `{image}` | {platform} | " + " | ".join(row) + " |")
     lines.append("")
     for v in variants:

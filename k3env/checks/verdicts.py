@@ -94,6 +94,10 @@ def expected_versions(
     pinned: dict[str, str] = {}
     if (t := twin_of(lock, twin, platform)) is not None:
         pinned.update(pinned_versions(lock.resolve_path(t.requirements)))
+        if (overlay := lock.overlay) is not None:  # a variant's vLLM over the twin
+            if overlay.closure is not None:
+                pinned.update(pinned_versions(lock.resolve_path(overlay.closure)))
+            pinned.update({w.name: w.version for w in overlay.wheels})
     for name in spec.components:
         pinned.update({w.name: w.version for w in lock.components[name].wheels})
     return {component: pinned.get(dist) for component, dist in COMPONENTS.items()}

@@ -11,6 +11,8 @@ import argparse
 from k3env.commands.app import App, platform_arg
 from k3env.config.lock import load_lock
 from k3env.config.pins import Lock
+from k3env.config.shapes import DEFAULT_PLATFORM
+from k3env.errors import ConfigError
 
 NAME = "twin"
 HELP = "build and push the CPU twin base"
@@ -31,6 +33,14 @@ def arguments(p: argparse.ArgumentParser) -> None:
         help="with --resolve: also look for wheels here (e.g. the CPU torch build)",
     )
     p.add_argument("--index-url", help="with --resolve: the package index (default: uv's)")
+    p.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="with --resolve: only this variant's closure over the twin (default: the twin's "
+        "files, then every variant that lays a vLLM release over it)",
+    )
     platform_arg(p, many=False)
 
 
@@ -50,19 +60,41 @@ def run(args: argparse.Namespace, app: App) -> int:
 
 
 def _resolve_twin(args: argparse.Namespace, lock: Lock, app: App) -> int:
-    from k3env.image.twinrecord import record_resolved
+    from k3env.image.twinrecord import overlay_variants, record_overlays, record_resolved
 
-    assert lock.twin is not None
+    if lock.twin is None:
+        raise ConfigError("the lock has no [twin]", where=str(args.lock), fix="add [twin]")
     twin = lock.twin.for_platform(args.platform)
-    done = record_resolved(lock, args.lock, app.log, platform=args.platform,
-                           find_links=args.find_links, index_url=args.index_url)  # fmt: skip
-    app.emit(
-        done.as_json(),
-        lambda: print(
-            f"{twin.requirements}: {done.packages} pinned wheels "
-            f"(+{done.components} baked as components)"
-            + (f"; {twin.debian}: the Debian package set" if twin.debian else "")
-            + f"; sha256 recorded in {args.lock}"
-        ),
-    )
+    overlays = overlay_variants(lock)
+    unknown = [v for v in args.variant if v not in overlays]
+    if unknown or (args.variant and args.platform != DEFAULT_PLATFORM):
+        raise ConfigError(
+            f"not a variant laid over the {DEFAULT_PLATFORM} twin: {unknown or args.variant}",
+            where=f"{args.lock} [variants]",
+            fix=f"use one of {overlays} (they resolve for {DEFAULT_PLATFORM} only)",
+        )
+    done = None
+    if not args.variant:
+        done = record_resolved(lock, args.lock, app.log, platform=args.platform,
+                               find_links=args.find_links, index_url=args.index_url)  # fmt: skip
+    names = args.variant or (overlays if args.platform == DEFAULT_PLATFORM else [])
+    # The closures are resolved against the twin's file as it now is.
+    closures = record_overlays(load_lock(args.lock), args.lock, app.log, names=names,
+                               find_links=args.find_links, index_url=args.index_url)  # fmt: skip
+    payload = {
+        **(done.as_json() if done else {}),
+        "variants": {n: c.as_json() for n, c in zip(names, closures, strict=True)},
+    }
+
+    def show() -> None:
+        if done is not None:
+            debian = f"; {twin.debian}: the Debian package set" if twin.debian else ""
+            print(f"{twin.requirements}: {done.packages} pinned wheels "
+                  f"(+{done.components} baked as components){debian}")  # fmt: skip
+        for n, c in zip(names, closures, strict=True):
+            (file,) = c.files
+            print(f"{file}: variant {n}, {c.packages} wheels that differ from the twin's")
+        print(f"sha256 recorded in {args.lock}")
+
+    app.emit(payload, show)
     return 0

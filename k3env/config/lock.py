@@ -86,7 +86,7 @@ def load_lock(path: Path) -> Lock:
     aiperf = aiperf_pin(top.table("aiperf")) if top.has("aiperf") else None
     pinned = {p.component.name: p.component for p in (dynamo, aiperf) if p and p.component}
     variants = each_entry(
-        top.table("variants", required=False), lambda n, t: variant_pin(n, t, pinned)
+        top.table("variants", required=False), lambda n, t: variant_pin(n, t, pinned, unresolved)
     )
     smoke = smoke_pin(top.table("smoke")) if top.has("smoke") else None
     top.done()

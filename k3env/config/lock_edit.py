@@ -39,9 +39,27 @@ class Change:
 _INDEX = re.compile(r"^(?P<name>[^\[]+)(\[(?P<i>\d+)\])?$")
 
 
+_PART = re.compile(r'"(?P<quoted>[^"]*)"|(?P<bare>[^."]+(\[\d+\])?)')
+
+
+def key_parts(dotted: str) -> list[str]:
+    """``a."b.c"[2].d`` -> ``["a", "b.c[2]"...]``: dots inside quotes belong to the key."""
+    parts, pos = [], 0
+    while pos <= len(dotted):
+        m = _PART.match(dotted, pos)
+        if m is None:
+            raise LockError(f"bad key path {dotted!r}", where=dotted, fix="report this as a bug")
+        parts.append(m["quoted"] if m["quoted"] is not None else m["bare"])
+        pos = m.end() + 1
+        if m.end() < len(dotted) and dotted[m.end()] != ".":
+            raise LockError(f"bad key path {dotted!r}", where=dotted, fix="report this as a bug")
+    return parts
+
+
 def _container_of(doc: Any, dotted: str) -> tuple[Any, str]:
-    """The table holding the leaf ``dotted`` (``a.b[2].c``) and the leaf's key."""
-    parts = dotted.split(".")
+    """The table holding the leaf ``dotted`` (``a.b[2].c``, ``variants."x.y".c``) and the
+    leaf's key."""
+    parts = key_parts(dotted)
     node = doc
     for part in parts[:-1]:
         m = _INDEX.match(part)

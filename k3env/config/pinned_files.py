@@ -46,7 +46,16 @@ def pinned_files(lock: Lock) -> list[tuple[str, str, str | None]]:
             )
             if twin.debian:
                 out.append((f"{twin.key}.debian_sha256", twin.debian, twin.debian_sha256))
+    for variant in lock.variants.values():
+        for c in variant.components.values():
+            if c.closure is not None:
+                out.append((closure_key(variant.name, c.name), c.closure, c.closure_sha256))
     return out
+
+
+def closure_key(variant: str, component: str) -> str:
+    """The lock key of a variant's closure hash (the variant's name may hold dots)."""
+    return f'variants."{variant}".{component}.closure_sha256'
 
 
 def _sha256_or_none(path: Path, key: str, lock: Lock) -> str | None:

@@ -16,6 +16,9 @@ from k3env.config.shapes import DEFAULT_PLATFORM, RELATIVE_PATH_FIX, is_normal_r
 from k3env.errors import LockError
 from k3env.hashing import canonical_sha256
 
+# Components a variant lays over the twin (the twin carries them itself, from [twin].requires).
+OVERLAYS = ("vllm",)
+
 
 @dataclass(frozen=True, kw_only=True)
 class BasePin:
@@ -146,17 +149,25 @@ class ComponentPin:
     its wheels, installed ``--no-deps --require-hashes`` into one deterministic layer, and
     the extras in use (their ``Requires-Dist`` must hold in the image too)."""
 
-    name: str  # the lock section: "dynamo", "aiperf"
+    name: str  # the lock section: "dynamo", "aiperf"; "vllm" in a variant (over the twin)
     wheels: tuple[WheelPin, ...]
     extras: tuple[str, ...]  # extras of the first wheel in use (ai-dynamo[vllm])
     source: SourceBuild | None = None  # instead of wheels: built from this commit
+    # A release laid over the twin (a variant's vLLM): the rest of its closure where it
+    # differs from the twin's, a hash-pinned requirements file `twin --resolve` generates.
+    closure: str | None = None
+    closure_sha256: str | None = None
+    requires: tuple[str, ...] = ()  # extra top-level requirements for that resolution
 
     @property
     def identity(self) -> list[dict[str, str]]:
         if self.source is not None:
             s = self.source
             return [{"git": s.git, "commit": s.commit, "projects": ",".join(s.projects)}]
-        return [{"name": w.name, "version": w.version, "sha256": w.sha256} for w in self.wheels]
+        wheels = [{"name": w.name, "version": w.version, "sha256": w.sha256} for w in self.wheels]
+        if self.closure is not None:
+            wheels.append({"closure": self.closure, "sha256": self.closure_sha256 or ""})
+        return wheels
 
     def for_platform(self, platform: str) -> ComponentPin:
         """The pin with each wheel's file for ``platform`` (compiled wheels differ)."""
@@ -283,6 +294,10 @@ class Lock:
     # Credential-looking names the lock's [env] / [bases.NAME.env] set deliberately.
     allow_credentials: tuple[str, ...] = field(default=())
     smoke: SmokePin | None = None
+    # A variant's release laid over the twin under every image (``[variants.NAME.vllm]``),
+    # and the variant this lock is (None: the lock's own pins).
+    overlay: ComponentPin | None = None
+    variant: str | None = None
 
     def base(self, name: str, where: str) -> BasePin:
         try:
@@ -316,15 +331,18 @@ class Lock:
         return path
 
     def with_variant(self, variant: VariantPin) -> Lock:
-        """This lock with the variant's component wheels in place of the pinned ones. Its
-        content hash is its own, so nothing built from it is taken for the lock's images."""
-        dynamo, aiperf = self.dynamo, self.aiperf
+        """This lock with the variant's component wheels in place of the pinned ones (a
+        variant's vLLM laid over the twin under every image). Its content hash is its own, so
+        nothing built from it is taken for the lock's images."""
+        dynamo, aiperf, overlay = self.dynamo, self.aiperf, self.overlay
         for name, component in variant.components.items():
             version = component.wheels[0].version
             if name == "dynamo" and dynamo is not None:
                 dynamo = dataclasses.replace(dynamo, component=component, version=version)
             elif name == "aiperf" and aiperf is not None:
                 aiperf = dataclasses.replace(aiperf, component=component, version=version)
+            elif name in OVERLAYS:
+                overlay = component
         sha = canonical_sha256(
             {
                 "lock": self.sha256,
@@ -332,7 +350,26 @@ class Lock:
                 "components": {n: c.identity for n, c in sorted(variant.components.items())},
             }
         )
-        return dataclasses.replace(self, dynamo=dynamo, aiperf=aiperf, sha256=sha)
+        return dataclasses.replace(
+            self, dynamo=dynamo, aiperf=aiperf, overlay=overlay, variant=variant.name, sha256=sha
+        )
+
+    def stack(self, platform: str = DEFAULT_PLATFORM) -> dict[str, str | None]:
+        """The serving stack's releases (vllm, dynamo, aiperf) this lock builds over the twin:
+        a variant's vLLM over the twin's, each component's first wheel."""
+        vllm = None
+        if self.overlay is not None:
+            vllm = self.overlay.wheels[0].version
+        elif self.twin is not None:
+            for line in self.twin.for_platform(platform).requires:
+                name, _, version = line.partition("==")
+                if name.strip().lower() == "vllm":
+                    vllm = version.split(";")[0].strip()
+        out: dict[str, str | None] = {"vllm": vllm}
+        for key in ("dynamo", "aiperf"):
+            c = self.components.get(key)
+            out[key] = c.wheels[0].version if c is not None and c.wheels else None
+        return out
 
     @property
     def components(self) -> dict[str, ComponentPin]:

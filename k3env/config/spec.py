@@ -16,7 +16,7 @@ from typing import Any
 from k3env.config.pins import Lock
 from k3env.config.reader import NAME_RE, Table, each_entry, env_table, free_table, load_toml
 from k3env.config.secrets import credential_reason, refuse_credentials
-from k3env.config.shapes import REPOSITORY_FIX, REPOSITORY_RE
+from k3env.config.shapes import REPOSITORY_FIX, REPOSITORY_RE, control_character
 from k3env.errors import SecretError, SpecError
 from k3env.hashing import canonical_sha256
 
@@ -194,14 +194,22 @@ def _benchmark(t: Table) -> dict[str, Any]:
     for key, value in data.items():
         nested = value.items() if isinstance(value, dict) else [(None, value)]
         for sub, v in nested:
+            where = f"{key}.{sub}" if sub is not None else key
             if not plain(v) or (sub is not None and not _KEY.match(sub)):
-                where = f"{key}.{sub}" if sub is not None else key
                 raise bench.fail(
                     where,
                     f"benchmark.{where} is not a plain value (a string, number, boolean or "
                     "a list of them) under a plain key",
                     "write it as srt-slurm's recipe field takes it",
                 )
+            for s in v if isinstance(v, list) else [v]:
+                if isinstance(s, str) and (bad := control_character(s)):
+                    raise bench.fail(
+                        where,
+                        f"benchmark.{where} holds a control character ({bad}): it would "
+                        "reach a line of the generated recipe",
+                        "write it on one line, without control characters",
+                    )
         if key == "env" and isinstance(value, dict):
             for name, v in value.items():
                 reason = credential_reason(name, str(v))

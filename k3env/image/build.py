@@ -24,11 +24,11 @@ from k3env.config.pins import BasePin, ComponentPin, Lock
 from k3env.config.shapes import DEFAULT_PLATFORM
 from k3env.config.spec import ImageSpec
 from k3env.engine.protocol import Engine, ImageFile
-from k3env.errors import EngineError, PatchError
+from k3env.errors import ConfigError, EngineError, PatchError
 from k3env.hashing import canonical_sha256, digest_hex, file_sha256, sha256_digest
 from k3env.image.bases import ResolvedBase, registry_base, select_base
 from k3env.image.blobs import keep_config, keep_layer, kept_image
-from k3env.image.components import COMPONENTS_FORMAT, Baked, bake
+from k3env.image.components import COMPONENTS_FORMAT, Baked, bake, closure_text
 from k3env.image.envpolicy import baked_env, merge_env
 from k3env.image.install import load_checked
 from k3env.image.layer import LayerFile, assemble, docker_archive, runtime_config
@@ -492,9 +492,24 @@ def make_builder(
     registry = registry_base(engine, log)
 
     def resolve(pin: BasePin, on: str) -> ResolvedBase:
-        if pin.kind == "twin":
-            return twin_base(lock, engine, state, log, pin, on)
-        return registry(pin, on)
+        if pin.kind != "twin":
+            return registry(pin, on)
+        base = twin_base(lock, engine, state, log, pin, on)
+        if lock.overlay is None:
+            return base
+        # A variant's vLLM release, laid over the twin under every image.
+        if on != DEFAULT_PLATFORM:
+            raise ConfigError(
+                f"variant {lock.variant} lays {lock.overlay.name} over the {DEFAULT_PLATFORM} "
+                f"twin only, not {on}",
+                where=f'{lock.path}: variants."{lock.variant}"',
+                fix=f"run it with --platform {DEFAULT_PLATFORM}",
+            )
+        assert lock.variant is not None
+        closure = closure_text(lock, lock.overlay, lock.variant)
+        over, _ = bake(engine, state, log, base, [lock.overlay], registry_form=registry_form,
+                       closure=closure)  # fmt: skip
+        return over
 
     return Builder(lock=lock, engine=engine, state=state, log=log, resolve_base=resolve,
                    twin=twin, platform=platform, registry_form=registry_form)  # fmt: skip

@@ -21,9 +21,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from k3env import __version__
-from k3env.config.pins import ComponentPin
+from k3env.config.pins import ComponentPin, Lock
 from k3env.config.shapes import platform_name
+from k3env.config.twinreq import parse_pinned
 from k3env.engine.protocol import BaseImage, Engine
+from k3env.errors import LockError
 from k3env.files import write_atomic
 from k3env.hashing import canonical_sha256
 from k3env.image.bases import ResolvedBase
@@ -81,6 +83,29 @@ def requirements_text(pins: Sequence[ComponentPin]) -> str:
     return "".join(w.requirement + "\n" for c in pins for w in c.wheels)
 
 
+def closure_text(lock: Lock, pin: ComponentPin, variant: str) -> str:
+    """The hash-pinned requirement lines of ``pin``'s closure file (checked against the
+    lock's sha256 first): what the layer installs beside the release's own wheel."""
+    from k3env.config.pinned_files import closure_key, verify_pinned_file
+    from k3env.files import read_input
+
+    key = closure_key(variant, pin.name)
+    if pin.closure is None or pin.closure_sha256 is None:
+        raise LockError(
+            f"variant {variant}'s {pin.name} closure is not resolved",
+            where=f"{lock.path}: {key}",
+            fix=f"run `k3env twin --resolve --variant {variant}`",
+        )
+    path = verify_pinned_file(lock, pin.closure, pin.closure_sha256, key=key.removesuffix(
+        "_sha256"), label=f" (variant {variant})", what="closure file", sha_key=key,
+        restore=f"run `k3env twin --resolve --variant {variant}`")  # fmt: skip
+    pinned = parse_pinned(read_input(path, error=LockError).decode("utf-8", errors="replace"))
+    return "".join(
+        f"{name}=={version} " + " ".join(f"--hash=sha256:{h}" for h in hashes) + "\n"
+        for name, (version, hashes) in sorted(pinned.items())
+    )
+
+
 def bake(
     engine: Engine,
     state: State,
@@ -89,10 +114,13 @@ def bake(
     pins: Sequence[ComponentPin],
     *,
     registry_form: bool = False,
+    closure: str = "",
 ) -> tuple[ResolvedBase, Baked]:
-    """``base`` + one layer holding ``pins``' wheels; built once per (base ID, wheels): the
-    engine's image under its content tag is a hit (and, with ``registry_form``, only when the
-    state also keeps the layer and config a publish sends)."""
+    """``base`` + one layer holding ``pins``' wheels (and ``closure``'s hash-pinned lines, the
+    rest of a release's closure where it differs from the base's; the key holds its hash
+    through the pins' identity); built once per (base ID, wheels): the engine's image under
+    its content tag is a hit (and, with ``registry_form``, only when the state also keeps the
+    layer and config a publish sends)."""
     key = components_key(base, pins)
     reference = f"{REPOSITORY}:{key[:20]}"
     found = engine.lookup(reference)
@@ -110,7 +138,7 @@ def bake(
         req, out, meta = (Path(tmp) / d for d in ("req", "out", "meta"))
         for d in (req, out, meta):
             d.mkdir()
-        write_atomic(req / "requirements.txt", requirements_text(pins).encode())
+        write_atomic(req / "requirements.txt", (requirements_text(pins) + closure).encode())
         # The base's own platform: a compiled wheel's file differs by architecture.
         platform = platform_name(base.image.os, base.image.architecture)
         wheelhouse = download_wheels(req / "requirements.txt", state, log, platform)
@@ -119,7 +147,8 @@ def bake(
                 engine, base.image.id, base.pin.python,
                 requirements=req / "requirements.txt", wheelhouse=wheelhouse, out=out,
                 meta=meta, epoch=epoch, pyc="CHECKED_HASH", pip_from_wheel=False,
-                replace=[w.name for c in pins for w in c.wheels], log=log,
+                replace=[*(w.name for c in pins for w in c.wheels),
+                         *(n for n in parse_pinned(closure))], log=log,
                 where=f"components over {base.reference}",
             )  # fmt: skip
         add_whiteouts(out, info["replaced"])

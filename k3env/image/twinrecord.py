@@ -14,11 +14,14 @@ from pathlib import Path
 from typing import Any
 
 from k3env.config.lock_edit import Change, set_leaves
-from k3env.config.pins import Lock
+from k3env.config.pinned_files import closure_key
+from k3env.config.pins import OVERLAYS, Lock
+from k3env.config.shapes import DEFAULT_PLATFORM
+from k3env.errors import LockError
 from k3env.files import write_atomic
 from k3env.hashing import digest_hex, sha256_digest
 from k3env.image.twindebian import resolve_debian
-from k3env.image.twinresolve import resolve_twin
+from k3env.image.twinresolve import resolve_overlay, resolve_twin
 from k3env.log import Log
 
 
@@ -69,3 +72,51 @@ def record_resolved(
         components=resolved.components,
         changes=tuple(changes),
     )
+
+
+def record_overlays(
+    lock: Lock,
+    lock_path: Path,
+    log: Log,
+    *,
+    names: Sequence[str],
+    find_links: Sequence[str],
+    index_url: str | None,
+) -> list[Recorded]:
+    """Each named variant's overlay closure resolved against the twin's (current) file,
+    written, then its sha256 recorded (the same order as the twin's)."""
+    out = []
+    for name in names:
+        variant = lock.variants[name]
+        for c in variant.components.values():
+            if c.name not in OVERLAYS:
+                continue
+            key = closure_key(name, c.name)
+            if c.closure is None:
+                raise LockError(
+                    f"variant {name}'s {c.name} names no closure file",
+                    where=f"{lock.path}: {key.removesuffix('_sha256')}",
+                    fix=f'add closure = "pins/variants/{name}.requirements.txt"',
+                )
+            resolved = resolve_overlay(lock, variant, log, find_links=find_links,
+                                       index_url=index_url)  # fmt: skip
+            path = lock.resolve_path(c.closure, key=key.removesuffix("_sha256"))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, resolved.text.encode())
+            sha = digest_hex(sha256_digest(resolved.text.encode()))
+            changes = set_leaves(lock_path, {key: sha})
+            out.append(
+                Recorded(
+                    platform=DEFAULT_PLATFORM,
+                    files={c.closure: sha},
+                    packages=resolved.packages,
+                    components=resolved.components,
+                    changes=tuple(changes),
+                )
+            )
+    return out
+
+
+def overlay_variants(lock: Lock) -> list[str]:
+    """The lock's variants that lay a release over the twin."""
+    return sorted(n for n, v in lock.variants.items() if set(v.components) & set(OVERLAYS))
