@@ -145,7 +145,8 @@ def grace(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Benchmarks: build vs `docker build` over the twin, no-op rebuild, preflight, verify,
-    export, publish (registry API) vs `docker push`, components, smoke (cold and warm).
+    export, publish (registry API) vs `docker push`, components, a vLLM variant (resolve, its
+    layer cold / warm / hit and size, its matrix cell), smoke (cold and warm).
     `-- --quick`: each path once
     (CI: a broken benchmark fails, its figures are no verdict); the full run is for people
     and closing notes. `--quick` and `--json` go to every benchmark, other args (`--repeat N`)
@@ -153,6 +154,6 @@ def bench(session: nox.Session) -> None:
     # Installed as users install it (not editable: an editable finder adds ~9 ms per start).
     session.install(".")
     every = [a for a in session.posargs if a in ("--quick", "--json")]
-    for name in ("build", "verify", "export", "publish", "components", "smoke"):
-        args = session.posargs if name in ("build", "components") else every
+    for name in ("build", "verify", "export", "publish", "components", "variant", "smoke"):
+        args = session.posargs if name in ("build", "components", "variant") else every
         session.run("python", f"benchmarks/bench_{name}.py", *args)

@@ -1,9 +1,11 @@
 """The version matrix: every image verified on the CPU twin with each variant of the pinned
 components (``[variants.NAME]`` in the lock) beside the pinned ones.
 
-A variant swaps a component's wheels; the twin base stays the lock's. Images that bake none
-of a variant's components are the pinned images and are not built again (``same``). Each
-cell is one real build (its components layer cached by content) and one probe run.
+A variant swaps a component's wheels, or lays another vLLM release over the twin (then it is
+under every image). Images that bake none of a variant's components, with no release laid
+under them, are the pinned images and are not built again (``same``). Each cell is one real
+build (its layers cached by content) and one probe run; each column names the vLLM, Dynamo
+and aiperf its images run, each failed cell its first failing line.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ class Cell:
             return ""
         f = self.failed[0]
         first = next(iter(f.output.strip().splitlines()), "")
+        # Most outputs open with their subject: said once.
+        first = first.removeprefix(f.subject).removeprefix(":").strip() or first
         return f"{f.check} {f.subject}: {first}"
 
     @property
@@ -100,7 +104,7 @@ def run_matrix(
 
 _MARK = {"pass": "✅", "fail": "❌", "same": "= pinned"}
 _STACK = (("vllm", "vLLM"), ("dynamo", "Dynamo"), ("aiperf", "aiperf"))
-CELL_LINE = 90  # characters of a cell's first failing line (the details keep 300)
+CELL_LINE = 100  # characters of a cell's first failing line (the details keep 300)
 
 
 def column_header(variant: str, cells: Sequence[Cell]) -> str:
@@ -137,8 +141,8 @@ def markdown(lock: Lock, cells: Sequence[Cell]) -> str:
     lines.append("")
     for v in variants:
         why = lock.variants[v].why if v in lock.variants else "the lock's own pins"
-        baked = sorted({c.versions for c in cells if c.variant == v and c.versions})
-        lines.append(f"- `{v}`: {'; '.join(baked) or 'no components'}. {why}".rstrip())
+        baked = sorted({w for c in cells if c.variant == v for w in c.versions.split(", ") if w})
+        lines.append(f"- `{v}`: {', '.join(baked) or 'no components'}. {why}".rstrip())
     failures = [(c, f) for c in cells for f in c.failed]
     if failures:
         lines += ["", "<details><summary>Why each ❌</summary>", ""]

@@ -66,6 +66,9 @@ def plan_for(
         # Modules the CPU twin leaves out on purpose: an import that needs only those to
         # complete is not held against the twin (the output says so).
         "absent_by_design": list(t.omit) if (t := twin_of(lock, twin, build.platform)) else [],
+        # The twin's CPU stand-ins (torch): an env var only they and absent GPU libraries
+        # could read is not checked here, never failed for what the twin lacks.
+        "stand_ins": list(t.stand_ins) if t else [],
         "profiles": [
             {
                 "name": p.name,

@@ -182,3 +182,31 @@ def test_a_component_pinned_only_by_its_source_commit_is_built_into_wheels_and_b
     second = build()
     assert second["image_id"] != image
     assert _in_image(str(second["image_id"]), "import k3demo; print(k3demo.VALUE)") == "2"
+
+
+def test_a_vllm_variant_over_the_twin_reads_the_env_the_twins_vllm_does_not(
+    repo: Path, engine: DockerEngine, twin_image: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Variant F bakes VLLM_PREFIX_CACHE_RETENTION_INTERVAL: vLLM 0.31.0 (the twin's) reads
+    it nowhere and takes a flag instead; vLLM 0.29.0, laid over the twin as one layer, reads
+    it. The same spec, one verdict apart, because of the vLLM release."""
+    _only(repo, "kimi-k3-direct-f")
+    assert main(["matrix", "--variant", "vllm-0.29.0", "--json"]) == 0
+    cells = {c["variant"]: c for c in json.loads(capsys.readouterr().out)["cells"]}
+    pinned, older = cells["pinned"], cells["vllm-0.29.0"]
+    assert pinned["stack"]["vllm"] == "0.31.0" and older["stack"]["vllm"] == "0.29.0"
+    env = [f for f in pinned["failed"] if f["check"] == "env"]
+    assert [f["subject"] for f in env] == ["VLLM_PREFIX_CACHE_RETENTION_INTERVAL"]
+    assert "nothing in the image reads it (searched vllm 0.31.0)" in env[0]["output"]
+    assert "takes --prefix-cache-retention-interval instead" in env[0]["output"]
+    assert older["status"] == "pass", older["failed"]
+    assert older["versions"] == "aiperf 0.13.0, vllm 0.29.0"
+    # The layer holds the release once (the twin's 0.31.0 whited out) over the twin's torch.
+    found = json.loads(_in_image(older["image_id"], (
+        "import importlib.metadata as m, json\n"
+        "v = [d.version for d in m.distributions() if d.metadata['Name'] == 'vllm']\n"
+        "print(json.dumps([v, m.version('torch'), m.version('openai-harmony')]))\n"
+    )))  # fmt: skip
+    assert found == [["0.29.0"], "2.13.0+cpu", "0.0.8"]
+    text = (repo / "pins/variants/vllm-0.29.0.requirements.txt").read_text()
+    assert "openai-harmony==0.0.8 --hash=sha256:" in text  # from the closure file

@@ -240,8 +240,33 @@ def check_env(run: Run, plan: Plan) -> None:
             owner = "spec-declared " + declared.split()[0] if declared else "image"
             report.record("env", name, "pass", owner, f"read by {found[name]}")
             continue
+        blind = _stood_in(plan, name)
+        if blind is not None:
+            report.record("env", name, "skip", "image", blind)
+            continue
         message = _unread(run, name, declared, searched[name], registry, tokens)
         report.record("env", name, "fail", declared.split()[0] if declared else "image", message)
+
+
+def _stood_in(plan: Plan, name: str) -> str | None:
+    """Over the twin, why an unread ``name`` of a native family (``NCCL_``, ``CUDA_``, ...)
+    is not checked: its readers here are only the CPU stand-ins (torch) or not installed (the
+    GPU libraries that read it natively, which the GPU image carries). None: the search
+    could see its readers, so an unread name is a finding."""
+    stand_ins = set(plan.get("stand_ins", []))
+    if not stand_ins or plan.get("env", {}).get(name):
+        return None
+    family = [s for prefix, srcs in plan.get("env_families", {}).items()
+              if name.startswith(prefix) for s in srcs if not s.startswith(":")]  # fmt: skip
+    if not family or any(s not in stand_ins and _dist_files(s) is not None for s in family):
+        return None
+    here = [f"{s} (a CPU stand-in)" for s in family if s in stand_ins]
+    gone = [s for s in family if s not in stand_ins]
+    absent = f" and {', '.join(gone)} {'is' if len(gone) == 1 else 'are'} not installed"
+    return (
+        f"not checked: {name} is read natively by the GPU build's libraries; here its readers "
+        f"are {', '.join(here) or 'none'}{absent if gone else ''}, and none of them mentions it"
+    )
 
 
 def _unread(

@@ -1,0 +1,185 @@
+"""Benchmark: adding a vLLM variant to the matrix (``[variants."vllm-0.29.0".vllm]``).
+
+One run prints, for the lock's vLLM 0.29.0 line over the CPU twin:
+  * resolve: ``k3env twin --resolve --variant vllm-0.29.0`` (uv against the twin's file;
+    needs the package index, and the CPU torch where ``PIP_FIND_LINKS`` says);
+  * layer, cold: its one layer over the twin with an empty k3env state and an empty pip cache
+    (the 315 MB wheel downloaded, installed by the twin's pip, byte-compiled, loaded);
+  * layer, warm: the layer image removed, the wheelhouse kept (install, compile, load);
+  * layer, hit: the engine holds the layer under its content tag;
+  * the layer's size (its uncompressed tar, as the engine counts it) and its files;
+  * the column's cell: ``k3env matrix --variant vllm-0.29.0 kimi-k3-direct-f`` with the
+    variant's derived image and the verify records removed (layer held: the derived image,
+    one probe run).
+``--quick``: each path once and the cold layer from the shared pip cache (CI: a broken
+benchmark fails, its figures are no verdict). Each figure is the median of ``--repeat`` runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from k3env.config.lock import load_lock  # noqa: E402
+from k3env.engine.dockerd import DockerEngine  # noqa: E402
+from k3env.image.build import make_builder  # noqa: E402
+from k3env.image.components import LABEL  # noqa: E402
+from k3env.image.twin import twin_base  # noqa: E402
+from k3env.log import Log  # noqa: E402
+from k3env.state import State  # noqa: E402
+
+VARIANT = "vllm-0.29.0"
+IMAGE = "kimi-k3-direct-f"
+
+
+def rmi(*refs: str) -> None:
+    subprocess.run(["docker", "rmi", "-f", *refs], capture_output=True)
+
+
+def rmi_layer(base: Any) -> None:
+    """The layer image and every image built over it (the spec's, the aiperf layer's), the
+    deepest first: a cold build loads every byte again (an image still held by a child
+    would only be re-tagged)."""
+    top = base.image.diff_ids[-1]
+    held = []
+    for repository in (f"k3env/{IMAGE}", "k3env/components"):
+        ids = subprocess.run(["docker", "images", "-q", "--no-trunc", repository],
+                             capture_output=True, text=True).stdout.split()  # fmt: skip
+        for image in set(ids):
+            proc = subprocess.run(["docker", "image", "inspect", "-f",
+                                   "{{json .RootFS.Layers}}", image],
+                                  capture_output=True, text=True)  # fmt: skip
+            layers = json.loads(proc.stdout or "[]")
+            if top in layers:
+                held.append((len(layers), image))
+    for _, image in sorted(held, reverse=True):
+        rmi(image)
+
+
+def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def k3env(argv: list[str], cwd: Path, env: dict[str, str]) -> dict[str, Any]:
+    proc = subprocess.run(["k3env", *argv, "--json", "-q"], cwd=cwd, env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    if proc.returncode != 0:
+        sys.exit(f"benchmark command failed: k3env {' '.join(argv)}\n{proc.stderr}")
+    out: dict[str, Any] = json.loads(proc.stdout)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeat", type=int, default=1)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="each path once, shared pip cache")
+    args = ap.parse_args()
+    repeat = 1 if args.quick else args.repeat
+
+    engine = DockerEngine()
+    workdir = Path(tempfile.mkdtemp(prefix="k3env-bench-variant-"))
+    for d in ("pins", "images", "patches"):
+        shutil.copytree(REPO / d, workdir / d)
+    for spec in (workdir / "images").glob("*.toml"):
+        if spec.stem != IMAGE:
+            spec.unlink()
+    env = {**os.environ, "K3ENV_STATE_DIR": str(workdir / "state")}
+    links = [a for d in os.environ.get("PIP_FIND_LINKS", "").split() for a in ("--find-links", d)]
+    try:
+        resolve = [timed(lambda: k3env(["twin", "--resolve", "--variant", VARIANT, *links],
+                                       workdir, env))[0] for _ in range(repeat)]  # fmt: skip
+        lock = load_lock(workdir / "pins/k3.lock.toml")
+        vlock = lock.with_variant(lock.variants[VARIANT])
+
+        def layer(state_dir: Path) -> Any:
+            builder = make_builder(vlock, engine, State(state_dir), Log(quiet=True), twin=True)
+            return builder.resolve_base(vlock.bases["cpu-twin"])
+
+        cold, warm = [], []
+        base: Any = layer(workdir / "state")  # its reference; the wheelhouse warm runs keep
+        for _ in range(repeat):
+            with tempfile.TemporaryDirectory(prefix="k3env-bench-cold-") as tmp:
+                rmi_layer(base)
+                if not args.quick:
+                    os.environ["PIP_CACHE_DIR"] = str(Path(tmp) / "pip-cache")
+                seconds, base = timed(lambda: layer(Path(tmp) / "state"))
+                os.environ.pop("PIP_CACHE_DIR", None)
+                cold.append(seconds)
+        for _ in range(repeat):
+            rmi_layer(base)
+            seconds, base = timed(lambda: layer(workdir / "state"))
+            warm.append(seconds)
+        hit, _ = timed(lambda: layer(workdir / "state"))
+        twin = twin_base(lock, engine, State(workdir / "state"), Log(quiet=True),
+                         lock.bases["cpu-twin"])  # fmt: skip
+        size = _size(base.reference) - _size(twin.reference)
+        files = int((base.image.config.get("Labels") or {}).get(f"{LABEL}.files", "0"))
+
+        first = k3env(["matrix", "--variant", VARIANT, IMAGE], workdir, env)
+        cell = next(c for c in first["cells"] if c["variant"] == VARIANT)
+        column = []
+        for _ in range(repeat):
+            rmi(cell["image_id"])
+            shutil.rmtree(workdir / "state" / "verify", ignore_errors=True)
+            seconds, again = timed(lambda: k3env(["matrix", "--variant", VARIANT, IMAGE],
+                                                 workdir, env))  # fmt: skip
+            column.append(seconds)
+            cell = next(c for c in again["cells"] if c["variant"] == VARIANT)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+    def med(xs: list[float]) -> float:
+        return round(statistics.median(xs), 2)
+
+    summary = {
+        "variant": VARIANT,
+        "resolve_seconds": med(resolve),
+        "layer_cold_seconds": med(cold),
+        "layer_cold_pip_cache": "shared" if args.quick else "empty",
+        "layer_warm_seconds": med(warm),
+        "layer_hit_seconds": round(hit, 3),
+        "layer_mb": round(size / 2**20, 1),
+        "layer_files": files,
+        "cell_seconds": med(column),
+        "cell_status": cell["status"],
+        "repeat": repeat,
+    }
+    if args.json:
+        print(json.dumps(summary, indent=2))
+    else:
+        print(f"variant {VARIANT} (median of {repeat})")
+        print(f"  resolve against the twin: {summary['resolve_seconds']:.2f} s")
+        print(f"  layer cold ({summary['layer_cold_pip_cache']} pip cache): "
+              f"{summary['layer_cold_seconds']:.2f} s; warm {summary['layer_warm_seconds']:.2f} "
+              f"s; hit {summary['layer_hit_seconds']:.3f} s")  # fmt: skip
+        print(f"  layer: {summary['layer_mb']} MB, {files} files")
+        print(f"  {IMAGE} cell (build + verify): {summary['cell_seconds']:.2f} s, "
+              f"{summary['cell_status']}")  # fmt: skip
+    return 0
+
+
+def _size(reference: str) -> int:
+    """The image's size in bytes, as the engine counts it (its layers, uncompressed)."""
+    out = subprocess.run(["docker", "image", "inspect", "-f", "{{.Size}}", reference],
+                         check=True, capture_output=True, text=True).stdout  # fmt: skip
+    return int(out.strip())
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
