@@ -32,6 +32,7 @@ class Cell:
     image_id: str | None = None
     platform: str = DEFAULT_PLATFORM
     stack: Mapping[str, str | None] = field(default_factory=dict)  # vllm / dynamo / aiperf
+    unchecked: tuple[str, ...] = ()  # env vars this host could not check (said, never passed)
 
     @property
     def first_failure(self) -> str:
@@ -58,6 +59,7 @@ class Cell:
             "image_id": self.image_id,
             "stack": dict(self.stack),
             "first_failure": self.first_failure or None,
+            "not_checked": list(self.unchecked),
             "failed": [f.as_json() for f in self.failed],
         }
 
@@ -96,8 +98,10 @@ def run_matrix(
                 if touches:
                     report = verify(vlock, spec, platform)
                     status = "fail" if report.failed else "pass"
+                    unchecked = tuple(r.subject for r in report.results
+                                      if r.check == "env" and r.status == "skip")  # fmt: skip
                     cell = replace(cell, status=status, failed=tuple(report.failed),
-                                   image_id=report.image_id)  # fmt: skip
+                                   image_id=report.image_id, unchecked=unchecked)  # fmt: skip
                 cells.append(cell)
     return cells
 
@@ -115,6 +119,8 @@ def column_header(variant: str, cells: Sequence[Cell]) -> str:
 
 
 def cell_text(cell: Cell) -> str:
+    if cell.status == "pass" and cell.unchecked:
+        return f"✅ ({len(cell.unchecked)} env not checked)"
     if cell.status != "fail":
         return _MARK[cell.status]
     line = cell.first_failure.replace("|", "\\|").replace("`", "'")
@@ -143,6 +149,10 @@ def markdown(lock: Lock, cells: Sequence[Cell]) -> str:
         why = lock.variants[v].why if v in lock.variants else "the lock's own pins"
         baked = sorted({w for c in cells if c.variant == v for w in c.versions.split(", ") if w})
         lines.append(f"- `{v}`: {', '.join(baked) or 'no components'}. {why}".rstrip())
+    unchecked = sorted({(c.variant, n) for c in cells for n in c.unchecked})
+    if unchecked:
+        lines += ["", "Not checked on this host (said, never passed): "
+                  + "; ".join(f"`{v}` {n}" for v, n in unchecked)]  # fmt: skip
     failures = [(c, f) for c in cells for f in c.failed]
     if failures:
         lines += ["", "<details><summary>Why each ❌</summary>", ""]

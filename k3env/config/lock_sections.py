@@ -211,6 +211,15 @@ def variant_pin(
         if key in OVERLAYS:
             components[key] = _overlay(name, key, t.table(key), unresolved)
             continue
+        if key == "smoke":  # the CPU build of the variant's vLLM, for `smoke --variant`
+            sub = t.table(key)
+            engine = _component("smoke", sub, extras=())
+            sub.done()
+            if engine is None or len(engine.wheels) != 1:
+                raise t.fail(key, "the smoke engine is one wheel",
+                             "pin the CPU build of the variant's vLLM")  # fmt: skip
+            components[key] = engine
+            continue
         if key not in pinned:
             raise t.fail(
                 key,

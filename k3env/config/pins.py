@@ -334,9 +334,11 @@ class Lock:
         """This lock with the variant's component wheels in place of the pinned ones (a
         variant's vLLM laid over the twin under every image). Its content hash is its own, so
         nothing built from it is taken for the lock's images."""
-        dynamo, aiperf, overlay = self.dynamo, self.aiperf, self.overlay
+        dynamo, aiperf, overlay, smoke = self.dynamo, self.aiperf, self.overlay, self.smoke
         for name, component in variant.components.items():
             version = component.wheels[0].version
+            if name == "smoke" and smoke is not None:
+                smoke = dataclasses.replace(smoke, engine=component)
             if name == "dynamo" and dynamo is not None:
                 dynamo = dataclasses.replace(dynamo, component=component, version=version)
             elif name == "aiperf" and aiperf is not None:
@@ -351,8 +353,9 @@ class Lock:
             }
         )
         return dataclasses.replace(
-            self, dynamo=dynamo, aiperf=aiperf, overlay=overlay, variant=variant.name, sha256=sha
-        )
+            self, dynamo=dynamo, aiperf=aiperf, overlay=overlay, smoke=smoke,
+            variant=variant.name, sha256=sha,
+        )  # fmt: skip
 
     def stack(self, platform: str = DEFAULT_PLATFORM) -> dict[str, str | None]:
         """The serving stack's releases (vllm, dynamo, aiperf) this lock builds over the twin:

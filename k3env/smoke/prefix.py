@@ -47,6 +47,17 @@ def smoke_pin(lock: Lock, platform: str) -> SmokePin:
             where=f"{lock.path} [smoke]",
             fix=f"smoke on {pin.platform}; verify covers {platform}",
         )
+    # The CPU build must be the release the image holds: another would smoke another engine.
+    if (overlay := lock.overlay) is not None:
+        want, have = overlay.wheels[0].version, pin.engine.wheels[0].version
+        if want != have:
+            raise ConfigError(
+                f"variant {lock.variant} lays {overlay.name} {want} over the twin, and the smoke "
+                f"engine is {pin.engine.wheels[0].name} {have}",
+                where=f'{lock.path} [variants."{lock.variant}"]',
+                fix=f'pin the CPU build of {overlay.name} {want} in [variants."{lock.variant}".'
+                "smoke] (wheels = [{ name = ..., version = ..., sha256 = ... }])",
+            )
     return pin
 
 
