@@ -393,8 +393,8 @@ def test_a_vllm_variant_is_under_every_image_of_its_column(repo: Path) -> None:
     assert "`vllm-0.29.0`<br>vLLM 0.29.0 · Dynamo 1.6.1 · aiperf 0.13.0 |" in text
     # A cell's first line is escaped for the table it sits in.
     assert (
-        "| ❌ env VLLM_PREFIX_CACHE_RETENTION_INTERVAL: unread \\| by 0.31.0 | ✅ (1 env not checked) | ✅ |"
-        in text
+        "| ❌ env VLLM_PREFIX_CACHE_RETENTION_INTERVAL: unread \\| by 0.31.0 | "
+        "✅ (1 env not checked) | ✅ |" in text
     )
     # What a cell could not check is said, never passed.
     assert "Not checked on this host (said, never passed): `dynamo-1.5.1` NCCL_CUMEM_ENABLE" in text
