@@ -427,6 +427,4 @@ def test_the_smoke_column_says_each_cells_serve_verdict_and_what_it_could_not_ru
     text = markdown(lock, cells)
     assert "| ✅<br>smoke ✅ | ✅<br>smoke not checked | ✅<br>smoke ❌ |" in text
     assert "- `vllm-0.29.0` **kimi-k3-direct-f**: failed: agg tool-calls: 200, no tool" in text
-        "- `vllm-0.29.0` **kimi-k3-direct-f**: failed: agg tool-calls: 200, no tool_calls" in text
-    )
     assert "- `dynamo-1.5.1` **kimi-k3-direct-f**: not checked: no CPU build of vllm" in text
