@@ -1,6 +1,8 @@
 """Build and verify every image on the CPU twin with the pinned components and with each
-`[variants.NAME]` of the lock (other releases, by sha256): images x variants as markdown
-(`--markdown FILE`) and `--json`, each failure with its first line
+`[variants.NAME]` of the lock (other releases by sha256: Dynamo's wheels, or a vLLM release laid
+over the twin with its closure): images x variants, each column naming its vLLM, Dynamo and
+aiperf, each failed cell its first failing line, as markdown (`--markdown FILE`) and `--json`;
+`--smoke` also serves each built cell with the CPU build of its column's vLLM
 """
 
 from __future__ import annotations
