@@ -100,7 +100,11 @@ def main() -> int:
         if spec.stem != IMAGE:
             spec.unlink()
     env = {**os.environ, "K3ENV_STATE_DIR": str(workdir / "state")}
-    links = [a for d in os.environ.get("PIP_FIND_LINKS", "").split() for a in ("--find-links", d)]
+    # The twin's CPU torch is not on the index: where this host's pip finds it.
+    here = os.environ.get("PIP_FIND_LINKS") or (
+        "/opt/wheels" if Path("/opt/wheels").is_dir() else ""
+    )
+    links = [a for d in here.split() for a in ("--find-links", d)]
     try:
         resolve = [timed(lambda: k3env(["twin", "--resolve", "--variant", VARIANT, *links],
                                        workdir, env))[0] for _ in range(repeat)]  # fmt: skip
