@@ -107,6 +107,7 @@ def test_plan_carries_profiles_env_components_versions_and_patch_skips(
     assert plan == {
         "image": "probe",
         "absent_by_design": [],  # only the twin leaves modules out by design
+        "stand_ins": [],  # the twin's CPU stand-ins: none over a registry base
         "profiles": [
             {
                 "name": "agg",
