@@ -92,7 +92,6 @@ def main() -> int:
     args = ap.parse_args()
     repeat = 1 if args.quick else args.repeat
 
-    engine = DockerEngine()
     workdir = Path(tempfile.mkdtemp(prefix="k3env-bench-variant-"))
     for d in ("pins", "images", "patches"):
         shutil.copytree(REPO / d, workdir / d)
@@ -101,69 +100,19 @@ def main() -> int:
             spec.unlink()
     env = {**os.environ, "K3ENV_STATE_DIR": str(workdir / "state")}
     # The twin's CPU torch is not on the index: where this host's pip finds it.
-    here = os.environ.get("PIP_FIND_LINKS") or (
-        "/opt/wheels" if Path("/opt/wheels").is_dir() else ""
-    )
-    links = [a for d in here.split() for a in ("--find-links", d)]
+    opt = "/opt/wheels" if Path("/opt/wheels").is_dir() else ""
+    links = [a for d in (os.environ.get("PIP_FIND_LINKS") or opt).split()
+             for a in ("--find-links", d)]  # fmt: skip
     try:
         resolve = [timed(lambda: k3env(["twin", "--resolve", "--variant", VARIANT, *links],
                                        workdir, env))[0] for _ in range(repeat)]  # fmt: skip
-        lock = load_lock(workdir / "pins/k3.lock.toml")
-        vlock = lock.with_variant(lock.variants[VARIANT])
-
-        def layer(state_dir: Path) -> Any:
-            builder = make_builder(vlock, engine, State(state_dir), Log(quiet=True), twin=True)
-            return builder.resolve_base(vlock.bases["cpu-twin"])
-
-        cold, warm = [], []
-        base: Any = layer(workdir / "state")  # its reference; the wheelhouse warm runs keep
-        for _ in range(repeat):
-            with tempfile.TemporaryDirectory(prefix="k3env-bench-cold-") as tmp:
-                rmi_layer(base)
-                if not args.quick:
-                    os.environ["PIP_CACHE_DIR"] = str(Path(tmp) / "pip-cache")
-                seconds, base = timed(lambda: layer(Path(tmp) / "state"))
-                os.environ.pop("PIP_CACHE_DIR", None)
-                cold.append(seconds)
-        for _ in range(repeat):
-            rmi_layer(base)
-            seconds, base = timed(lambda: layer(workdir / "state"))
-            warm.append(seconds)
-        hit, _ = timed(lambda: layer(workdir / "state"))
-        twin = twin_base(lock, engine, State(workdir / "state"), Log(quiet=True),
-                         lock.bases["cpu-twin"])  # fmt: skip
-        size = _size(base.reference) - _size(twin.reference)
-        files = int((base.image.config.get("Labels") or {}).get(f"{LABEL}.files", "0"))
-
-        first = k3env(["matrix", "--variant", VARIANT, IMAGE], workdir, env)
-        cell = next(c for c in first["cells"] if c["variant"] == VARIANT)
-        column = []
-        for _ in range(repeat):
-            rmi(cell["image_id"])
-            shutil.rmtree(workdir / "state" / "verify", ignore_errors=True)
-            seconds, again = timed(lambda: k3env(["matrix", "--variant", VARIANT, IMAGE],
-                                                 workdir, env))  # fmt: skip
-            column.append(seconds)
-            cell = next(c for c in again["cells"] if c["variant"] == VARIANT)
+        summary = _layer(workdir, repeat, empty_pip_cache=not args.quick)
+        column, status = _cell(workdir, env, repeat)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
-
-    def med(xs: list[float]) -> float:
-        return round(statistics.median(xs), 2)
-
-    summary = {
-        "variant": VARIANT,
-        "resolve_seconds": med(resolve),
-        "layer_cold_seconds": med(cold),
-        "layer_cold_pip_cache": "shared" if args.quick else "empty",
-        "layer_warm_seconds": med(warm),
-        "layer_hit_seconds": round(hit, 3),
-        "layer_mb": round(size / 2**20, 1),
-        "layer_files": files,
-        "cell_seconds": med(column),
-        "cell_status": cell["status"],
-        "repeat": repeat,
-    }
+    summary = {"variant": VARIANT, "resolve_seconds": _median(resolve), **summary,
+               "cell_seconds": _median(column), "cell_status": status,
+               "repeat": repeat}  # fmt: skip
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -172,10 +121,65 @@ def main() -> int:
         print(f"  layer cold ({summary['layer_cold_pip_cache']} pip cache): "
               f"{summary['layer_cold_seconds']:.2f} s; warm {summary['layer_warm_seconds']:.2f} "
               f"s; hit {summary['layer_hit_seconds']:.3f} s")  # fmt: skip
-        print(f"  layer: {summary['layer_mb']} MB, {files} files")
-        print(f"  {IMAGE} cell (build + verify): {summary['cell_seconds']:.2f} s, "
-              f"{summary['cell_status']}")  # fmt: skip
+        print(f"  layer: {summary['layer_mb']} MB, {summary['layer_files']} files")
+        print(f"  {IMAGE} cell (build + verify): {summary['cell_seconds']:.2f} s, {status}")
     return 0
+
+
+def _median(xs: list[float]) -> float:
+    return round(statistics.median(xs), 2)
+
+
+def _layer(workdir: Path, repeat: int, *, empty_pip_cache: bool) -> dict[str, Any]:
+    """The variant's layer over the twin: cold (a fresh state, and with ``empty_pip_cache``
+    a fresh pip cache), warm (the wheelhouse kept), a hit; its size and files."""
+    engine = DockerEngine()
+    lock = load_lock(workdir / "pins/k3.lock.toml")
+    vlock = lock.with_variant(lock.variants[VARIANT])
+
+    def layer(state_dir: Path) -> Any:
+        builder = make_builder(vlock, engine, State(state_dir), Log(quiet=True), twin=True)
+        return builder.resolve_base(vlock.bases["cpu-twin"])
+
+    cold, warm = [], []
+    base: Any = layer(workdir / "state")  # its reference; the wheelhouse warm runs keep
+    for _ in range(repeat):
+        with tempfile.TemporaryDirectory(prefix="k3env-bench-cold-") as tmp:
+            rmi_layer(base)
+            if empty_pip_cache:
+                os.environ["PIP_CACHE_DIR"] = str(Path(tmp) / "pip-cache")
+            seconds, base = timed(lambda: layer(Path(tmp) / "state"))
+            os.environ.pop("PIP_CACHE_DIR", None)
+            cold.append(seconds)
+    for _ in range(repeat):
+        rmi_layer(base)
+        seconds, base = timed(lambda: layer(workdir / "state"))
+        warm.append(seconds)
+    hit, _ = timed(lambda: layer(workdir / "state"))
+    twin = twin_base(lock, engine, State(workdir / "state"), Log(quiet=True),
+                     lock.bases["cpu-twin"])  # fmt: skip
+    return {
+        "layer_cold_seconds": _median(cold),
+        "layer_cold_pip_cache": "empty" if empty_pip_cache else "shared",
+        "layer_warm_seconds": _median(warm),
+        "layer_hit_seconds": round(hit, 3),
+        "layer_mb": round((_size(base.reference) - _size(twin.reference)) / 2**20, 1),
+        "layer_files": int((base.image.config.get("Labels") or {}).get(f"{LABEL}.files", "0")),
+    }
+
+
+def _cell(workdir: Path, env: dict[str, str], repeat: int) -> tuple[list[float], str]:
+    """The column's cell as a user runs it, its derived image and verify records removed."""
+    argv = ["matrix", "--variant", VARIANT, IMAGE]
+    cell = next(c for c in k3env(argv, workdir, env)["cells"] if c["variant"] == VARIANT)
+    column = []
+    for _ in range(repeat):
+        rmi(cell["image_id"])
+        shutil.rmtree(workdir / "state" / "verify", ignore_errors=True)
+        seconds, again = timed(lambda: k3env(argv, workdir, env))
+        column.append(seconds)
+        cell = next(c for c in again["cells"] if c["variant"] == VARIANT)
+    return column, str(cell["status"])
 
 
 def _size(reference: str) -> int:

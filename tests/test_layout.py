@@ -65,3 +65,18 @@ def test_an_upward_import_a_second_owner_and_a_missing_docstring_are_named(
     assert any(
         p.endswith("verify.py: no module docstring (say the module's one job)") for p in problems
     )
+
+
+def test_no_function_is_over_80_lines() -> None:
+    """#23's rule, held by a test: the long ones crept back in twice."""
+    import ast
+
+    long = []
+    for root in ("k3env", "benchmarks", "scripts", "tests"):
+        for path in sorted((REPO / root).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if lines > 80:
+                        long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} {lines}")
+    assert not long, long

@@ -10,12 +10,19 @@ from __future__ import annotations
 import argparse
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from k3env.commands.app import App
 from k3env.config.cluster import DEFAULT_CLUSTER
 from k3env.config.lock import load_lock
 from k3env.config.spec import DEFAULT_IMAGES
 from k3env.errors import ConfigError
+
+if TYPE_CHECKING:
+    from k3env.config.cluster import Cluster
+    from k3env.config.pins import Lock
+    from k3env.config.spec import ImageSpec
+    from k3env.config.srtrecipe import Recipe
 
 NAME = "adopt"
 HELP = "write an image spec from an srt-slurm recipe, and check the round trip"
@@ -42,9 +49,7 @@ def run(args: argparse.Namespace, app: App) -> int:
     from k3env.config.srtrecipe import load_recipe
     from k3env.files import write_atomic
     from k3env.handoff.adopt import naming, recipe_diff, spec_text
-    from k3env.handoff.recipe import precision_of, recipe
     from k3env.handoff.recipe_check import find_image
-    from k3env.image.envpolicy import merged_env
 
     lock = load_lock(args.lock)
     cluster = load_cluster(args.cluster)
@@ -74,34 +79,17 @@ def run(args: argparse.Namespace, app: App) -> int:
         trial = Path(tmp) / out.name
         trial.write_text(text)
         spec = load_spec(trial, lock)
-    profile = spec.profiles[names.profile]
-    regenerated = recipe(
-        spec,
-        profile,
-        cluster,
-        merged_env(lock, spec),
-        container=source.container,
-        model_path=source.model_path,
-        precision=precision_of(profile.tokenizer_model_type),
-        dynamo_baked="dynamo" in spec.components,
-        dynamo_commit=lock.dynamo.commit if lock.dynamo else None,
-        aiperf_version=lock.aiperf.version if lock.aiperf else None,
-    )
+    regenerated = _regenerate(lock, spec, cluster, source, names.profile)
     differences = recipe_diff(source.data, regenerated)
     write_atomic(out, text)
     app.log.info(f"spec written to {out}")
-    why = {
-        "setup_script": "the spec bakes the lock's container patches instead",
-        "dynamo": "the spec bakes the lock's Dynamo (no install at job start)",
-        "benchmark.aiperf_package": "the spec bakes the lock's aiperf",
-    }
     payload = {
         "out": str(out),
         "spec": names.spec,
         "profile": names.profile,
         "base": base,
         "round_trip": "equal" if not differences else "differs",
-        "differences": [{**d.as_json(), "why": _why(why, d.key)} for d in differences],
+        "differences": [{**d.as_json(), "why": _why(WHY, d.key)} for d in differences],
         "notes": notes,
     }
 
@@ -115,11 +103,41 @@ def run(args: argparse.Namespace, app: App) -> int:
                 "for key"
             )
         for d in differences:
-            reason = _why(why, d.key)
+            reason = _why(WHY, d.key)
             print(f"  differs: {d.text()}" + (f" ({reason})" if reason else ""))
 
     app.emit(payload, human)
     return 0
+
+
+# Why a difference between the recipe and the one regenerated from the spec is by design.
+WHY = {
+    "setup_script": "the spec bakes the lock's container patches instead",
+    "dynamo": "the spec bakes the lock's Dynamo (no install at job start)",
+    "benchmark.aiperf_package": "the spec bakes the lock's aiperf",
+}
+
+
+def _regenerate(
+    lock: Lock, spec: ImageSpec, cluster: Cluster, source: Recipe, profile_name: str
+) -> dict[str, Any]:
+    """The recipe `k3env srt recipe` makes from the adopted spec, for the round trip."""
+    from k3env.handoff.recipe import precision_of, recipe
+    from k3env.image.envpolicy import merged_env
+
+    profile = spec.profiles[profile_name]
+    return recipe(
+        spec,
+        profile,
+        cluster,
+        merged_env(lock, spec),
+        container=source.container,
+        model_path=source.model_path,
+        precision=precision_of(profile.tokenizer_model_type),
+        dynamo_baked="dynamo" in spec.components,
+        dynamo_commit=lock.dynamo.commit if lock.dynamo else None,
+        aiperf_version=lock.aiperf.version if lock.aiperf else None,
+    )
 
 
 def _why(why: dict[str, str], key: str) -> str | None:

@@ -8,11 +8,17 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from k3env.commands.app import App
 from k3env.config.lock import load_lock
 from k3env.errors import CheckFailed
+
+if TYPE_CHECKING:
+    from k3env.config.cluster import Cluster
+    from k3env.config.pins import Lock
+    from k3env.handoff.recipe_check import RecipeResult
+    from k3env.state import State
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
@@ -40,11 +46,9 @@ def wanted(args: argparse.Namespace) -> bool:
 
 def run(args: argparse.Namespace, app: App, rules: list[Any]) -> int:
     from k3env.config.cluster import load_cluster
-    from k3env.config.srtrecipe import load_cluster_config, load_recipe, str_mapping
+    from k3env.config.srtrecipe import load_recipe
     from k3env.handoff.recipe_check import (
-        check_cluster_config,
         check_recipe,
-        containers_of,
         find_image,
         srt_loader,
     )
@@ -58,20 +62,8 @@ def run(args: argparse.Namespace, app: App, rules: list[Any]) -> int:
     payload: dict[str, Any] = {"cluster": str(args.cluster), "platform": cluster.platform}
     lines: list[str] = []
     if args.srtslurm:
-        doc = load_cluster_config(args.srtslurm)
-        version = lock.srt_slurm.version if lock.srt_slurm else "(unpinned)"
-        check_cluster_config(doc, version)
-        aliases, model_paths = str_mapping(doc, "containers"), str_mapping(doc, "model_paths")
-        entries = []
-        for alias, value, image in containers_of(
-            state, lock, args.images, aliases, cluster.platform
-        ):
-            entries.append(
-                {"alias": alias, "container": value, "known": image.known, "how": image.how}
-            )
-            lines.append(f"{args.srtslurm}: containers.{alias}: {value}: {image.how}")
-        payload["srtslurm"] = {"file": str(args.srtslurm), "containers": entries}
-        lines.append(f"{args.srtslurm}: every key is one srt-slurm {version} takes")
+        aliases, model_paths, payload["srtslurm"] = _cluster_config(args, lock, state, cluster,
+                                                                     lines)  # fmt: skip
     recipes = [load_recipe(r, containers=aliases, model_paths=model_paths) for r in args.recipe]
     loaders = srt_loader(lock, state, app.log, [r.path for r in recipes]) if recipes else {}
     results = []
@@ -94,36 +86,7 @@ def run(args: argparse.Namespace, app: App, rules: list[Any]) -> int:
     payload["warnings"] = sum(r.warnings for r in results)
     payload["seconds"] = round(elapsed, 4)
 
-    def human() -> None:
-        for line in lines:
-            print(line)
-        for r in results:
-            print(f"{r.recipe.path}: model.container {r.recipe.container}: {r.image.how}")
-            for f in r.findings:
-                print(f.text())
-            for e in r.env:
-                if e.changed:
-                    print(
-                        f"{r.recipe.path}: {e.key}: {e.name}={e.value} changes the value the "
-                        f"image bakes ({e.baked})"
-                    )
-            for note in r.notes:
-                print(f"{r.recipe.path}: note: {note}")
-            if r.lacked:
-                print(
-                    f"{r.recipe.path}: lacked facts {list(r.lacked)} (no verify record of "
-                    "this image: `k3env verify` the image k3env built)"
-                )
-            print(
-                f"{r.recipe.path}: srt-slurm's loader and dry-run: {r.loader.verdict} "
-                f"({r.loader.detail})"
-            )
-            print(
-                f"{r.recipe.path}: {len(rules)} rules, on {cluster.name}: {r.errors} "
-                f"error(s), {r.warnings} warning(s)"
-            )
-
-    app.emit(payload, human)
+    app.emit(payload, lambda: _show(results, lines, len(rules), cluster.name))
     if payload["errors"]:
         failing = [str(r.recipe.path) for r in results if r.errors]
         raise CheckFailed(
@@ -132,3 +95,56 @@ def run(args: argparse.Namespace, app: App, rules: list[Any]) -> int:
             fix="apply each finding's fix; `k3env preflight --explain RULE` says why",
         )
     return 0
+
+
+def _cluster_config(
+    args: argparse.Namespace, lock: Lock, state: State, cluster: Cluster, lines: list[str]
+) -> tuple[dict[str, str], dict[str, str], dict[str, Any]]:
+    """srt-slurm's cluster config (``--srtslurm``): its keys checked against the pinned
+    srt-slurm, each container alias resolved to an image k3env built; (aliases, model paths,
+    what the JSON says of it). Lines for a person go to ``lines``."""
+    from k3env.config.srtrecipe import load_cluster_config, str_mapping
+    from k3env.handoff.recipe_check import check_cluster_config, containers_of
+
+    doc = load_cluster_config(args.srtslurm)
+    version = lock.srt_slurm.version if lock.srt_slurm else "(unpinned)"
+    check_cluster_config(doc, version)
+    aliases, model_paths = str_mapping(doc, "containers"), str_mapping(doc, "model_paths")
+    entries = []
+    for alias, value, image in containers_of(state, lock, args.images, aliases, cluster.platform):
+        entries.append({"alias": alias, "container": value, "known": image.known, "how": image.how})
+        lines.append(f"{args.srtslurm}: containers.{alias}: {value}: {image.how}")
+    said = {"file": str(args.srtslurm), "containers": entries}
+    lines.append(f"{args.srtslurm}: every key is one srt-slurm {version} takes")
+    return aliases, model_paths, said
+
+
+def _show(results: list[RecipeResult], lines: list[str], rules: int, cluster: str) -> None:
+    """The recipes' verdicts, for a person."""
+    for line in lines:
+        print(line)
+    for r in results:
+        print(f"{r.recipe.path}: model.container {r.recipe.container}: {r.image.how}")
+        for f in r.findings:
+            print(f.text())
+        for e in r.env:
+            if e.changed:
+                print(
+                    f"{r.recipe.path}: {e.key}: {e.name}={e.value} changes the value the "
+                    f"image bakes ({e.baked})"
+                )
+        for note in r.notes:
+            print(f"{r.recipe.path}: note: {note}")
+        if r.lacked:
+            print(
+                f"{r.recipe.path}: lacked facts {list(r.lacked)} (no verify record of "
+                "this image: `k3env verify` the image k3env built)"
+            )
+        print(
+            f"{r.recipe.path}: srt-slurm's loader and dry-run: {r.loader.verdict} "
+            f"({r.loader.detail})"
+        )
+        print(
+            f"{r.recipe.path}: {rules} rules, on {cluster}: {r.errors} "
+            f"error(s), {r.warnings} warning(s)"
+        )

@@ -92,6 +92,46 @@ def engine_argv(prefix: tuple[str, ...], flags: Mapping[str, Any], notes: list[s
     return out
 
 
+def _profile_lines(
+    recipe: Recipe,
+    p: str,
+    mtype: str | None,
+    topology: list[str],
+    notes: list[str],
+    *,
+    direct: bool,
+) -> list[str]:
+    """The spec's ``[profiles.NAME]`` table: model type, parsers, and its command lines (the
+    recipe's engine flags on ``vllm serve`` or on Dynamo's worker behind its frontend)."""
+    flags = recipe.engine_flags
+    out = ["", f"[{p}]", f"description = {toml_string(recipe.name)}"]
+    if mtype:
+        out.append(f"tokenizer_model_type = {toml_string(mtype)}")
+    for field, keys in (
+        ("tool_call_parser", ("tool-call-parser", "dyn-tool-call-parser")),
+        ("reasoning_parser", ("reasoning-parser", "dyn-reasoning-parser")),
+    ):
+        value = next((flags[k] for k in keys if isinstance(flags.get(k), str)), None)
+        if value:
+            out.append(f"{field} = {toml_string(value)}")
+    if direct:
+        argv = engine_argv(("vllm", "serve", "/model", *topology), flags, notes)
+        out += ["", f"[[{p}.commands]]", 'role = "vllm-serve"', _argv_lines(argv).rstrip("\n")]
+    else:
+        worker = engine_argv(("python3", "-m", "dynamo.vllm", "--model", "/model"), flags, notes)
+        out += [
+            "",
+            f"[[{p}.commands]]",
+            'role = "dynamo-frontend"',
+            f"argv = {toml_value(list(FRONTEND_ARGV))}",
+            "",
+            f"[[{p}.commands]]",
+            'role = "dynamo-worker"',
+            _argv_lines(worker).rstrip("\n"),
+        ]
+    return out
+
+
 def spec_text(
     recipe: Recipe,
     lock: Lock,
@@ -115,7 +155,6 @@ def spec_text(
     if bench and "aiperf" in lock.components and "aiperf_package" not in bench:
         components.append("aiperf")
     mtype, _ = model_type(recipe, model_type_given)
-    flags = recipe.engine_flags
     nodes = recipe.resources.get("agg_nodes")
     topology = (
         ["--nnodes", str(nodes), "--node-rank", "0", "--master-addr", "node-0"]
@@ -151,31 +190,7 @@ def spec_text(
         ]
         out += [f"{toml_key(k)} = {toml_string(v)}" for k, v in env.items()]
     p = f"profiles.{toml_key(names.profile)}"
-    out += ["", f"[{p}]", f"description = {toml_string(recipe.name)}"]
-    if mtype:
-        out.append(f"tokenizer_model_type = {toml_string(mtype)}")
-    for field, keys in (
-        ("tool_call_parser", ("tool-call-parser", "dyn-tool-call-parser")),
-        ("reasoning_parser", ("reasoning-parser", "dyn-reasoning-parser")),
-    ):
-        value = next((flags[k] for k in keys if isinstance(flags.get(k), str)), None)
-        if value:
-            out.append(f"{field} = {toml_string(value)}")
-    if direct:
-        argv = engine_argv(("vllm", "serve", "/model", *topology), flags, notes)
-        out += ["", f"[[{p}.commands]]", 'role = "vllm-serve"', _argv_lines(argv).rstrip("\n")]
-    else:
-        worker = engine_argv(("python3", "-m", "dynamo.vllm", "--model", "/model"), flags, notes)
-        out += [
-            "",
-            f"[[{p}.commands]]",
-            'role = "dynamo-frontend"',
-            f"argv = {toml_value(list(FRONTEND_ARGV))}",
-            "",
-            f"[[{p}.commands]]",
-            'role = "dynamo-worker"',
-            _argv_lines(worker).rstrip("\n"),
-        ]
+    out += _profile_lines(recipe, p, mtype, topology, notes, direct=direct)
     if bench:
         out += [
             "",

@@ -189,8 +189,15 @@ def sbatch_script(
         ]
     else:
         lines.append("  flags=()")
+    lines += _serve_and_battery(engine)
+    return "\n".join(lines) + "\n"
+
+
+def _serve_and_battery(engine: str) -> list[str]:
+    """The end of each rank's start loop, then the battery on the head node: a serve step
+    that ends first ends it; then every step is stopped and the verdict is the job's status."""
     container_words = '${CONTAINER[@]+"${CONTAINER[@]}"}'  # empty without pyxis (bash < 4.4 too)
-    lines += [
+    return [
         f'  srun --nodes=1 --ntasks=1 --overlap --nodelist="$node" {container_words} \\',
         f'    {engine} ${{flags[@]+"${{flags[@]}}"}} >"$JOB_DIR/logs/vllm-serve-$rank.log" 2>&1 &',
         "  serve+=($!)",
@@ -229,7 +236,6 @@ def sbatch_script(
         'say "done (status $status): k3env smoke --collect $JOB_DIR"',
         'exit "$status"',
     ]
-    return "\n".join(lines) + "\n"
 
 
 def _env_name(name: str) -> bool:
