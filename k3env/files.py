@@ -20,12 +20,13 @@ import tempfile
 from pathlib import Path
 
 from k3env.errors import ConfigError, K3envError
+from k3env.untrusted import kind
 
 MAX_INPUT_BYTES = 16 << 20  # a lock, a spec, a patch file: far below this
 
 
 def file_kind(path: Path) -> str | None:
-    """What ``path`` is if it is there and not a regular file ("a FIFO (named pipe)", ...);
+    """What ``path`` is if it is there and not a regular file ("a FIFO", ...);
     None for a regular file or nothing (symlinks followed)."""
     try:
         return _kind(os.stat(path).st_mode)
@@ -34,17 +35,9 @@ def file_kind(path: Path) -> str | None:
 
 
 def _kind(mode: int) -> str | None:
-    """What a non-regular file is, in words (None: a regular file)."""
-    for test, name in (
-        (stat.S_ISDIR, "a directory"),
-        (stat.S_ISCHR, "a character device"),
-        (stat.S_ISBLK, "a block device"),
-        (stat.S_ISFIFO, "a FIFO (named pipe)"),
-        (stat.S_ISSOCK, "a socket"),
-    ):
-        if test(mode):
-            return name
-    return None if stat.S_ISREG(mode) else "not a regular file"
+    """What a non-regular file is, in words (None: a regular file); the words are the ones
+    every refusal of an untrusted tree uses."""
+    return None if stat.S_ISREG(mode) else kind(mode)
 
 
 def read_input(

@@ -157,7 +157,7 @@ def test_a_lock_that_is_a_fifo_is_refused_before_it_blocks(
     fifo = _fifo(project / "lock.fifo")
     code, payload, _ = run(["lock", "--check", "--lock", str(fifo)], capsys)
     assert code == 2, payload
-    assert "it is a FIFO (named pipe)" in payload["error"]["message"]
+    assert "it is a FIFO" in payload["error"]["message"]
     assert payload["error"]["where"] == str(fifo)
     assert stat.S_ISFIFO(fifo.stat().st_mode)
 
@@ -205,7 +205,7 @@ def test_a_container_patch_file_that_is_special_is_refused(
     PATCH.unlink()
     if kind == "fifo":
         _fifo(PATCH)
-        inside = "a FIFO (named pipe)"
+        inside = "a FIFO"
     else:
         PATCH.symlink_to("/dev/zero")
         inside = "a character device"
