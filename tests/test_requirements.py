@@ -428,3 +428,24 @@ def test_the_smoke_column_says_each_cells_serve_verdict_and_what_it_could_not_ru
     assert "| ✅<br>smoke ✅ | ✅<br>smoke not checked | ✅<br>smoke ❌ |" in text
     assert "- `vllm-0.29.0` **kimi-k3-direct-f**: failed: agg tool-calls: 200, no tool" in text
     assert "- `dynamo-1.5.1` **kimi-k3-direct-f**: not checked: no CPU build of vllm" in text
+
+
+def test_a_closure_resolved_for_another_release_is_found_by_lock_check(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A variant's vLLM moved in the lock without `twin --resolve`: the closure says which
+    release it was resolved for, and lock --check names the mismatch; a closure that pins
+    what the variant bakes from its own wheel is named too."""
+    replace_in(LOCK, '{ name = "vllm", version = "0.29.0", sha256 = "09d4',
+               '{ name = "vllm", version = "0.29.1", sha256 = "09d4')  # fmt: skip
+    closure = Path("pins/variants/dynamo-1.5.1.requirements.txt")
+    closure.write_text(closure.read_text() + "vllm==0.28.0 --hash=sha256:" + "a" * 64 + "\n")
+    assert main(["lock", "--update-hashes", "-q"]) == 0
+    capsys.readouterr()
+    assert main(["lock", "--check", "--json"]) == 4
+    err = "\n".join(json.loads(capsys.readouterr().out)["twin_disagreements"])
+    assert ("pins/variants/vllm-0.29.0.requirements.txt was resolved for vllm==0.29.0; "
+            "variant vllm-0.29.0 pins vllm 0.29.1") in err  # fmt: skip
+    assert "`k3env twin --resolve --variant vllm-0.29.0`" in err
+    assert ("pins/variants/dynamo-1.5.1.requirements.txt pins vllm, which variant "
+            "dynamo-1.5.1 bakes from its own wheel") in err  # fmt: skip

@@ -41,13 +41,43 @@ def pinned_versions(path: Path) -> dict[str, str]:
 
 
 def twin_disagreements(lock: Lock) -> list[str]:
-    """Each way a twin's requirements file and the lock's pins disagree (empty: agree), for
-    every platform the lock pins a twin for."""
+    """Each way a twin's requirements file (or a variant's closure over it) and the lock's
+    pins disagree (empty: agree), for every platform the lock pins a twin for."""
     if lock.twin is None:
         return []
     out = []
     for twin in (lock.twin, *lock.twin.platforms.values()):
         out += _disagreements(lock, twin)
+    return out + closure_disagreements(lock)
+
+
+RELEASE_LINE = re.compile(r"(?m)^# release: (\S+)$")
+
+
+def closure_disagreements(lock: Lock) -> list[str]:
+    """A variant's closure that was resolved for another release than the one its lock
+    table pins, or that pins what is baked on its own (the release, a component's wheel)."""
+    out = []
+    for name, variant in sorted(lock.variants.items()):
+        for c in variant.components.values():
+            if c.closure is None:
+                continue
+            path = lock.resolve_path(c.closure, key=f'variants."{name}".{c.name}.closure')
+            if not path.is_file():
+                continue  # the hash check says it is missing
+            text = read_input(path, error=LockError).decode("utf-8", errors="replace")
+            fix = f"regenerate it with `k3env twin --resolve --variant {name}`"
+            wheel = c.wheels[0]
+            m = RELEASE_LINE.search(text)
+            if m is None or m.group(1) != f"{wheel.name}=={wheel.version}":
+                said = m.group(1) if m else "no release"
+                out.append(f"{c.closure} was resolved for {said}; variant {name} pins "
+                           f"{wheel.name} {wheel.version}: {fix}")  # fmt: skip
+            baked = {wheel.name} | {w.name for v in variant.components.values()
+                                    if v is not c for w in v.wheels}  # fmt: skip
+            for dist in sorted(baked & set(parse_pinned(text))):
+                out.append(f"{c.closure} pins {dist}, which variant {name} bakes from its "
+                           f"own wheel: {fix}")  # fmt: skip
     return out
 
 
