@@ -151,8 +151,9 @@ def bench(session: nox.Session) -> None:
     (CI: a broken benchmark fails, its figures are no verdict); the full run is for people
     and closing notes. `--quick` and `--json` go to every benchmark, other args (`--repeat N`)
     to bench_build and bench_components."""
-    # Installed as users install it (not editable: an editable finder adds ~9 ms per start).
-    session.install(".")
+    # Installed as users install it (not editable: an editable finder adds ~9 ms per start);
+    # with uv, which `twin --resolve` runs (the vLLM variant benchmark resolves its closure).
+    session.install(".[resolve]")
     every = [a for a in session.posargs if a in ("--quick", "--json")]
     for name in ("build", "verify", "export", "publish", "components", "variant", "smoke"):
         args = session.posargs if name in ("build", "components", "variant") else every
