@@ -16,10 +16,10 @@ from k3env.files import read_input
 from k3env.versions import requirement_name, satisfies
 
 
-def parse_pinned(text: str) -> dict[str, tuple[str, list[str]]]:
+def parse_pinned(text: str) -> Pinned:
     """A hash-pinned requirements text (pip's form, or uv's with ``\\`` continuations):
     canonical distribution name -> (version, [sha256, ...]) for each ``name==version`` line."""
-    out: dict[str, tuple[str, list[str]]] = {}
+    out: Pinned = {}
     for line in text.replace("\\\n", " ").splitlines():
         line = line.split("#", 1)[0].strip()
         if not line or line.startswith("-") or "==" not in line:
@@ -31,6 +31,14 @@ def parse_pinned(text: str) -> dict[str, tuple[str, list[str]]]:
         version = requirement.split("==", 1)[1].split(";", 1)[0].strip()
         out[name] = (version, re.findall(r"--hash=sha256:([0-9a-f]{64})", line))
     return out
+
+
+Pinned = dict[str, tuple[str, list[str]]]  # canonical name -> (version, [sha256, ...])
+
+
+def pinned_line(name: str, version: str, hashes: list[str]) -> str:
+    """One hash-pinned requirement line, as ``parse_pinned`` reads it back."""
+    return f"{name}=={version} " + " ".join(f"--hash=sha256:{h}" for h in hashes)
 
 
 def pinned_versions(path: Path) -> dict[str, str]:

@@ -28,7 +28,7 @@ from k3env.errors import ConfigError, EngineError, PatchError
 from k3env.hashing import canonical_sha256, digest_hex, file_sha256, sha256_digest
 from k3env.image.bases import ResolvedBase, registry_base, select_base
 from k3env.image.blobs import keep_config, keep_layer, kept_image
-from k3env.image.components import COMPONENTS_FORMAT, Baked, bake, closure_text
+from k3env.image.components import COMPONENTS_FORMAT, Baked, bake, closure_pins
 from k3env.image.envpolicy import baked_env, merge_env
 from k3env.image.install import load_checked
 from k3env.image.layer import LayerFile, assemble, docker_archive, runtime_config
@@ -506,7 +506,7 @@ def make_builder(
                 fix=f"run it with --platform {DEFAULT_PLATFORM}",
             )
         assert lock.variant is not None
-        closure = closure_text(lock, lock.overlay, lock.variant)
+        closure = closure_pins(lock, lock.overlay, lock.variant)
         over, _ = bake(engine, state, log, base, [lock.overlay], registry_form=registry_form,
                        closure=closure)  # fmt: skip
         return over

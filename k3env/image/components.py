@@ -23,7 +23,7 @@ from pathlib import Path
 from k3env import __version__
 from k3env.config.pins import ComponentPin, Lock
 from k3env.config.shapes import platform_name
-from k3env.config.twinreq import parse_pinned
+from k3env.config.twinreq import Pinned, parse_pinned, pinned_line
 from k3env.engine.protocol import BaseImage, Engine
 from k3env.errors import LockError
 from k3env.files import write_atomic
@@ -83,9 +83,9 @@ def requirements_text(pins: Sequence[ComponentPin]) -> str:
     return "".join(w.requirement + "\n" for c in pins for w in c.wheels)
 
 
-def closure_text(lock: Lock, pin: ComponentPin, variant: str) -> str:
-    """The hash-pinned requirement lines of ``pin``'s closure file (checked against the
-    lock's sha256 first): what the layer installs beside the release's own wheel."""
+def closure_pins(lock: Lock, pin: ComponentPin, variant: str) -> Pinned:
+    """``pin``'s closure file, read after checking it against the lock's sha256: what the
+    layer installs beside the release's own wheel."""
     from k3env.config.pinned_files import closure_key, verify_pinned_file
     from k3env.files import read_input
 
@@ -99,11 +99,7 @@ def closure_text(lock: Lock, pin: ComponentPin, variant: str) -> str:
     path = verify_pinned_file(lock, pin.closure, pin.closure_sha256, key=key.removesuffix(
         "_sha256"), label=f" (variant {variant})", what="closure file", sha_key=key,
         restore=f"run `k3env twin --resolve --variant {variant}`")  # fmt: skip
-    pinned = parse_pinned(read_input(path, error=LockError).decode("utf-8", errors="replace"))
-    return "".join(
-        f"{name}=={version} " + " ".join(f"--hash=sha256:{h}" for h in hashes) + "\n"
-        for name, (version, hashes) in sorted(pinned.items())
-    )
+    return parse_pinned(read_input(path, error=LockError).decode("utf-8", errors="replace"))
 
 
 def bake(
@@ -114,11 +110,11 @@ def bake(
     pins: Sequence[ComponentPin],
     *,
     registry_form: bool = False,
-    closure: str = "",
+    closure: Pinned | None = None,
 ) -> tuple[ResolvedBase, Baked]:
-    """``base`` + one layer holding ``pins``' wheels (and ``closure``'s hash-pinned lines, the
-    rest of a release's closure where it differs from the base's; the key holds its hash
-    through the pins' identity); built once per (base ID, wheels): the engine's image under
+    """``base`` + one layer holding ``pins``' wheels (and ``closure``'s, the rest of a
+    release's closure where it differs from the base's; the key holds its hash through the
+    pins' identity); built once per (base ID, wheels): the engine's image under
     its content tag is a hit (and, with ``registry_form``, only when the state also keeps the
     layer and config a publish sends)."""
     key = components_key(base, pins)
@@ -138,7 +134,9 @@ def bake(
         req, out, meta = (Path(tmp) / d for d in ("req", "out", "meta"))
         for d in (req, out, meta):
             d.mkdir()
-        write_atomic(req / "requirements.txt", (requirements_text(pins) + closure).encode())
+        closure = closure or {}
+        extra = "".join(pinned_line(n, v, hs) + "\n" for n, (v, hs) in sorted(closure.items()))
+        write_atomic(req / "requirements.txt", (requirements_text(pins) + extra).encode())
         # The base's own platform: a compiled wheel's file differs by architecture.
         platform = platform_name(base.image.os, base.image.architecture)
         wheelhouse = download_wheels(req / "requirements.txt", state, log, platform)
@@ -147,8 +145,8 @@ def bake(
                 engine, base.image.id, base.pin.python,
                 requirements=req / "requirements.txt", wheelhouse=wheelhouse, out=out,
                 meta=meta, epoch=epoch, pyc="CHECKED_HASH", pip_from_wheel=False,
-                replace=[*(w.name for c in pins for w in c.wheels),
-                         *(n for n in parse_pinned(closure))], log=log,
+                replace=[*(w.name for c in pins for w in c.wheels), *sorted(closure)],
+                log=log,
                 where=f"components over {base.reference}",
             )  # fmt: skip
         add_whiteouts(out, info["replaced"])

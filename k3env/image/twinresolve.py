@@ -17,7 +17,7 @@ from pathlib import Path
 
 from k3env.config.pins import OVERLAYS, Lock, TwinPin, VariantPin
 from k3env.config.shapes import DEFAULT_PLATFORM
-from k3env.config.twinreq import parse_pinned
+from k3env.config.twinreq import Pinned, parse_pinned, pinned_line
 from k3env.errors import LockError
 from k3env.image.wheels import TWIN_PYTHON, uv_platform
 from k3env.log import Log
@@ -76,7 +76,8 @@ def resolve_twin(
         what=f"resolve the {platform} twin from {lock.path}",
     )  # fmt: skip
     baked = _check_components(lock, compiled)
-    lines = [_line(name, version, hashes) for name, (version, hashes) in sorted(compiled.items())
+    lines = [pinned_line(name, version, hashes)
+             for name, (version, hashes) in sorted(compiled.items())
              if name not in baked]  # fmt: skip
     return Resolved(
         text=HEADER + "".join(line + "\n" for line in lines),
@@ -125,7 +126,7 @@ def resolve_overlay(
     baked = {*_check_components(vlock, compiled, changed), wheel.name}
     ours = parse_pinned(twin_file.read_text())
     lines = [
-        _line(name, version, hashes)
+        pinned_line(name, version, hashes)
         for name, (version, hashes) in sorted(compiled.items())
         if name not in baked and ours.get(name, ("", []))[0] != version
     ]
@@ -152,10 +153,6 @@ def _twin(lock: Lock, platform: str) -> TwinPin:
     return twin
 
 
-def _line(name: str, version: str, hashes: list[str]) -> str:
-    return f"{name}=={version} " + " ".join(f"--hash=sha256:{h}" for h in hashes)
-
-
 def _compile(
     lock: Lock,
     twin: TwinPin,
@@ -166,7 +163,7 @@ def _compile(
     index_url: str | None,
     what: str,
     preferences: Path | None = None,
-) -> dict[str, tuple[str, list[str]]]:
+) -> Pinned:
     """``uv pip compile`` of ``tops`` for the twin's Python and platform: the stand-ins'
     pins (as ``tops`` has them) override every other requirement on them, ``omit`` is
     pruned by a never-true marker; ``preferences``, a requirements file whose versions uv
@@ -199,7 +196,7 @@ def _compile(
 
 
 def _check_components(
-    lock: Lock, compiled: dict[str, tuple[str, list[str]]], only: Collection[str] | None = None
+    lock: Lock, compiled: Pinned, only: Collection[str] | None = None
 ) -> set[str]:
     """The components' wheel names, each checked: the index's release holds the pinned file."""
     baked = set()
