@@ -62,6 +62,11 @@ def twin_disagreements(lock: Lock) -> list[str]:
 RELEASE_LINE = re.compile(r"(?m)^# release: (\S+)$")
 
 
+def release_line(name: str, version: str) -> str:
+    """The line of a closure file naming the release it was resolved for (``RELEASE_LINE``)."""
+    return f"# release: {name}=={version}\n"
+
+
 def closure_disagreements(lock: Lock) -> list[str]:
     """A variant's closure that was resolved for another release than the one its lock
     table pins, or that pins what is baked on its own (the release, a component's wheel)."""
