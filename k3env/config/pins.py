@@ -15,6 +15,7 @@ from pathlib import Path
 from k3env.config.shapes import DEFAULT_PLATFORM, RELATIVE_PATH_FIX, is_normal_relative_path
 from k3env.errors import LockError
 from k3env.hashing import canonical_sha256
+from k3env.versions import requirement_name
 
 # Components a variant lays over the twin (the twin carries them itself, from [twin].requires).
 OVERLAYS = ("vllm",)
@@ -339,7 +340,7 @@ class Lock:
             version = component.wheels[0].version
             if name == "smoke" and smoke is not None:
                 smoke = dataclasses.replace(smoke, engine=component)
-            if name == "dynamo" and dynamo is not None:
+            elif name == "dynamo" and dynamo is not None:
                 dynamo = dataclasses.replace(dynamo, component=component, version=version)
             elif name == "aiperf" and aiperf is not None:
                 aiperf = dataclasses.replace(aiperf, component=component, version=version)
@@ -365,9 +366,8 @@ class Lock:
             vllm = self.overlay.wheels[0].version
         elif self.twin is not None:
             for line in self.twin.for_platform(platform).requires:
-                name, _, version = line.partition("==")
-                if name.strip().lower() == "vllm":
-                    vllm = version.split(";")[0].strip()
+                if requirement_name(line) == "vllm" and "==" in line:
+                    vllm = line.split("==", 1)[1].split(";", 1)[0].strip()
         out: dict[str, str | None] = {"vllm": vllm}
         for key in ("dynamo", "aiperf"):
             c = self.components.get(key)
