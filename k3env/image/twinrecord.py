@@ -57,21 +57,27 @@ def record_resolved(
     resolved = resolve_twin(
         lock, log, find_links=find_links, index_url=index_url, platform=platform
     )
-    files = {"requirements": (twin.requirements, resolved.text)}
+    files = {f"{twin.key}.requirements": (twin.requirements, resolved.text)}
     if twin.debian:
-        files["debian"] = (twin.debian, resolve_debian(lock, log, platform))
-    hashes = {}
+        files[f"{twin.key}.debian"] = (twin.debian, resolve_debian(lock, log, platform))
+    hashes, changes = _write_and_record(lock, lock_path, files)
+    return Recorded(platform=platform, files=hashes, packages=resolved.packages,
+                    components=resolved.components, changes=tuple(changes))  # fmt: skip
+
+
+def _write_and_record(
+    lock: Lock, lock_path: Path, files: dict[str, tuple[str, str]]
+) -> tuple[dict[str, str], list[Change]]:
+    """Each generated file (lock key -> (path, text)) written, then its sha256 recorded at
+    ``KEY_sha256``: a file first, its hash after, never a lock vouching for an unseen file.
+    Returns (path -> sha256, the lock's changes)."""
+    hashes, recorded = {}, {}
     for key, (rel, text) in files.items():
-        write_atomic(lock.resolve_path(rel, key=f"{twin.key}.{key}"), text.encode())
-        hashes[f"{twin.key}.{key}_sha256"] = digest_hex(sha256_digest(text.encode()))
-    changes = set_leaves(lock_path, hashes)
-    return Recorded(
-        platform=platform,
-        files={rel: hashes[f"{twin.key}.{key}_sha256"] for key, (rel, _) in files.items()},
-        packages=resolved.packages,
-        components=resolved.components,
-        changes=tuple(changes),
-    )
+        path = lock.resolve_path(rel, key=key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, text.encode())
+        hashes[rel] = recorded[f"{key}_sha256"] = digest_hex(sha256_digest(text.encode()))
+    return hashes, set_leaves(lock_path, recorded)
 
 
 def record_overlays(
@@ -100,20 +106,11 @@ def record_overlays(
                 )
             resolved = resolve_overlay(lock, variant, log, find_links=find_links,
                                        index_url=index_url)  # fmt: skip
-            path = lock.resolve_path(c.closure, key=key.removesuffix("_sha256"))
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(path, resolved.text.encode())
-            sha = digest_hex(sha256_digest(resolved.text.encode()))
-            changes = set_leaves(lock_path, {key: sha})
-            out.append(
-                Recorded(
-                    platform=DEFAULT_PLATFORM,
-                    files={c.closure: sha},
-                    packages=resolved.packages,
-                    components=resolved.components,
-                    changes=tuple(changes),
-                )
-            )
+            files = {key.removesuffix("_sha256"): (c.closure, resolved.text)}
+            hashes, changes = _write_and_record(lock, lock_path, files)
+            out.append(Recorded(platform=DEFAULT_PLATFORM, files=hashes,
+                                packages=resolved.packages, components=resolved.components,
+                                changes=tuple(changes)))  # fmt: skip
     return out
 
 
