@@ -62,6 +62,7 @@ def run(args: argparse.Namespace, app: App) -> int:
     engine = app.engine()
     state = app.state()
     builders: dict[tuple[str, str], Any] = {}
+    builds: dict[tuple[str, str, str], Any] = {}  # (lock, image, platform): what smoke runs
 
     def verify(vlock: Lock, spec: ImageSpec, platform: str) -> Any:
         builder = builders.setdefault(
@@ -74,8 +75,6 @@ def run(args: argparse.Namespace, app: App) -> int:
             return verify_image(
                 engine, state, vlock, spec, build, twin=True, timeout=args.timeout, log=log
             )
-
-    builds: dict[tuple[str, str, str], Any] = {}
 
     def smoke(vlock: Lock, spec: ImageSpec, platform: str) -> str:
         from k3env.smoke.prefix import smoke_pin
