@@ -28,6 +28,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from twin_image import rmi  # noqa: E402
+
 from k3env.config.lock import load_lock  # noqa: E402
 from k3env.engine.dockerd import DockerEngine  # noqa: E402
 from k3env.image.components import REPOSITORY, bake, components_key  # noqa: E402
@@ -37,10 +39,6 @@ from k3env.state import State  # noqa: E402
 
 VARIANT = "dynamo-1.4.2"
 IMAGE = "kimi-k3-dynamo"
-
-
-def rmi(*refs: str) -> None:
-    subprocess.run(["docker", "rmi", "-f", *refs], capture_output=True)
 
 
 def main() -> int:

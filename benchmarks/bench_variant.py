@@ -33,6 +33,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from twin_image import rmi  # noqa: E402
+
 from k3env.config.lock import load_lock  # noqa: E402
 from k3env.engine.dockerd import DockerEngine  # noqa: E402
 from k3env.image.build import make_builder  # noqa: E402
@@ -43,10 +45,6 @@ from k3env.state import State  # noqa: E402
 
 VARIANT = "vllm-0.29.0"
 IMAGE = "kimi-k3-direct-f"
-
-
-def rmi(*refs: str) -> None:
-    subprocess.run(["docker", "rmi", "-f", *refs], capture_output=True)
 
 
 def rmi_layer(base: Any) -> None:

@@ -1,8 +1,9 @@
 """What several benchmarks start from: one image spec built over the CPU twin (cached), with
-the engine and state it was built in."""
+the engine and state it was built in; removing an image from the engine."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,3 +26,8 @@ def twin_build(image: str) -> tuple[DockerEngine, State, BuildResult]:
     # The registry form too: bench_publish sends the kept layers and config.
     builder = make_builder(lock, engine, state, Log(quiet=True), True, registry_form=True)
     return engine, state, builder.build(spec)
+
+
+def rmi(*refs: str) -> None:
+    """Remove images from the engine, by reference or ID (absent ones are no error)."""
+    subprocess.run(["docker", "rmi", "-f", *refs], capture_output=True)
