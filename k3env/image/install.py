@@ -55,18 +55,70 @@ def install_tree(
     gid]). ``pyc``: ``CHECKED_HASH`` or ``TIMESTAMP``. With ``native``, the unpacking and
     byte-compiling run in its image (the same Python release on the engine's own CPU, pip
     told ``image``'s platform tags), and only the reading of ``image`` runs in ``image``."""
-    assert requirements.name == "requirements.txt"  # mounted as /k3env/req
-    config = {"epoch": epoch, "pyc": pyc, "pip": "wheel" if pip_from_wheel else "module",
-              "replace": list(replace), "stages": ["install", "dirs"], "platforms": []}  # fmt: skip
-    mounts = {str(wheelhouse): "/k3env/wheels", str(requirements.parent): "/k3env/req"}
+    config = _config(epoch, pyc, pip_from_wheel, replace)
+    mounts = _mounts(requirements, wheelhouse)
     if native is not None:
-        _in(engine, native.image, python, {**config, "stages": ["install"],
-            "platforms": list(native.platform_tags)}, mounts, {str(out): OUT, str(meta): META},
-            log, where)  # fmt: skip
-        _in(engine, image, python, {**config, "stages": ["dirs"]},
-            {**mounts, str(out): OUT}, {str(meta): META}, log, where)  # fmt: skip
-    else:
-        _in(engine, image, python, config, mounts, {str(out): OUT, str(meta): META}, log, where)
+        unpack(engine, native, python, requirements=requirements, wheelhouse=wheelhouse,
+               out=out, meta=meta, epoch=epoch, pyc=pyc, pip_from_wheel=pip_from_wheel,
+               log=log, where=where)  # fmt: skip
+        return read_base(engine, image, python, out=out, meta=meta, replace=replace, log=log,
+                         where=where)  # fmt: skip
+    _in(engine, image, python, config, mounts, {str(out): OUT, str(meta): META}, log, where)
+    return _meta(meta)
+
+
+def unpack(
+    engine: Engine,
+    native: Native,
+    python: str,
+    *,
+    requirements: Path,
+    wheelhouse: Path,
+    out: Path,
+    meta: Path,
+    epoch: int,
+    pyc: str,
+    pip_from_wheel: bool,
+    log: Log,
+    where: str,
+) -> None:
+    """The install's first half alone, in ``native``'s image: the wheels unpacked into
+    ``out`` for the base's platform tags and byte-compiled, nothing of the base read."""
+    config = {**_config(epoch, pyc, pip_from_wheel, ()), "stages": ["install"],
+              "platforms": list(native.platform_tags)}  # fmt: skip
+    _in(engine, native.image, python, config, _mounts(requirements, wheelhouse),
+        {str(out): OUT, str(meta): META}, log, where)  # fmt: skip
+
+
+def read_base(
+    engine: Engine,
+    image: str,
+    python: str,
+    *,
+    out: Path,
+    meta: Path,
+    replace: Sequence[str],
+    log: Log,
+    where: str,
+) -> dict[str, Any]:
+    """The install's second half alone: what ``image`` holds of ``replace`` and the modes of
+    its directories that ``out`` touches (``out`` mounted read-only)."""
+    config = {**_config(0, "TIMESTAMP", False, replace), "stages": ["dirs"]}
+    _in(engine, image, python, config, {str(out): OUT}, {str(meta): META}, log, where)
+    return _meta(meta)
+
+
+def _config(epoch: int, pyc: str, pip_from_wheel: bool, replace: Sequence[str]) -> dict[str, Any]:
+    return {"epoch": epoch, "pyc": pyc, "pip": "wheel" if pip_from_wheel else "module",
+            "replace": list(replace), "stages": ["install", "dirs"], "platforms": []}  # fmt: skip
+
+
+def _mounts(requirements: Path, wheelhouse: Path) -> dict[str, str]:
+    assert requirements.name == "requirements.txt"  # mounted as /k3env/req
+    return {str(wheelhouse): "/k3env/wheels", str(requirements.parent): "/k3env/req"}
+
+
+def _meta(meta: Path) -> dict[str, Any]:
     info: dict[str, Any] = json.loads((meta / "meta.json").read_text())
     return info
 

@@ -37,7 +37,6 @@ from k3env.engine import registry
 from k3env.engine.protocol import BaseImage, Engine
 from k3env.engine.registry import manifest_exists, refuse_to_move
 from k3env.errors import EngineError, LockError
-from k3env.files import read_input
 from k3env.hashing import canonical_sha256, file_sha256
 from k3env.image.bases import ResolvedBase
 from k3env.image.blobs import (
@@ -48,7 +47,7 @@ from k3env.image.blobs import (
     kept_layer,
     oci_manifest,
 )
-from k3env.image.install import Native, install_tree, load_checked
+from k3env.image.install import Native, load_checked
 from k3env.image.layer import archive_file, tree_layer
 from k3env.image.twindebian import (
     arch_of,
@@ -59,9 +58,11 @@ from k3env.image.twindebian import (
     moved,
     python_release,
     read_debian_list,
+    trim_indexes,
     twin_pin,
 )
-from k3env.image.wheels import download_wheels, platform_tags
+from k3env.image.twinlayer import Inputs, SecondLayer, second_layer
+from k3env.image.wheels import platform_tags
 from k3env.log import Log
 from k3env.runner import run
 from k3env.state import State
@@ -240,6 +241,8 @@ def _foreign_debootstrap(twin: TwinPin, root: Path, p: TwinPlan, log: Log) -> No
     env = debootstrap_env(p.epoch)
     run(debootstrap_argv(twin, root, "--foreign"), log, capture=True,
         what="debootstrap (first stage)", env=env)  # fmt: skip
+    # The second stage's Perl reads the suite's package index under emulation, several times.
+    trim_indexes(root, log)
     run(["chroot", str(root), "/debootstrap/debootstrap", "--second-stage"], log,
         capture=True, what=f"debootstrap --second-stage (under {machine} emulation)",
         env=env)  # fmt: skip
@@ -262,14 +265,14 @@ def build_twin(
 
 
 def _stage2(lock: Lock, p: TwinPlan, engine: Engine, state: State, log: Log) -> str:
-    stage1 = _stage1_image(lock, p, engine, log, state)
     with tempfile.TemporaryDirectory(prefix="k3env-twin-") as tmp:
-        diff_id, layer = _stage2_layer(lock, p, stage1, engine, state, log, Path(tmp))
+        made = _stage2_layer(lock, p, engine, state, log, Path(tmp), keep=True)
         archive = Path(tmp) / "image.tar"
-        config = _json(_stage2_config(stage1, diff_id, p))
+        config = _json(_stage2_config(made.stage1, made.diff_id, p))
         with log.step(f"assemble {p.reference} (one layer over stage 1)"):
-            image_id = archive_file(config, layer, [*stage1.diff_ids, diff_id], archive)
-        _keep(state, layer, diff_id, config, log)
+            diff_ids = [*made.stage1.diff_ids, made.diff_id]
+            image_id = archive_file(config, made.path, diff_ids, archive)
+        keep_config(state, config)
         return load_checked(engine, archive, image_id, p.reference, log)
 
 
@@ -316,9 +319,9 @@ def stage2_diff_id(
     qemu-user for another architecture), else unpacking and byte-compiling natively where
     they can. The two must agree byte for byte (``benchmarks/bench_grace.py --prove-native``)."""
     p = plan(lock, platform)
-    stage1 = _stage1_image(lock, p, engine, log, state)
     with tempfile.TemporaryDirectory(prefix="k3env-twin-") as tmp:
-        return _stage2_layer(lock, p, stage1, engine, state, log, Path(tmp), emulate=emulate)[0]
+        return _stage2_layer(lock, p, engine, state, log, Path(tmp), keep=False,
+                             emulate=emulate).diff_id  # fmt: skip
 
 
 def _stage1_image(
@@ -334,33 +337,22 @@ def _stage1_image(
 def _stage2_layer(
     lock: Lock,
     p: TwinPlan,
-    stage1: BaseImage,
     engine: Engine,
     state: State,
     log: Log,
     tmp: Path,
     *,
+    keep: bool,
     emulate: bool = False,
-) -> tuple[str, Path]:
-    wheelhouse = download_wheels(p.requirements, state, log, p.platform)
-    native = None if emulate else native_helper(lock, p, engine, log, state)
-    req, out, meta = (tmp / d for d in ("req", "out", "meta"))
-    for d in (req, out, meta):
-        d.mkdir()
-    (req / "requirements.txt").write_bytes(read_input(p.requirements))
-    how = " natively" if native is not None else ""
-    with log.step(f"install the pinned wheels for {p.reference}{how} (minutes; progress below)"):
-        # Stage 1 has no pip of its own: it runs from its pinned wheel. Timestamp .pyc,
-        # their headers the clamp instant (cold imports 16-18 s -> 6-8 s).
-        info = install_tree(
-            engine, stage1.id, "python3", requirements=req / "requirements.txt",
-            wheelhouse=wheelhouse, out=out, meta=meta, epoch=p.epoch, pyc="TIMESTAMP",
-            pip_from_wheel=True, replace=(), log=log, where=p.reference, native=native,
-        )  # fmt: skip
-    layer = tmp / "layer.tar"
-    with log.step(f"write the layer of {p.reference}"):
-        diff_id = tree_layer(out, layer, mtime=p.epoch, owners=False, dirs=info["dirs"])
-    return diff_id, layer
+) -> SecondLayer:
+    """Stage 1 (built where missing) and the second layer, its files made beside it."""
+    inputs = Inputs(requirements=p.requirements, platform=p.platform, epoch=p.epoch,
+                    where=p.reference, keep_level=TWIN_LEVEL if keep else None)  # fmt: skip
+    return second_layer(
+        engine, state, log, tmp, inputs,
+        stage1=lambda: _stage1_image(lock, p, engine, log, state),
+        native=lambda: None if emulate else native_helper(lock, p, engine, log, state),
+    )  # fmt: skip
 
 
 def native_helper(

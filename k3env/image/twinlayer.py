@@ -1,0 +1,137 @@
+"""The twin's second layer, made beside its first stage.
+
+Building stage 1 (debootstrap; under qemu-user for another architecture, minutes) and making
+the second layer's files (the pinned wheels downloaded, unpacked and byte-compiled) need
+nothing of each other, so they run at once: stage 1 here, the wheels in a worker thread.
+Where a native image holds the base's Python release, the worker goes on to write the layer
+and keep its registry form, with the directory modes read from that native image; once stage
+1 exists, its own modes are read and compared. Equal, the layer stands (the same bytes as
+written from stage 1's modes, by construction); else it is written again from them. Without a
+native image, the wheels are installed in stage 1 once it exists, as before.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from k3env.engine.protocol import BaseImage, Engine
+from k3env.files import read_input
+from k3env.image.blobs import keep_layer
+from k3env.image.install import Native, install_tree, read_base, unpack
+from k3env.image.layer import tree_layer
+from k3env.image.wheels import download_wheels
+from k3env.log import Log
+from k3env.state import State
+
+
+@dataclass(frozen=True, kw_only=True)
+class SecondLayer:
+    diff_id: str
+    path: Path
+    stage1: BaseImage
+
+
+@dataclass(frozen=True, kw_only=True)
+class Inputs:
+    requirements: Path  # the twin's hash-pinned requirements file
+    platform: str
+    epoch: int  # every mtime is clamped to this instant
+    where: str  # the twin's reference, for messages
+    keep_level: int | None  # keep the layer's registry form at this zlib level; None: do not
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Ahead:
+    wheelhouse: Path
+    native: Native | None
+    dirs: dict[str, Any] | None = None  # the modes the layer was written with (native's)
+    diff_id: str = ""
+
+
+def second_layer(
+    engine: Engine,
+    state: State,
+    log: Log,
+    tmp: Path,
+    inputs: Inputs,
+    *,
+    stage1: Callable[[], BaseImage],
+    native: Callable[[], Native | None],
+) -> SecondLayer:
+    """The twin's second layer in ``tmp/layer.tar``, its files made while ``stage1()`` runs."""
+    req, out, meta = (tmp / d for d in ("req", "out", "meta"))
+    for d in (req, out, meta):
+        d.mkdir()
+    (req / "requirements.txt").write_bytes(read_input(inputs.requirements))
+    layer = tmp / "layer.tar"
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="k3env-twin") as pool:
+        ahead = pool.submit(_ahead, engine, state, log, inputs, req / "requirements.txt",
+                            out, meta, layer, native)  # fmt: skip
+        base = stage1()  # on failure, the pool is waited for and this error stands
+        early = ahead.result()
+    if early.native is None:
+        with log.step(f"install the pinned wheels for {inputs.where} (minutes; progress below)"):
+            # Stage 1 has no pip of its own: it runs from its pinned wheel. Timestamp .pyc,
+            # their headers the clamp instant (cold imports 16-18 s -> 6-8 s).
+            info = install_tree(
+                engine, base.id, "python3", requirements=req / "requirements.txt",
+                wheelhouse=early.wheelhouse, out=out, meta=meta, epoch=inputs.epoch,
+                pyc="TIMESTAMP", pip_from_wheel=True, replace=(), log=log, where=inputs.where,
+            )  # fmt: skip
+        return SecondLayer(diff_id=_write(out, layer, info["dirs"], inputs, state, log),
+                           path=layer, stage1=base)  # fmt: skip
+    with log.step(f"read the directory modes of {inputs.where}'s stage 1"):
+        dirs = read_base(engine, base.id, "python3", out=out, meta=meta, replace=(), log=log,
+                         where=inputs.where)["dirs"]  # fmt: skip
+    if dirs == early.dirs:
+        log.detail("the same as the native image's: the layer written beside stage 1 stands")
+        return SecondLayer(diff_id=early.diff_id, path=layer, stage1=base)
+    log.detail("they differ from the native image's: the layer is written again from them")
+    return SecondLayer(diff_id=_write(out, layer, dirs, inputs, state, log), path=layer,
+                       stage1=base)  # fmt: skip
+
+
+def _ahead(
+    engine: Engine,
+    state: State,
+    log: Log,
+    inputs: Inputs,
+    requirements: Path,
+    out: Path,
+    meta: Path,
+    layer: Path,
+    native: Callable[[], Native | None],
+) -> _Ahead:
+    """The worker's part: the wheelhouse; with a native image, the files, the layer written
+    with that image's directory modes, and its registry form."""
+    wheelhouse = download_wheels(inputs.requirements, state, log, inputs.platform)
+    helper = native()
+    if helper is None:
+        return _Ahead(wheelhouse=wheelhouse, native=None)
+    where = inputs.where
+    with log.step(f"install the pinned wheels for {where} natively (beside stage 1)"):
+        unpack(engine, helper, "python3", requirements=requirements, wheelhouse=wheelhouse,
+               out=out, meta=meta, epoch=inputs.epoch, pyc="TIMESTAMP", pip_from_wheel=True,
+               log=log, where=where)  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="k3env-dirs-") as scratch:
+        dirs = read_base(engine, helper.image, "python3", out=out, meta=Path(scratch), replace=(),
+                         log=log, where=where)["dirs"]  # fmt: skip
+    diff_id = _write(out, layer, dirs, inputs, state, log)
+    return _Ahead(wheelhouse=wheelhouse, native=helper, dirs=dirs, diff_id=diff_id)
+
+
+def _write(
+    out: Path, layer: Path, dirs: dict[str, Any], inputs: Inputs, state: State, log: Log
+) -> str:
+    with log.step(f"write the layer of {inputs.where}"):
+        diff_id = tree_layer(out, layer, mtime=inputs.epoch, owners=False, dirs=dirs)
+    if inputs.keep_level is not None:
+        size = layer.stat().st_size
+        with log.step(f"keep the registry form of layer {diff_id[7:19]} ({size / 1e6:.0f} MB)"):
+            keep_layer(state, layer, diff_id, level=inputs.keep_level)
+    return diff_id
