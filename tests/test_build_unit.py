@@ -14,7 +14,7 @@ from k3env.config.pins import BasePin
 from k3env.engine.protocol import RunResult
 from k3env.errors import EngineError, PatchError, SecretError
 from k3env.hashing import sha256_digest
-from k3env.image import twin
+from k3env.image import twin, twinlayer
 from k3env.image.bases import ResolvedBase
 from k3env.image.build import PROVENANCE_PATH, Builder, BuildResult, make_builder
 from k3env.image.layer import LayerFile, assemble, docker_archive
@@ -301,7 +301,7 @@ def test_build_over_the_cpu_twin_assembles_its_layer_and_pushes_it(
     stage1 = fake_engine.import_rootfs(rootfs, *plan.stage1_ref.split(":"))
     wheels = root / "wheels"
     wheels.mkdir()
-    monkeypatch.setattr(twin, "download_wheels", lambda p, state, log, platform: wheels)
+    monkeypatch.setattr(twinlayer, "download_wheels", lambda p, state, log, platform: wheels)
     installs: list[dict[str, str]] = []
 
     def pip_install(

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from k3env.engine.protocol import BaseImage, RunResult
+from k3env.image.blobs import kept_layer
 from k3env.image.install import Native
 from k3env.image.layer import tree_layer
 from k3env.image.twindebian import trim_index
@@ -189,7 +190,7 @@ def _run(tmp_path: Path, modes: dict[str, int], *, native: bool) -> tuple[str, A
     assert made.diff_id == tree_layer(work / "out", again, mtime=inputs.epoch, owners=False,
                                       dirs=dirs)  # fmt: skip
     assert made.path.read_bytes() == again.read_bytes()
-    assert state.read_record("layers", made.diff_id), "the registry form is kept"
+    assert kept_layer(state, made.diff_id, 1), "the registry form is kept"
     ran = [(("base" if image == base.id else "native"), stage) for image, stage in installer.ran]
     return made.diff_id, ran, base.id
 
@@ -226,3 +227,27 @@ def test_a_failing_stage_1_is_the_error_raised(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="debootstrap failed"):
         second_layer(engine, state, Log(quiet=True), work, inputs, stage1=stage1,
                      native=lambda: None)  # fmt: skip
+
+
+def test_a_layer_kept_at_two_levels_is_two_blobs_and_the_stored_one_is_the_tar(
+    tmp_path: Path,
+) -> None:
+    import gzip
+
+    from k3env.image.blobs import LEVEL, keep_layer
+    from k3env.image.twin import TWIN_LEVEL
+
+    state = State(tmp_path / "state")
+    raw = b"twin layer\n" * 100_000
+    diff_id = "sha256:" + hashlib.sha256(raw).hexdigest()
+    stored = keep_layer(state, raw, diff_id, level=TWIN_LEVEL)
+    assert kept_layer(state, diff_id) is None  # level 6 was never kept: not this blob
+    packed = keep_layer(state, raw, diff_id, level=LEVEL)
+    assert stored.digest != packed.digest and stored.path != packed.path
+    assert packed.size < len(raw) < stored.size < len(raw) + 1024
+    assert kept_layer(state, diff_id, TWIN_LEVEL) == stored and kept_layer(state, diff_id) == packed
+    assert (
+        gzip.decompress(stored.path.read_bytes())
+        == raw
+        == gzip.decompress(packed.path.read_bytes())
+    )

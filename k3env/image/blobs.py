@@ -4,7 +4,8 @@ the very bytes that were built and verified without asking the engine for them.
 
 A layer is compressed when it is made (deterministic: zlib's gzip wrapper, no name, mtime 0,
 level 6; the same tar gives the same blob with the same zlib), and its record names the
-compressed digest and size. Base layers are never kept here: they are in a registry already,
+compressed digest and size. A layer kept at another level is another blob, kept apart (the
+twin's, stored at level 0). Base layers are never kept here: they are in a registry already,
 named by the base's own manifest.
 """
 
@@ -61,18 +62,26 @@ def oci_manifest(config: Described, layers: Sequence[Described]) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
 
 
-def _layer_path(state: State, diff_id: str) -> Path:
-    return state.path("layers", f"{digest_hex(diff_id)}.tar.gz")
+def _layer_path(state: State, diff_id: str, level: int) -> Path:
+    return state.path("layers", f"{digest_hex(diff_id)}{_suffix(level)}.tar.gz")
+
+
+def _record(diff_id: str, level: int) -> str:
+    return f"{diff_id}{_suffix(level)}"
+
+
+def _suffix(level: int) -> str:
+    return "" if level == LEVEL else f".l{level}"  # level 6's names predate levels
 
 
 def keep_layer(state: State, layer: Path | bytes, diff_id: str, level: int = LEVEL) -> Blob:
     """Compress ``layer`` (a tar file or its bytes, whose sha256 is ``diff_id``) into the
     state at zlib ``level``, checking the diff ID on the way; the blob's record is written
-    last. A layer kept once is not compressed again, whatever the level asked."""
-    found = kept_layer(state, diff_id)
+    last. A layer kept once at ``level`` is not compressed again."""
+    found = kept_layer(state, diff_id, level)
     if found is not None:
         return found
-    target = _layer_path(state, diff_id)
+    target = _layer_path(state, diff_id, level)
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".partial")
     try:
@@ -101,14 +110,17 @@ def keep_layer(state: State, layer: Path | bytes, diff_id: str, level: int = LEV
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
-    state.write_record({"digest": sink.digest, "size": sink.size}, "layers", diff_id)
+    state.write_record(
+        {"digest": sink.digest, "size": sink.size}, "layers", _record(diff_id, level)
+    )
     return Blob(digest=sink.digest, size=sink.size, media_type=LAYER_MEDIA_TYPE, path=target)
 
 
-def kept_layer(state: State, diff_id: str) -> Blob | None:
-    """The kept blob of ``diff_id``, or ``None`` (never kept, or its file is gone or cut)."""
-    record = state.read_record("layers", diff_id)
-    path = _layer_path(state, diff_id)
+def kept_layer(state: State, diff_id: str, level: int = LEVEL) -> Blob | None:
+    """The blob of ``diff_id`` kept at ``level``, or ``None`` (never kept, or its file is gone
+    or cut)."""
+    record = state.read_record("layers", _record(diff_id, level))
+    path = _layer_path(state, diff_id, level)
     if not isinstance(record, dict) or not path.is_file():
         return None
     if path.stat().st_size != record.get("size"):

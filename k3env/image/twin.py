@@ -67,7 +67,9 @@ from k3env.log import Log
 from k3env.runner import run
 from k3env.state import State
 
-TWIN_FORMAT = 5  # 5: stage 2 by image.install, compiled in a process that imports nothing else
+# 5: stage 2 by image.install, compiled in a process that imports nothing else; 6: its layers'
+# registry form stored (gzip level 0), not compressed (level 1): another manifest digest.
+TWIN_FORMAT = 6
 
 
 STAGE1_FORMAT = 3  # 3: the .debs pinned by sha256, a layer k3env writes (no docker import)
@@ -254,19 +256,29 @@ def _json(config: object) -> bytes:
 
 # --- stage 2 ------------------------------------------------------------------------------
 def build_twin(
-    lock: Lock, engine: Engine, state: State, log: Log, platform: str = DEFAULT_PLATFORM
+    lock: Lock,
+    engine: Engine,
+    state: State,
+    log: Log,
+    platform: str = DEFAULT_PLATFORM,
+    *,
+    send_blobs: bool = False,
 ) -> str:
-    """The twin's image ID in ``engine``, both stages built where missing; nothing pushed."""
+    """The twin's image ID in ``engine``, both stages built where missing; no manifest
+    pushed (``send_blobs``: the second layer's blob is sent to the registry while stage 1 is
+    built, for the push that follows)."""
     p = plan(lock, platform)
     found = engine.lookup(p.reference)
     if found is not None and found.labels.get(LABEL) == p.inputs:
         return found.id
-    return _stage2(lock, p, engine, state, log)
+    return _stage2(lock, p, engine, state, log, send_blobs=send_blobs)
 
 
-def _stage2(lock: Lock, p: TwinPlan, engine: Engine, state: State, log: Log) -> str:
+def _stage2(
+    lock: Lock, p: TwinPlan, engine: Engine, state: State, log: Log, *, send_blobs: bool
+) -> str:
     with tempfile.TemporaryDirectory(prefix="k3env-twin-") as tmp:
-        made = _stage2_layer(lock, p, engine, state, log, Path(tmp), keep=True)
+        made = _stage2_layer(lock, p, engine, state, log, Path(tmp), keep=True, send=send_blobs)
         archive = Path(tmp) / "image.tar"
         config = _json(_stage2_config(made.stage1, made.diff_id, p))
         with log.step(f"assemble {p.reference} (one layer over stage 1)"):
@@ -276,11 +288,12 @@ def _stage2(lock: Lock, p: TwinPlan, engine: Engine, state: State, log: Log) -> 
         return load_checked(engine, archive, image_id, p.reference, log)
 
 
-# The twin's layers are kept gzip'd at level 1, not the derived images' 6: 2.5x the speed
-# (measured here: 99 vs 40 MB/s) for 8% more bytes, on layers of gigabytes that only ever
-# travel to a registry on the build host. A blob's digest depends on the level, an image ID
-# does not.
-TWIN_LEVEL = 1
+# The twin's layers are kept as gzip members of stored blocks (zlib level 0), not compressed:
+# they only ever travel to the registry on the build host, and compressing them was the
+# arm64 twin's longest step after debootstrap (its 6.2 GB layer: 95 s at level 1 on one core,
+# 7 s stored). The same gzip media type, so every registry and puller takes them as before;
+# a blob's digest depends on the level, an image ID does not.
+TWIN_LEVEL = 0
 
 
 def _keep(state: State, layer: Path, diff_id: str, config: bytes, log: Log) -> None:
@@ -298,7 +311,7 @@ def publish_kept(reference: str, image_id: str, state: State, log: Log) -> str |
     if config is None:
         return None
     diff_ids = json.loads(config.path.read_bytes())["rootfs"]["diff_ids"]
-    layers = [kept_layer(state, d) for d in diff_ids]
+    layers = [kept_layer(state, d, TWIN_LEVEL) for d in diff_ids]
     if any(b is None for b in layers):
         return None
     blobs = [b for b in layers if b is not None]
@@ -343,11 +356,13 @@ def _stage2_layer(
     tmp: Path,
     *,
     keep: bool,
+    send: bool = False,
     emulate: bool = False,
 ) -> SecondLayer:
     """Stage 1 (built where missing) and the second layer, its files made beside it."""
     inputs = Inputs(requirements=p.requirements, platform=p.platform, epoch=p.epoch,
-                    where=p.reference, keep_level=TWIN_LEVEL if keep else None)  # fmt: skip
+                    where=p.reference, keep_level=TWIN_LEVEL if keep else None,
+                    send_to=p.reference.rsplit(":", 1)[0] if send else None)  # fmt: skip
     return second_layer(
         engine, state, log, tmp, inputs,
         stage1=lambda: _stage1_image(lock, p, engine, log, state),
@@ -423,7 +438,7 @@ def ensure_twin(
     ):
         return p.reference, str(record["digest"])
     if not built:
-        build_twin(lock, engine, state, log, platform)
+        build_twin(lock, engine, state, log, platform, send_blobs=True)
     repository, tag = p.reference.rsplit(":", 1)
     image = engine.lookup(p.reference)
     if image is None:

@@ -7,7 +7,8 @@ Where a native image holds the base's Python release, the worker goes on to writ
 and keep its registry form, with the directory modes read from that native image; once stage
 1 exists, its own modes are read and compared. Equal, the layer stands (the same bytes as
 written from stage 1's modes, by construction); else it is written again from them. Without a
-native image, the wheels are installed in stage 1 once it exists, as before.
+native image, the wheels are installed in stage 1 once it exists, as before. When the twin is
+to be pushed, the layer's blob is sent to the registry as soon as it is kept.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from k3env.engine import registry
 from k3env.engine.protocol import BaseImage, Engine
 from k3env.files import read_input
 from k3env.image.blobs import keep_layer
@@ -43,6 +45,7 @@ class Inputs:
     epoch: int  # every mtime is clamped to this instant
     where: str  # the twin's reference, for messages
     keep_level: int | None  # keep the layer's registry form at this zlib level; None: do not
+    send_to: str | None = None  # and send it to this registry repository once kept
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,5 +136,9 @@ def _write(
     if inputs.keep_level is not None:
         size = layer.stat().st_size
         with log.step(f"keep the registry form of layer {diff_id[7:19]} ({size / 1e6:.0f} MB)"):
-            keep_layer(state, layer, diff_id, level=inputs.keep_level)
+            blob = keep_layer(state, layer, diff_id, level=inputs.keep_level)
+        if inputs.send_to and not registry.blob_exists(inputs.send_to, blob.digest):
+            # Sent now, beside stage 1: the twin's push then finds it there.
+            with log.step(f"send {blob.digest[7:19]} ({blob.size / 1e6:.0f} MB)"):
+                registry.put_blob(inputs.send_to, blob.digest, blob.path)
     return diff_id
