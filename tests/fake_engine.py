@@ -25,6 +25,7 @@ by digest (the unit-test twin of ``tests/engine/conftest.py``'s ``write_project`
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import io
 import json
 import posixpath
@@ -605,9 +606,9 @@ class FakeEngine:
         self._store(image)
         self.refs[_normalize_ref(reference)] = image.id
 
-    def load(self, archive: bytes | Path) -> str:
-        if isinstance(archive, Path):
-            archive = archive.read_bytes()
+    def load(self, archive: bytes | Path | tuple[bytes | Path, ...]) -> str:
+        parts = archive if isinstance(archive, tuple) else (archive,)
+        archive = b"".join(p.read_bytes() if isinstance(p, Path) else p for p in parts)
         self._call("load", sha256_digest(archive))
         self.archives.append(archive)
         members: dict[str, bytes] = {}
@@ -645,6 +646,8 @@ class FakeEngine:
                 if chains[i] in self.chains and diff_id in self.layers:
                     new_layers.append(self.layers[diff_id])
                     continue
+                if data is not None and data[:2] == b"\x1f\x8b":
+                    data = gzip.decompress(data)  # dockerd decompresses a layer file it loads
                 if data is None:
                     # dockerd looks the chain up in its layer store, then opens the file.
                     raise EngineError(

@@ -9,6 +9,7 @@ image ID as before, is the Grace benchmark's and ``test_emulation_engine``'s.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import json
 import subprocess
@@ -20,7 +21,7 @@ from typing import Any
 import pytest
 
 from k3env.engine.protocol import BaseImage, RunResult
-from k3env.image.blobs import kept_layer
+from k3env.image.blobs import keep_layer, kept_layer
 from k3env.image.install import Native
 from k3env.image.layer import tree_layer
 from k3env.image.twindebian import trim_index
@@ -189,8 +190,12 @@ def _run(tmp_path: Path, modes: dict[str, int], *, native: bool) -> tuple[str, A
     dirs = {d: [modes["base"], 0, 0] for d in ("/usr", "/usr/local")}
     assert made.diff_id == tree_layer(work / "out", again, mtime=inputs.epoch, owners=False,
                                       dirs=dirs)  # fmt: skip
-    assert made.path.read_bytes() == again.read_bytes()
-    assert kept_layer(state, made.diff_id, 1), "the registry form is kept"
+    # Written straight as its registry form, which the engine loads as it is.
+    kept = kept_layer(state, made.diff_id, 1)
+    assert kept is not None and kept.path == made.path
+    assert gzip.decompress(made.path.read_bytes()) == again.read_bytes()
+    other = keep_layer(State(tmp_path / "other"), again, made.diff_id, 1)
+    assert (other.digest, other.size) == (kept.digest, kept.size)  # as keeping the tar itself
     ran = [(("base" if image == base.id else "native"), stage) for image, stage in installer.ran]
     return made.diff_id, ran, base.id
 
@@ -232,9 +237,7 @@ def test_a_failing_stage_1_is_the_error_raised(tmp_path: Path) -> None:
 def test_a_layer_kept_at_two_levels_is_two_blobs_and_the_stored_one_is_the_tar(
     tmp_path: Path,
 ) -> None:
-    import gzip
-
-    from k3env.image.blobs import LEVEL, keep_layer
+    from k3env.image.blobs import LEVEL
     from k3env.image.twin import TWIN_LEVEL
 
     state = State(tmp_path / "state")
@@ -251,3 +254,25 @@ def test_a_layer_kept_at_two_levels_is_two_blobs_and_the_stored_one_is_the_tar(
         == raw
         == gzip.decompress(packed.path.read_bytes())
     )
+
+
+def test_the_archive_in_parts_is_the_archive_files_members_without_its_padding(
+    tmp_path: Path,
+) -> None:
+    import io
+    import tarfile
+
+    from k3env.image.layer import archive_file, archive_parts
+
+    raw = b"x" * 1000
+    diff_id = "sha256:" + hashlib.sha256(raw).hexdigest()
+    (tmp_path / "layer.tar").write_bytes(raw)
+    config = json.dumps({"rootfs": {"type": "layers", "diff_ids": [diff_id]}}).encode()
+    image_id, parts = archive_parts(config, tmp_path / "layer.tar", [diff_id])
+    joined = b"".join(p.read_bytes() if isinstance(p, Path) else p for p in parts)
+    assert image_id == archive_file(config, tmp_path / "layer.tar", [diff_id], tmp_path / "a")
+    whole = (tmp_path / "a").read_bytes()
+    assert whole.startswith(joined) and not whole[len(joined) :].strip(b"\0")
+    with tarfile.open(fileobj=io.BytesIO(joined)) as tar:
+        assert [m.name for m in tar] == [f"{image_id[7:]}.json", "manifest.json",
+                                         f"{diff_id[7:]}/layer.tar"]  # fmt: skip

@@ -37,6 +37,15 @@ Timeout = float | None | _Default
 Params = Mapping[str, str | Sequence[str]]
 
 
+# A request body: bytes, a file, or pieces of either sent one after the other.
+Body = bytes | Path | tuple[bytes | Path, ...]
+
+
+def body_size(body: Body) -> int:
+    parts = body if isinstance(body, tuple) else (body,)
+    return sum(p.stat().st_size if isinstance(p, Path) else len(p) for p in parts)
+
+
 class EngineHTTPError(Exception):
     """The daemon answered with an HTTP error (``status`` >= 400), or not with HTTP at all
     (``status`` 0). ``message`` is the daemon's own JSON ``message`` when it sent one."""
@@ -100,7 +109,7 @@ class EngineHTTP:
         path: str,
         *,
         params: Params | None,
-        body: bytes | Path | None,
+        body: Body | None,
         content_type: str | None,
         headers: Mapping[str, str] | None,
         timeout: Timeout,
@@ -108,10 +117,8 @@ class EngineHTTP:
         """Send the request; return the socket, the status and the body bytes read so far."""
         url = path + (f"?{urlencode(params, doseq=True)}" if params else "")
         head = [f"{method} {url} HTTP/1.0", "Host: docker"]
-        if isinstance(body, Path):
-            head.append(f"Content-Length: {body.stat().st_size}")
-        elif body is not None:
-            head.append(f"Content-Length: {len(body)}")
+        if body is not None:
+            head.append(f"Content-Length: {body_size(body)}")
         if content_type:
             head.append(f"Content-Type: {content_type}")
         head.extend(f"{k}: {v}" for k, v in (headers or {}).items())
@@ -122,12 +129,13 @@ class EngineHTTP:
             sock.connect(self.socket_path)
             sock.sendall(request)
             try:
-                if isinstance(body, Path):
-                    # The kernel copies the file: a rootfs of hundreds of MB never enters Python.
-                    with body.open("rb") as f:
-                        sock.sendfile(f)
-                elif body:
-                    sock.sendall(body)
+                for part in () if body is None else body if isinstance(body, tuple) else (body,):
+                    if isinstance(part, Path):
+                        # The kernel copies the file: gigabytes of layer never enter Python.
+                        with part.open("rb") as f:
+                            sock.sendfile(f)
+                    elif part:
+                        sock.sendall(part)
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the daemon answered before reading the whole body: its reply says why
             reply = b""
@@ -168,7 +176,7 @@ class EngineHTTP:
         path: str,
         *,
         params: Params | None = None,
-        body: bytes | Path | None = None,
+        body: Body | None = None,
         json_body: Any = None,
         content_type: str | None = None,
         headers: Mapping[str, str] | None = None,
@@ -211,7 +219,7 @@ class EngineHTTP:
         path: str,
         *,
         params: Params | None = None,
-        body: bytes | Path | None = None,
+        body: Body | None = None,
         content_type: str | None = None,
         headers: Mapping[str, str] | None = None,
         timeout: Timeout = SHORT,

@@ -507,7 +507,7 @@ class DockerEngine:
                 transfer.update(event)
             transfer.done()
 
-    def load(self, archive: bytes | Path) -> str:
+    def load(self, archive: bytes | Path | tuple[bytes | Path, ...]) -> str:
         loaded = []
         fix = "check that the base image is in this engine (k3env pulls it by digest)"
         with self._reported("docker load", "docker load", fix):

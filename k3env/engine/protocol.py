@@ -106,8 +106,9 @@ class Engine(Protocol):
         as it comes (the run's own timeout then bounds only the wait after it); ``shm_bytes``
         sizes the container's /dev/shm (the engine's default otherwise: 64 MiB on dockerd)."""
 
-    def load(self, archive: bytes | Path) -> str:
-        """``docker load`` an archive; returns the loaded image ID."""
+    def load(self, archive: bytes | Path | tuple[bytes | Path, ...]) -> str:
+        """``docker load`` an archive (its bytes, its file, or pieces of either in order);
+        returns the loaded image ID."""
 
     def tag(self, image_id: str, repository: str, tag: str) -> None: ...
 

@@ -12,11 +12,13 @@ named by the base's own manifest.
 from __future__ import annotations
 
 import json
+import os
+import threading
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from k3env.errors import StateError
 from k3env.hashing import HashingWriter, digest_hex, sha256_digest
@@ -81,39 +83,108 @@ def keep_layer(state: State, layer: Path | bytes, diff_id: str, level: int = LEV
     found = kept_layer(state, diff_id, level)
     if found is not None:
         return found
-    target = _layer_path(state, diff_id, level)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + ".partial")
+
+    def write(packer: _Packer) -> str:
+        for chunk in _chunks(layer):
+            packer.write(chunk)
+        return diff_id
+
+    where = str(layer) if isinstance(layer, Path) else "the assembled layer"
+    return _keep(state, level, write, where)
+
+
+def keep_tree(state: State, level: int, write: Callable[[Any], None]) -> tuple[str, Blob]:
+    """Keep the layer tar that ``write(sink)`` writes, compressed into the state as it is
+    written (no tar file of its own); its diff ID and blob. The same bytes as
+    ``keep_layer`` of that tar at ``level``."""
+    out: list[str] = []
+
+    def run(packer: _Packer) -> str:
+        write(packer)
+        out.append(packer.diff_id)
+        return ""
+
+    blob = _keep(state, level, run, "the layer being written")
+    return out[0], blob
+
+
+def _keep(state: State, level: int, write: Callable[[_Packer], str], where: str) -> Blob:
+    """Write a blob through ``write`` into a partial file of the state, move it under its
+    diff ID (``write`` returns the one it expects, or "" to take what passed through), and
+    write its record last."""
+    folder = state.path("layers")
+    folder.mkdir(parents=True, exist_ok=True)
+    partial = folder / f".partial-{os.getpid()}-{threading.get_ident()}.tar.gz"
     try:
         with partial.open("wb") as out:
-            sink = HashingWriter(out)
-            plain = HashingWriter(_Null())
-            z = zlib.compressobj(level, zlib.DEFLATED, 31)
-            for chunk in _chunks(layer):
-                plain.write(chunk)
-                sink.write(z.compress(chunk))
-            sink.write(z.flush())
-        if plain.digest != diff_id:
+            packer = _Packer(out, level)
+            expected = write(packer)
+            packer.close()
+        diff_id = expected or packer.diff_id
+        if packer.diff_id != diff_id:
             raise StateError(
-                f"a layer changed while it was kept: sha256 {plain.digest}, expected {diff_id}",
-                where=str(layer) if isinstance(layer, Path) else "the assembled layer",
+                f"a layer changed while it was kept: sha256 {packer.diff_id}, expected {diff_id}",
+                where=where,
                 fix="build again",
             )
+        target = _layer_path(state, diff_id, level)
         partial.replace(target)
     except OSError as e:
         partial.unlink(missing_ok=True)
         raise StateError(
             f"cannot keep a layer: {e.strerror}",
-            where=str(target),
+            where=str(folder),
             fix="free disk space or point K3ENV_STATE_DIR at a writable directory",
         ) from e
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
-    state.write_record(
-        {"digest": sink.digest, "size": sink.size}, "layers", _record(diff_id, level)
-    )
-    return Blob(digest=sink.digest, size=sink.size, media_type=LAYER_MEDIA_TYPE, path=target)
+    record = {"digest": packer.sink.digest, "size": packer.sink.size}
+    state.write_record(record, "layers", _record(diff_id, level))
+    return Blob(digest=packer.sink.digest, size=packer.sink.size, media_type=LAYER_MEDIA_TYPE,
+                path=target)  # fmt: skip
+
+
+class _Packer:
+    """A write-only stream: what passes is hashed (the diff ID) and gzip'd at ``level`` into
+    ``out`` (the blob's sha256 and size on ``sink``), fed to zlib in pieces of exactly
+    ``_CHUNK`` bytes whatever the writes, so the blob's bytes depend on the tar alone."""
+
+    def __init__(self, out: Any, level: int) -> None:
+        self.sink = HashingWriter(out)
+        self._plain = HashingWriter(_Null())
+        self._z = zlib.compressobj(level, zlib.DEFLATED, 31)
+        self._buf = bytearray()
+
+    def write(self, data: bytes) -> int:
+        self._plain.write(data)
+        self._buf += data
+        if len(self._buf) >= _CHUNK:
+            whole = len(self._buf) - len(self._buf) % _CHUNK
+            view = memoryview(self._buf)
+            for i in range(0, whole, _CHUNK):
+                self.sink.write(self._z.compress(view[i : i + _CHUNK]))
+            view.release()
+            del self._buf[:whole]
+        return len(data)
+
+    def tell(self) -> int:
+        return self._plain.size
+
+    def close(self) -> None:
+        if self._buf:
+            self.sink.write(self._z.compress(bytes(self._buf)))
+            self._buf.clear()
+        self.sink.write(self._z.flush())
+
+    @property
+    def diff_id(self) -> str:
+        return self._plain.digest
+
+
+class _Null:
+    def write(self, data: bytes) -> int:
+        return len(data)
 
 
 def kept_layer(state: State, diff_id: str, level: int = LEVEL) -> Blob | None:
@@ -164,11 +235,6 @@ def kept_image(state: State, image_id: str) -> bool:
         return False
     diff_ids = json.loads(config.path.read_bytes())["rootfs"]["diff_ids"]
     return kept_layer(state, diff_ids[-1]) is not None
-
-
-class _Null:
-    def write(self, data: bytes) -> int:
-        return len(data)
 
 
 def _chunks(layer: Path | bytes) -> Iterator[bytes]:

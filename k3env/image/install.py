@@ -184,11 +184,16 @@ def add_whiteouts(out: Path, replaced: Mapping[str, Sequence[Mapping[str, Any]]]
 
 
 def load_checked(
-    engine: Engine, archive: bytes | Path, image_id: str, reference: str, log: Log
+    engine: Engine,
+    archive: bytes | Path | tuple[bytes | Path, ...],
+    image_id: str,
+    reference: str,
+    log: Log,
 ) -> str:
     """Load an archive whose config k3env wrote; tag it only if the engine stored exactly
     that config (its ID is the config's sha256), else remove what it stored and fail."""
-    size = len(archive) if isinstance(archive, bytes) else archive.stat().st_size
+    parts = archive if isinstance(archive, tuple) else (archive,)
+    size = sum(p.stat().st_size if isinstance(p, Path) else len(p) for p in parts)
     with log.step(f"load {reference} ({size / 1e6:.1f} MB)"):
         loaded = engine.load(archive)
     if loaded != image_id:

@@ -201,30 +201,70 @@ def tree_layer(
     the layer's diff ID."""
     with out.open("wb") as fh:
         sink = HashingWriter(fh)
-        with tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT) as tar:  # type: ignore[call-overload]
-            paths: list[Path] = []
-            for current, subdirs, names in os.walk(root):
-                subdirs.sort()
-                base = Path(current)
-                paths.extend(base / n for n in sorted(names + subdirs))
-            for path in sorted(paths, key=lambda p: p.relative_to(root).as_posix()):
-                name = path.relative_to(root).as_posix()
-                check_entry_path("/" + name)
-                info = tar.gettarinfo(str(path), arcname=name)
-                info.mtime = min(int(info.mtime), mtime)
-                info.uname = info.gname = ""
-                if not owners:
-                    info.uid = info.gid = 0
-                    if info.isreg() or info.isdir():
-                        info.mode = 0o755 if info.mode & 0o111 or info.isdir() else 0o644
-                if info.isdir() and dirs and ("/" + name) in dirs:
-                    info.mode, info.uid, info.gid = (int(v) for v in dirs["/" + name])
-                if info.isreg():
-                    with path.open("rb") as src:
-                        tar.addfile(info, src)
-                elif not stat.S_ISSOCK(path.lstat().st_mode):
-                    tar.addfile(info)
+        write_tree(root, sink, mtime=mtime, owners=owners, dirs=dirs)
     return sink.digest
+
+
+def write_tree(
+    root: Path,
+    sink: Any,
+    *,
+    mtime: int,
+    owners: bool = True,
+    dirs: Mapping[str, Sequence[int]] | None = None,
+) -> None:
+    """``tree_layer``'s tar, written to ``sink`` (anything with ``write`` and ``tell``)."""
+    with tarfile.open(fileobj=sink, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        paths: list[Path] = []
+        for current, subdirs, names in os.walk(root):
+            subdirs.sort()
+            base = Path(current)
+            paths.extend(base / n for n in sorted(names + subdirs))
+        for path in sorted(paths, key=lambda p: p.relative_to(root).as_posix()):
+            name = path.relative_to(root).as_posix()
+            check_entry_path("/" + name)
+            info = tar.gettarinfo(str(path), arcname=name)
+            info.mtime = min(int(info.mtime), mtime)
+            info.uname = info.gname = ""
+            if not owners:
+                info.uid = info.gid = 0
+                if info.isreg() or info.isdir():
+                    info.mode = 0o755 if info.mode & 0o111 or info.isdir() else 0o644
+            if info.isdir() and dirs and ("/" + name) in dirs:
+                info.mode, info.uid, info.gid = (int(v) for v in dirs["/" + name])
+            if info.isreg():
+                with path.open("rb") as src:
+                    tar.addfile(info, src)
+            elif not stat.S_ISSOCK(path.lstat().st_mode):
+                tar.addfile(info)
+
+
+def archive_parts(
+    config_json: bytes, layer: Path, diff_ids: Sequence[str]
+) -> tuple[str, tuple[bytes | Path, ...]]:
+    """The ``docker load`` archive of ``archive_file`` as pieces to send one after the other
+    (the layer file itself among them, never copied), and the image ID. The layer file may be
+    gzip'd: the engine decompresses a layer it loads, and checks it against its diff ID."""
+    image_id = sha256_digest(config_json)
+    layers = [f"{d.split(':', 1)[1]}/layer.tar" for d in diff_ids]
+    config_name = image_id.split(":", 1)[1] + ".json"
+    manifest = json.dumps([{"Config": config_name, "RepoTags": None, "Layers": layers}]).encode()
+    head = b""
+    for name, data in ((config_name, config_json), ("manifest.json", manifest)):
+        head += _member(name, len(data)) + data + _padding(len(data))
+    size = layer.stat().st_size
+    tail = _padding(size) + b"\0" * (2 * tarfile.BLOCKSIZE)
+    return image_id, (head + _member(layers[-1], size), layer, tail)
+
+
+def _member(name: str, size: int) -> bytes:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    return info.tobuf(format=tarfile.PAX_FORMAT)
+
+
+def _padding(size: int) -> bytes:
+    return b"\0" * (-size % tarfile.BLOCKSIZE)
 
 
 def archive_file(config_json: bytes, layer: Path, diff_ids: Sequence[str], out: Path) -> str:

@@ -48,7 +48,7 @@ from k3env.image.blobs import (
     oci_manifest,
 )
 from k3env.image.install import Native, load_checked
-from k3env.image.layer import archive_file, tree_layer
+from k3env.image.layer import archive_file, archive_parts, tree_layer
 from k3env.image.twindebian import (
     arch_of,
     debootstrap_argv,
@@ -279,13 +279,11 @@ def _stage2(
 ) -> str:
     with tempfile.TemporaryDirectory(prefix="k3env-twin-") as tmp:
         made = _stage2_layer(lock, p, engine, state, log, Path(tmp), keep=True, send=send_blobs)
-        archive = Path(tmp) / "image.tar"
         config = _json(_stage2_config(made.stage1, made.diff_id, p))
-        with log.step(f"assemble {p.reference} (one layer over stage 1)"):
-            diff_ids = [*made.stage1.diff_ids, made.diff_id]
-            image_id = archive_file(config, made.path, diff_ids, archive)
+        # The layer's file goes to the engine as it is (its registry form: stored gzip).
+        image_id, parts = archive_parts(config, made.path, [*made.stage1.diff_ids, made.diff_id])
         keep_config(state, config)
-        return load_checked(engine, archive, image_id, p.reference, log)
+        return load_checked(engine, parts, image_id, p.reference, log)
 
 
 # The twin's layers are kept as gzip members of stored blocks (zlib level 0), not compressed:
