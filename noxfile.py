@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import nox
@@ -155,6 +156,10 @@ def bench(session: nox.Session) -> None:
     # with uv, which `twin --resolve` runs (the vLLM variant benchmark resolves its closure).
     session.install(".[resolve]")
     every = [a for a in session.posargs if a in ("--quick", "--json")]
+    took = []
     for name in ("build", "verify", "export", "publish", "components", "variant", "smoke"):
         args = session.posargs if name in ("build", "components", "variant") else every
+        start = time.monotonic()
         session.run("python", f"benchmarks/bench_{name}.py", *args)
+        took.append(f"{name} {time.monotonic() - start:.0f} s")
+    session.log("benchmarks took: " + ", ".join(took))
