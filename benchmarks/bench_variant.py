@@ -11,8 +11,8 @@ One run prints, for the lock's vLLM 0.29.0 line over the CPU twin:
   * the column's cell: ``k3env matrix --variant vllm-0.29.0 kimi-k3-direct-f`` with the
     variant's derived image and the verify records removed (layer held: the derived image,
     one probe run).
-``--quick``: each path once and the cold layer from the shared pip cache (CI: a broken
-benchmark fails, its figures are no verdict). Each figure is the median of ``--repeat`` runs.
+``--quick``: each path once, no cold layer (the warm one builds it the same way; CI: a
+broken benchmark fails, its figures are no verdict). Each figure is the median of ``--repeat`` runs.
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--quick", action="store_true", help="each path once, shared pip cache")
+    ap.add_argument("--quick", action="store_true", help="each path once, no cold layer")
     args = ap.parse_args()
     repeat = 1 if args.quick else args.repeat
 
@@ -104,7 +104,7 @@ def main() -> int:
     try:
         resolve = [timed(lambda: k3env(["twin", "--resolve", "--variant", VARIANT, *links],
                                        workdir, env))[0] for _ in range(repeat)]  # fmt: skip
-        summary = _layer(workdir, repeat, empty_pip_cache=not args.quick)
+        summary = _layer(workdir, repeat, cold_runs=0 if args.quick else repeat)
         column, status = _cell(workdir, env, repeat)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
@@ -116,9 +116,11 @@ def main() -> int:
     else:
         print(f"variant {VARIANT} (median of {repeat})")
         print(f"  resolve against the twin: {summary['resolve_seconds']:.2f} s")
-        print(f"  layer cold ({summary['layer_cold_pip_cache']} pip cache): "
-              f"{summary['layer_cold_seconds']:.2f} s; warm {summary['layer_warm_seconds']:.2f} "
-              f"s; hit {summary['layer_hit_seconds']:.3f} s")  # fmt: skip
+        cold = summary["layer_cold_seconds"]
+        print(f"  layer cold (empty state and pip cache): "
+              f"{'not run (--quick)' if cold is None else f'{cold:.2f} s'}; "
+              f"warm {summary['layer_warm_seconds']:.2f} s; "
+              f"hit {summary['layer_hit_seconds']:.3f} s")  # fmt: skip
         print(f"  layer: {summary['layer_mb']} MB, {summary['layer_files']} files")
         print(f"  {IMAGE} cell (build + verify): {summary['cell_seconds']:.2f} s, {status}")
     return 0
@@ -128,9 +130,9 @@ def _median(xs: list[float]) -> float:
     return round(statistics.median(xs), 2)
 
 
-def _layer(workdir: Path, repeat: int, *, empty_pip_cache: bool) -> dict[str, Any]:
-    """The variant's layer over the twin: cold (a fresh state, and with ``empty_pip_cache``
-    a fresh pip cache), warm (the wheelhouse kept), a hit; its size and files."""
+def _layer(workdir: Path, repeat: int, *, cold_runs: int) -> dict[str, Any]:
+    """The variant's layer over the twin: ``cold_runs`` cold (a fresh state and a fresh pip
+    cache), warm (the wheelhouse kept), a hit; its size and files."""
     engine = DockerEngine()
     lock = load_lock(workdir / "pins/k3.lock.toml")
     vlock = lock.with_variant(lock.variants[VARIANT])
@@ -141,11 +143,10 @@ def _layer(workdir: Path, repeat: int, *, empty_pip_cache: bool) -> dict[str, An
 
     cold, warm = [], []
     base: Any = layer(workdir / "state")  # its reference; the wheelhouse warm runs keep
-    for _ in range(repeat):
+    for _ in range(cold_runs):
         with tempfile.TemporaryDirectory(prefix="k3env-bench-cold-") as tmp:
             rmi_layer(base)
-            if empty_pip_cache:
-                os.environ["PIP_CACHE_DIR"] = str(Path(tmp) / "pip-cache")
+            os.environ["PIP_CACHE_DIR"] = str(Path(tmp) / "pip-cache")
             seconds, base = timed(lambda: layer(Path(tmp) / "state"))
             os.environ.pop("PIP_CACHE_DIR", None)
             cold.append(seconds)
@@ -157,8 +158,7 @@ def _layer(workdir: Path, repeat: int, *, empty_pip_cache: bool) -> dict[str, An
     twin = twin_base(lock, engine, State(workdir / "state"), Log(quiet=True),
                      lock.bases["cpu-twin"])  # fmt: skip
     return {
-        "layer_cold_seconds": _median(cold),
-        "layer_cold_pip_cache": "empty" if empty_pip_cache else "shared",
+        "layer_cold_seconds": _median(cold) if cold else None,
         "layer_warm_seconds": _median(warm),
         "layer_hit_seconds": round(hit, 3),
         "layer_mb": round((_size(base.reference) - _size(twin.reference)) / 2**20, 1),

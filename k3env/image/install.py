@@ -3,10 +3,11 @@
 A throwaway container of the base runs its own Python with
 ``k3env/probes/probe/install.py``: pip installs the hash-pinned wheels ``--no-deps
 --no-index --require-hashes --ignore-installed --root`` into a host directory; every file is
-dated the layer's instant; sources are byte-compiled one at a time in sorted order
-(hash-checked or timestamp ``.pyc``, ``PYTHONHASHSEED=0``); the base's releases of the same
-distributions are listed (to be whited out, as pip's uninstall would remove them), with the
-modes of the base's directories the layer touches. The host then writes the tree as one
+dated the layer's instant; sources are byte-compiled in sorted order, slices of the list in
+fresh interpreters at once, one per CPU (hash-checked or timestamp ``.pyc``,
+``PYTHONHASHSEED=0``); the base's releases of the same distributions are listed (to be
+whited out, as pip's uninstall would remove them), with the modes of the base's directories
+the layer touches. The host then writes the tree as one
 layer (``layer.tree_layer``) and loads it, checking the ID.
 Used by the CPU twin's second stage and by the pinned components layer.
 """

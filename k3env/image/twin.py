@@ -15,7 +15,7 @@ writes, dated the same instant), so the image ID is known before the engine load
    each package that moved; apt's caches, logs and the build host's files are left out.
 2. ``REGISTRY/REPOSITORY:<hash>``: the wheels installed ``--no-deps --require-hashes --root``
    into a host directory by a throwaway container of stage 1, every file dated the clamp
-   instant, then byte-compiled one file at a time in sorted order by a bare interpreter
+   instant, then byte-compiled in sorted order by bare interpreters, one per CPU
    (timestamp ``.pyc`` whose header holds that instant, so they stay valid in the image and
    in an enroot export; cold imports 16-18 s -> 6-8 s). ``image.install`` does it.
 """
