@@ -41,9 +41,12 @@ Params = Mapping[str, str | Sequence[str]]
 Body = bytes | Path | tuple[bytes | Path, ...]
 
 
+def body_parts(body: Body | None) -> tuple[bytes | Path, ...]:
+    return () if body is None else body if isinstance(body, tuple) else (body,)
+
+
 def body_size(body: Body) -> int:
-    parts = body if isinstance(body, tuple) else (body,)
-    return sum(p.stat().st_size if isinstance(p, Path) else len(p) for p in parts)
+    return sum(p.stat().st_size if isinstance(p, Path) else len(p) for p in body_parts(body))
 
 
 class EngineHTTPError(Exception):
@@ -129,7 +132,7 @@ class EngineHTTP:
             sock.connect(self.socket_path)
             sock.sendall(request)
             try:
-                for part in () if body is None else body if isinstance(body, tuple) else (body,):
+                for part in body_parts(body):
                     if isinstance(part, Path):
                         # The kernel copies the file: gigabytes of layer never enter Python.
                         with part.open("rb") as f:

@@ -84,46 +84,43 @@ def keep_layer(state: State, layer: Path | bytes, diff_id: str, level: int = LEV
     if found is not None:
         return found
 
-    def write(packer: _Packer) -> str:
+    def write(packer: _Packer) -> None:
         for chunk in _chunks(layer):
             packer.write(chunk)
-        return diff_id
 
     where = str(layer) if isinstance(layer, Path) else "the assembled layer"
-    return _keep(state, level, write, where)
+    return _keep(state, level, write, where, expected=diff_id)[1]
 
 
 def keep_tree(state: State, level: int, write: Callable[[Any], None]) -> tuple[str, Blob]:
     """Keep the layer tar that ``write(sink)`` writes, compressed into the state as it is
     written (no tar file of its own); its diff ID and blob. The same bytes as
     ``keep_layer`` of that tar at ``level``."""
-    out: list[str] = []
-
-    def run(packer: _Packer) -> str:
-        write(packer)
-        out.append(packer.diff_id)
-        return ""
-
-    blob = _keep(state, level, run, "the layer being written")
-    return out[0], blob
+    return _keep(state, level, write, "the layer being written", expected=None)
 
 
-def _keep(state: State, level: int, write: Callable[[_Packer], str], where: str) -> Blob:
+def _keep(
+    state: State,
+    level: int,
+    write: Callable[[_Packer], None],
+    where: str,
+    *,
+    expected: str | None,
+) -> tuple[str, Blob]:
     """Write a blob through ``write`` into a partial file of the state, move it under its
-    diff ID (``write`` returns the one it expects, or "" to take what passed through), and
-    write its record last."""
+    diff ID (checked against ``expected`` when given), and write its record last."""
     folder = state.path("layers")
     folder.mkdir(parents=True, exist_ok=True)
     partial = folder / f".partial-{os.getpid()}-{threading.get_ident()}.tar.gz"
     try:
         with partial.open("wb") as out:
             packer = _Packer(out, level)
-            expected = write(packer)
+            write(packer)
             packer.close()
-        diff_id = expected or packer.diff_id
-        if packer.diff_id != diff_id:
+        diff_id = packer.diff_id
+        if expected is not None and diff_id != expected:
             raise StateError(
-                f"a layer changed while it was kept: sha256 {packer.diff_id}, expected {diff_id}",
+                f"a layer changed while it was kept: sha256 {diff_id}, expected {expected}",
                 where=where,
                 fix="build again",
             )
@@ -141,8 +138,9 @@ def _keep(state: State, level: int, write: Callable[[_Packer], str], where: str)
         raise
     record = {"digest": packer.sink.digest, "size": packer.sink.size}
     state.write_record(record, "layers", _record(diff_id, level))
-    return Blob(digest=packer.sink.digest, size=packer.sink.size, media_type=LAYER_MEDIA_TYPE,
+    blob = Blob(digest=packer.sink.digest, size=packer.sink.size, media_type=LAYER_MEDIA_TYPE,
                 path=target)  # fmt: skip
+    return diff_id, blob
 
 
 class _Packer:

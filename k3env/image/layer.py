@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shutil
 import stat
 import tarfile
 from collections.abc import Mapping, Sequence
@@ -270,18 +271,12 @@ def _padding(size: int) -> bytes:
 def archive_file(config_json: bytes, layer: Path, diff_ids: Sequence[str], out: Path) -> str:
     """A ``docker load`` archive at ``out`` holding the config and one layer file (the last
     of ``diff_ids``); the others are the base's, found by chain ID. Returns the image ID."""
-    image_id = sha256_digest(config_json)
-    layers = [f"{d.split(':', 1)[1]}/layer.tar" for d in diff_ids]
-    config_name = image_id.split(":", 1)[1] + ".json"
-    manifest = [{"Config": config_name, "RepoTags": None, "Layers": layers}]
-    with tarfile.open(out, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name, data in ((config_name, config_json),
-                           ("manifest.json", json.dumps(manifest).encode())):  # fmt: skip
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            tar.addfile(info, io.BytesIO(data))
-        info = tarfile.TarInfo(layers[-1])
-        info.size = layer.stat().st_size
-        with layer.open("rb") as f:
-            tar.addfile(info, f)
+    image_id, parts = archive_parts(config_json, layer, diff_ids)
+    with out.open("wb") as f:
+        for part in parts:
+            if isinstance(part, Path):
+                with part.open("rb") as src:
+                    shutil.copyfileobj(src, f, 1 << 20)
+            else:
+                f.write(part)
     return image_id
