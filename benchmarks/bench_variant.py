@@ -11,8 +11,10 @@ One run prints, for the lock's vLLM 0.29.0 line over the CPU twin:
   * the column's cell: ``k3env matrix --variant vllm-0.29.0 kimi-k3-direct-f`` with the
     variant's derived image and the verify records removed (layer held: the derived image,
     one probe run).
-``--quick``: each path once, no cold layer (the warm one builds it the same way; CI: a
-broken benchmark fails, its figures are no verdict). Each figure is the median of ``--repeat`` runs.
+``--quick`` (CI: a broken benchmark fails, its figures are no verdict): each step once on what
+this host already holds: the resolve runs, the layer and the cell are not removed to be built
+again, and the matrix runs over this host's state (its recorded cells answer). Each figure is
+the median of ``--repeat`` runs.
 """
 
 from __future__ import annotations
@@ -86,7 +88,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=1)
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--quick", action="store_true", help="each path once, no cold layer")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="each step once on what this host holds: nothing removed, its records",
+    )
     args = ap.parse_args()
     repeat = 1 if args.quick else args.repeat
 
@@ -96,7 +102,9 @@ def main() -> int:
     for spec in (workdir / "images").glob("*.toml"):
         if spec.stem != IMAGE:
             spec.unlink()
-    env = {**os.environ, "K3ENV_STATE_DIR": str(workdir / "state")}
+    # --quick: this host's own state (its wheelhouse, verify records); nothing is removed.
+    state_dir = State().root if args.quick else workdir / "state"
+    env = {**os.environ, "K3ENV_STATE_DIR": str(state_dir)}
     # The twin's CPU torch is not on the index: where this host's pip finds it.
     opt = "/opt/wheels" if Path("/opt/wheels").is_dir() else ""
     links = [a for d in (os.environ.get("PIP_FIND_LINKS") or opt).split()
@@ -104,8 +112,9 @@ def main() -> int:
     try:
         resolve = [timed(lambda: k3env(["twin", "--resolve", "--variant", VARIANT, *links],
                                        workdir, env))[0] for _ in range(repeat)]  # fmt: skip
-        summary = _layer(workdir, repeat, cold_runs=0 if args.quick else repeat)
-        column, status = _cell(workdir, env, repeat)
+        summary = _layer(workdir, state_dir, repeat, cold_runs=0 if args.quick else repeat,
+                         remove=not args.quick)  # fmt: skip
+        column, status = _cell(workdir, env, state_dir, repeat, remove=not args.quick)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     summary = {"variant": VARIANT, "resolve_seconds": _median(resolve), **summary,
@@ -114,7 +123,8 @@ def main() -> int:
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
-        print(f"variant {VARIANT} (median of {repeat})")
+        how = "--quick: cache hits, no figure" if args.quick else f"median of {repeat}"
+        print(f"variant {VARIANT} ({how})")
         print(f"  resolve against the twin: {summary['resolve_seconds']:.2f} s")
         cold = summary["layer_cold_seconds"]
         print(f"  layer cold (empty state and pip cache): "
@@ -130,9 +140,12 @@ def _median(xs: list[float]) -> float:
     return round(statistics.median(xs), 2)
 
 
-def _layer(workdir: Path, repeat: int, *, cold_runs: int) -> dict[str, Any]:
+def _layer(
+    workdir: Path, state_dir: Path, repeat: int, *, cold_runs: int, remove: bool
+) -> dict[str, Any]:
     """The variant's layer over the twin: ``cold_runs`` cold (a fresh state and a fresh pip
-    cache), warm (the wheelhouse kept), a hit; its size and files."""
+    cache), warm (the wheelhouse kept; with ``remove``, the layer removed first), a hit; its
+    size and files."""
     engine = DockerEngine()
     lock = load_lock(workdir / "pins/k3.lock.toml")
     vlock = lock.with_variant(lock.variants[VARIANT])
@@ -142,7 +155,7 @@ def _layer(workdir: Path, repeat: int, *, cold_runs: int) -> dict[str, Any]:
         return builder.resolve_base(vlock.bases["cpu-twin"])
 
     cold, warm = [], []
-    base: Any = layer(workdir / "state")  # its reference; the wheelhouse warm runs keep
+    base: Any = layer(state_dir)  # its reference; the wheelhouse warm runs keep
     for _ in range(cold_runs):
         with tempfile.TemporaryDirectory(prefix="k3env-bench-cold-") as tmp:
             rmi_layer(base)
@@ -151,11 +164,12 @@ def _layer(workdir: Path, repeat: int, *, cold_runs: int) -> dict[str, Any]:
             os.environ.pop("PIP_CACHE_DIR", None)
             cold.append(seconds)
     for _ in range(repeat):
-        rmi_layer(base)
-        seconds, base = timed(lambda: layer(workdir / "state"))
+        if remove:
+            rmi_layer(base)
+        seconds, base = timed(lambda: layer(state_dir))
         warm.append(seconds)
-    hit, _ = timed(lambda: layer(workdir / "state"))
-    twin = twin_base(lock, engine, State(workdir / "state"), Log(quiet=True),
+    hit, _ = timed(lambda: layer(state_dir))
+    twin = twin_base(lock, engine, State(state_dir), Log(quiet=True),
                      lock.bases["cpu-twin"])  # fmt: skip
     return {
         "layer_cold_seconds": _median(cold) if cold else None,
@@ -166,14 +180,18 @@ def _layer(workdir: Path, repeat: int, *, cold_runs: int) -> dict[str, Any]:
     }
 
 
-def _cell(workdir: Path, env: dict[str, str], repeat: int) -> tuple[list[float], str]:
-    """The column's cell as a user runs it, its derived image and verify records removed."""
+def _cell(
+    workdir: Path, env: dict[str, str], state_dir: Path, repeat: int, *, remove: bool
+) -> tuple[list[float], str]:
+    """The column's cell as a user runs it, its derived image and verify records removed
+    (with ``remove``; else as this host holds them)."""
     argv = ["matrix", "--variant", VARIANT, IMAGE]
     cell = next(c for c in k3env(argv, workdir, env)["cells"] if c["variant"] == VARIANT)
     column = []
     for _ in range(repeat):
-        rmi(cell["image_id"])
-        shutil.rmtree(workdir / "state" / "verify", ignore_errors=True)
+        if remove:
+            rmi(cell["image_id"])
+            shutil.rmtree(state_dir / "verify", ignore_errors=True)
         seconds, again = timed(lambda: k3env(argv, workdir, env))
         column.append(seconds)
         cell = next(c for c in again["cells"] if c["variant"] == VARIANT)

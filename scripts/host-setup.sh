@@ -57,9 +57,10 @@ YML
   curl -fsS http://127.0.0.1:5000/v2/ >/dev/null || { echo "registry did not start" >&2; exit 1; }
 fi
 
-if ! python3 -m nox --version >/dev/null 2>&1; then
-  echo "+ python3 -m pip install nox"
-  python3 -m pip install -q nox
+if ! python3 -m nox --version >/dev/null 2>&1 || ! command -v uv >/dev/null 2>&1; then
+  # uv: nox makes its sessions' venvs with it (seconds, not a pip run each).
+  echo "+ python3 -m pip install nox uv"
+  python3 -m pip install -q nox uv
 fi
 # pyenv puts new console scripts on PATH only after a rehash.
 if command -v pyenv >/dev/null 2>&1; then pyenv rehash || true; fi

@@ -130,6 +130,29 @@ def test_same_inputs_on_a_fresh_engine_give_the_same_image_id(
     assert again.reference == first.reference
 
 
+def test_the_same_spec_read_from_another_directory_is_another_tag(
+    fake_engine: FakeEngine, fake_project: Project
+) -> None:
+    """The provenance names the spec by its path in the project: a copy elsewhere (as
+    `--images DIR` reads it) is another image, never a cache hit on the first one's tag."""
+    from k3env.config.spec import load_spec
+
+    first = build(fake_engine, fake_project)
+    other = fake_project.root / "only-this" / fake_project.spec_path.name
+    other.parent.mkdir()
+    other.write_bytes(fake_project.spec_path.read_bytes())
+    lock = fake_project.lock()
+    builder = make_builder(lock, fake_engine, fake_project.state, QUIET, False)
+    again = builder.build(load_spec(other, lock))
+    assert again.cached is False
+    assert again.reference != first.reference and again.image_id != first.image_id
+    provenance = json.loads(fake_engine.text(again.reference, PROVENANCE_PATH) or "")
+    assert provenance["spec"]["path"] == f"only-this/{other.name}"
+    # The first image keeps its tag and its own provenance.
+    assert fake_engine.resolve(first.reference) == first.image_id
+    assert build(fake_engine, fake_project).cached is True
+
+
 def test_builder_over_a_resolved_base_needs_no_registry(
     fake_engine: FakeEngine, tmp_path: Path
 ) -> None:

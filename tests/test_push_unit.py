@@ -15,6 +15,7 @@ from k3env.handoff.enroot import enroot_files
 from k3env.handoff.enroot_export import export_image
 from k3env.handoff.push import Pushed, last_push, push_image
 from k3env.handoff.squashfs_check import check_squashfs
+from k3env.hashing import file_sha256
 from k3env.image.build import BuildResult, make_builder
 from k3env.log import Log
 
@@ -231,3 +232,27 @@ def test_an_export_depends_on_the_image_only(
     fake_engine.container_created += 3600
     again = export_image(fake_engine, fake_project.state, build, tmp_path / "2", QUIET)
     assert again.sha256 == first.sha256
+
+
+@SQUASHFS_TOOLS
+def test_an_export_already_on_disk_is_not_written_again_unless_its_bytes_differ(
+    fake_engine: FakeEngine, fake_project: Project, tmp_path: Path
+) -> None:
+    build = built(fake_engine, fake_project)
+    first = export_image(fake_engine, fake_project.state, build, tmp_path / "out", QUIET)
+    mark = fake_engine.mark()
+    again = export_image(fake_engine, fake_project.state, build, tmp_path / "out", QUIET)
+    assert "export" not in fake_engine.verbs_since(mark)  # the file on disk is the export
+    assert again == first
+    # Another directory has no export yet: written there.
+    elsewhere = export_image(fake_engine, fake_project.state, build, tmp_path / "other", QUIET)
+    assert "export" in fake_engine.verbs_since(mark) and elsewhere.sha256 == first.sha256
+    # A file whose bytes are not the recorded export (same size) is written again.
+    path = Path(first.path)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    mark = fake_engine.mark()
+    fixed = export_image(fake_engine, fake_project.state, build, tmp_path / "out", QUIET)
+    assert "export" in fake_engine.verbs_since(mark)
+    assert fixed.sha256 == first.sha256 == file_sha256(path)

@@ -1,7 +1,8 @@
 """Write enroot images (`.sqsh`) as `enroot import` lays them out: the rootfs with the image's own
 mtimes (Python's `.pyc` stay valid), root 0755, and `/etc/environment`, `/etc/rc`,
 `/etc/rc.local`, `/etc/fstab` in enroot's form, streamed from the engine into `mksquashfs -tar`
-with enroot's options; the bytes depend on the image only; sha256 recorded. With `--check
+with enroot's options; the bytes depend on the image only; sha256 recorded (a file already in
+`--out` whose sha256 is the image's recorded export is not written again). With `--check
 FILE.sqsh`: check any squashfs (one `enroot import` made on the cluster, or an export) against
 what the image carries and this lock: the provenance file (its sha256 in the config labels),
 each `/etc/environment` line, the `/etc/rc` script, every file of k3env's layer, every

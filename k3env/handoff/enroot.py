@@ -114,6 +114,7 @@ class Exported:
     mksquashfs: str
     options: tuple[str, ...]
     platform: str = DEFAULT_PLATFORM
+    format: int = 0  # how k3env wrote it (enroot_export.EXPORT_FORMAT); 0: before it was said
 
     def as_json(self) -> dict[str, Any]:
         return dict(self.__dict__)

@@ -25,6 +25,9 @@ from k3env.log import Log
 from k3env.runner import require_tool, run, run_streaming
 from k3env.state import State
 
+# Bump when what an export writes changes (the filter, enroot's files): a file written before
+# is then no longer taken as this image's export.
+EXPORT_FORMAT = 1
 # enroot's defaults (ENROOT_SQUASH_OPTIONS).
 SQUASH_OPTIONS = ("-comp", "lzo", "-noD")
 # What `docker create` + `export` add to an image's files (the container's init layer), with
@@ -47,7 +50,9 @@ def squashfs_version(log: Log) -> str:
 def export_image(
     engine: Engine, state: State, build: BuildResult, out_dir: Path, log: Log
 ) -> Exported:
-    """Write ``out_dir/<repo>+<tag>.sqsh``; a partial file never appears under that name."""
+    """Write ``out_dir/<repo>+<tag>.sqsh``; a partial file never appears under that name. A
+    file already there whose sha256 is this image's recorded export (same mksquashfs, options
+    and format) is that export: it is not written again."""
     mksquashfs = require_tool("mksquashfs", "squashfs-tools")
     image = engine.inspect(build.image_id)
     if image is None:
@@ -56,8 +61,12 @@ def export_image(
     # The image's own mtimes stay (Python's .pyc check them); owners root as enroot makes
     # them; the root directory 0755 as enroot's `mkdir rootfs`.
     options = (*SQUASH_OPTIONS, "-all-root", "-root-mode", "755", "-mkfs-time", str(when))
-    out_dir.mkdir(parents=True, exist_ok=True)
     final = out_dir / (build.reference.replace("/", "+").replace(":", "+") + ".sqsh")
+    version = squashfs_version(log)
+    held = _already_exported(state, build, final, options, version, log)
+    if held is not None:
+        return held
+    out_dir.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.{os.getpid()}.partial")
     append = entries(enroot_files(image.config), when)
     # mksquashfs -tar stamps the root directory with the current time whatever -root-time
@@ -102,9 +111,49 @@ def export_image(
         path=str(final),
         sha256=file_sha256(final),
         size=final.stat().st_size,
-        mksquashfs=squashfs_version(log),
+        mksquashfs=version,
         options=options,
         platform=build.platform,
+        format=EXPORT_FORMAT,
     )
     state.write_record(exported.as_json(), "exports", build.image_id)
     return exported
+
+
+def _already_exported(
+    state: State,
+    build: BuildResult,
+    final: Path,
+    options: tuple[str, ...],
+    version: str,
+    log: Log,
+) -> Exported | None:
+    """The export at ``final`` when its bytes are the ones recorded for this image by the same
+    mksquashfs, options and format (the bytes depend on the image only); else None."""
+    record = state.read_record("exports", build.image_id)
+    if not isinstance(record, dict) or not final.is_file():
+        return None
+    same = (
+        record.get("format") == EXPORT_FORMAT
+        and record.get("mksquashfs") == version
+        and list(record.get("options") or []) == list(options)
+        and record.get("size") == final.stat().st_size
+    )
+    if not same:
+        return None
+    with log.step(f"check {final} against this image's recorded export"):
+        digest = file_sha256(final)
+    if digest != record.get("sha256"):
+        return None
+    log.info(f"    {build.image}: already exported ({final}, sha256 {digest[:16]})")
+    return Exported(
+        image=build.image,
+        image_id=build.image_id,
+        path=str(final),
+        sha256=digest,
+        size=final.stat().st_size,
+        mksquashfs=version,
+        options=options,
+        platform=build.platform,
+        format=EXPORT_FORMAT,
+    )

@@ -239,6 +239,11 @@ class Builder:
                 "lock": self.lock.sha256,
                 "spec": spec.sha256,
                 "spec_name": spec.name,
+                # The provenance file names both files by their path in the project: the same
+                # spec read from another directory is another image, so another tag (else its
+                # cache hit would answer with the other path's bytes).
+                "lock_path": _relative(self.lock.path, self.lock.root),
+                "spec_path": _relative(spec.path, self.lock.root),
                 "patches": {p.name: file_sha256(p.path) for p in patches},
                 # How the components layer is made is part of what this image is.
                 "components": [
