@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -20,9 +21,11 @@ UNIT = ("pytest", "tests", "--ignore=tests/engine", "-n", "auto", "--dist", "wor
         "--durations=10")  # fmt: skip
 
 
-def _install(session: nox.Session, *extras: str) -> None:
+def _install(session: nox.Session, *extras: str, editable: bool = True) -> None:
+    """k3env (with ``extras``) and pip: k3env downloads wheels with its own Python's pip, which
+    a venv made by uv lacks."""
     spec = f".[{','.join(extras)}]" if extras else "."
-    session.install("-e", spec)
+    session.install("pip", *(("-e", spec) if editable else (spec,)))
 
 
 @nox.session(python=PYTHON)
@@ -94,9 +97,13 @@ def enroot(session: nox.Session) -> None:
     """Hand images to the cluster: push by digest, export .sqsh, check each against the lock."""
     _install(session)
     session.run("k3env", "push", *session.posargs)
-    session.run("k3env", "export", *session.posargs)
-    for sqsh in sorted(Path("out/sqsh").glob("*.sqsh")):
-        session.run("k3env", "export", "--check", str(sqsh))
+    # Checked: the files this export names (out/sqsh may hold older exports, of images an
+    # earlier lock pinned, which this lock would rightly fail).
+    listing = Path(session.create_tmp()) / "export.json"
+    with listing.open("w") as out:
+        session.run("k3env", "export", *session.posargs, "--json", stdout=out)
+    for image in json.loads(listing.read_text())["images"]:
+        session.run("k3env", "export", "--check", image["path"])
 
 
 @nox.session(python=PYTHON)
@@ -142,7 +149,7 @@ def schemas(session: nox.Session) -> None:
 def grace(session: nox.Session) -> None:
     """The Grace (linux/arm64) path under qemu-user: build over the arm64 twin (cold, then
     warm), verify both platforms alike, publish one index per image; timed."""
-    session.install(".")
+    _install(session, editable=False)
     session.run("python", "benchmarks/bench_grace.py", *session.posargs)
 
 
@@ -157,7 +164,7 @@ def bench(session: nox.Session) -> None:
     to bench_build and bench_components."""
     # Installed as users install it (not editable: an editable finder adds ~9 ms per start);
     # with uv, which `twin --resolve` runs (the vLLM variant benchmark resolves its closure).
-    session.install(".[resolve]")
+    _install(session, "resolve", editable=False)
     every = [a for a in session.posargs if a in ("--quick", "--json")]
     took = []
     for name in ("build", "verify", "export", "publish", "components", "variant", "smoke"):
