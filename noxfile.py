@@ -34,7 +34,8 @@ def tests(session: nox.Session) -> None:
     the twin), each listing its slowest tests. Args go to both pytest runs."""
     _install(session, "test")
     session.run(*UNIT, *session.posargs)
-    session.run("pytest", "tests/engine", "--durations=25", *session.posargs)
+    # Two lanes (tests/engine/conftest.py): the second engine's twin build beside the rest.
+    session.run("pytest", "tests/engine", "-n", "2", "--durations=25", *session.posargs)
 
 
 @nox.session(name="tests-unit", python=PYTHON, default=False)

@@ -7,6 +7,7 @@ digest exactly like a real base.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -15,6 +16,7 @@ import sys
 import tempfile
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,6 +82,34 @@ class BaseFixture:
     image_id: str
 
 
+@contextmanager
+def _one_builder() -> Iterator[None]:
+    """Held while a fixture builds a shared image (stage 1, the twin): the engine tests run
+    in two processes at once (`-n 2`, below), and a cold host must build each image once,
+    not twice at the same time."""
+    with open(Path(tempfile.gettempdir()) / "k3env-engine-tests.lock", "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`pytest tests/engine -n 2` runs two lanes: the second engine's twin build (minutes of
+    debootstrap, pip and a 6 GB load into a dockerd of its own) beside every other engine test,
+    which stay on one worker in file order (they share the engine's images and clean some of
+    them up)."""
+    from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]
+
+    class TwoLanes(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return "second engine" if "test_twin_engines.py::" in nodeid else "engine"
+
+    return TwoLanes(config, log)
+
+
 def _make_base(
     engine: DockerEngine,
     registry: str,
@@ -89,7 +119,8 @@ def _make_base(
     tag: str = "1",
 ) -> BaseFixture:
     lock = load_lock(REPO / "pins/k3.lock.toml")
-    stage1 = twin.ensure_stage1(lock, twin.plan(lock, platform), engine, Log(), State())
+    with _one_builder():
+        stage1 = twin.ensure_stage1(lock, twin.plan(lock, platform), engine, Log(), State())
     repository = f"{registry}/k3env-test/{name}"
     # k3test is an installed distribution: its RECORD lists each file's sha256, as pip writes.
     site = "/usr/lib/python3/dist-packages"
@@ -179,7 +210,8 @@ def probe_tags(engine: DockerEngine) -> list[str]:
 @pytest.fixture(scope="session")
 def twin_image(engine: DockerEngine, registry: str) -> str:
     lock = load_lock(REPO / "pins/k3.lock.toml")
-    reference, _digest = twin.ensure_twin(lock, engine, State(), Log())
+    with _one_builder():
+        reference, _digest = twin.ensure_twin(lock, engine, State(), Log())
     return reference
 
 
