@@ -105,19 +105,25 @@ def export_image(
     finally:
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
-    exported = Exported(
+    exported = _exported(build, final, file_sha256(final), version, options)
+    state.write_record(exported.as_json(), "exports", build.image_id)
+    return exported
+
+
+def _exported(
+    build: BuildResult, final: Path, sha256: str, version: str, options: tuple[str, ...]
+) -> Exported:
+    return Exported(
         image=build.image,
         image_id=build.image_id,
         path=str(final),
-        sha256=file_sha256(final),
+        sha256=sha256,
         size=final.stat().st_size,
         mksquashfs=version,
         options=options,
         platform=build.platform,
         format=EXPORT_FORMAT,
     )
-    state.write_record(exported.as_json(), "exports", build.image_id)
-    return exported
 
 
 def _already_exported(
@@ -146,14 +152,4 @@ def _already_exported(
     if digest != record.get("sha256"):
         return None
     log.info(f"    {build.image}: already exported ({final}, sha256 {digest[:16]})")
-    return Exported(
-        image=build.image,
-        image_id=build.image_id,
-        path=str(final),
-        sha256=digest,
-        size=final.stat().st_size,
-        mksquashfs=version,
-        options=options,
-        platform=build.platform,
-        format=EXPORT_FORMAT,
-    )
+    return _exported(build, final, digest, version, options)
