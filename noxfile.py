@@ -102,7 +102,7 @@ def enroot(session: nox.Session) -> None:
     # earlier lock pinned, which this lock would rightly fail).
     listing = Path(session.create_tmp()) / "export.json"
     with listing.open("w") as out:
-        session.run("k3env", "export", *session.posargs, "--json", stdout=out)
+        session.run("k3env", "export", *session.posargs, "--json", stdout=out, stderr=None)
     for image in json.loads(listing.read_text())["images"]:
         session.run("k3env", "export", "--check", image["path"])
 
