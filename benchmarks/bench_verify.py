@@ -86,7 +86,8 @@ def per_image(
             times.append(time.perf_counter() - start)
             assert result.exit_code == 0, result.stderr[-2000:]
         start = time.perf_counter()
-        # A fresh state directory: the probe really runs (no recorded verdicts).
+        # A fresh state directory: the probe really runs (no recorded verdicts); --quick:
+        # this host's state, its record answers.
         state = State(Path(tempfile.mkdtemp(prefix="k3env-bench-verify-"))) if fresh else State()
         report = verify_image(engine, state, lock, spec, build, twin=True)
         verifies.append(time.perf_counter() - start)
