@@ -57,10 +57,15 @@ YML
   curl -fsS http://127.0.0.1:5000/v2/ >/dev/null || { echo "registry did not start" >&2; exit 1; }
 fi
 
-if ! python3 -m nox --version >/dev/null 2>&1 || ! command -v uv >/dev/null 2>&1; then
+# nox and uv pinned: uv resolves the twin's closure (`k3env twin --resolve`), and another uv
+# release may resolve the same inputs at the same index cut-off to other bytes.
+NOX_VERSION=2026.10.20
+UV_VERSION=0.13.9
+if [ "$(python3 -m nox --version 2>&1)" != "$NOX_VERSION" ] || \
+   [ "$(uv --version 2>/dev/null | cut -d' ' -f2)" != "$UV_VERSION" ]; then
   # uv: nox makes its sessions' venvs with it (seconds, not a pip run each).
-  echo "+ python3 -m pip install nox uv"
-  python3 -m pip install -q nox uv
+  echo "+ python3 -m pip install nox==$NOX_VERSION uv==$UV_VERSION"
+  python3 -m pip install -q "nox==$NOX_VERSION" "uv==$UV_VERSION"
 fi
 # pyenv puts new console scripts on PATH only after a rehash.
 if command -v pyenv >/dev/null 2>&1; then pyenv rehash || true; fi

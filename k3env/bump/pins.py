@@ -16,9 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from k3env.bump.evaluate import Outcome
+from k3env.config.cutoff import require_settled, settled_cutoff
 from k3env.config.lock import load_lock
 from k3env.config.lock_edit import Change, candidate, render_leaves, set_leaves
-from k3env.config.pins import Lock, WheelPin
+from k3env.config.pins import OVERLAYS, Lock, WheelPin
 from k3env.config.reader import COMMIT_RE, DIGEST_RE
 from k3env.config.shapes import DEFAULT_PLATFORM, REF_RE, require_git_source
 from k3env.errors import ConfigError, LockError
@@ -32,6 +33,7 @@ PINS_HELP = (
     "srt-slurm TAG (its commit resolved with git ls-remote; --source for a mirror)",
     "container_patches.NAME (re-hash the patch file)",
     "aiperf VERSION (its wheels from the package index, by sha256)",
+    "twin [INSTANT] (the package index's cut-off; default the newest settled one)",
 )
 
 
@@ -103,18 +105,38 @@ def leaf_changes(
             "srt_slurm.commit": resolve_tag_commit(lock.srt_slurm.git, value),
         }
     if pin.startswith("container_patches."):
-        name = pin.split(".", 1)[1]
-        patch = lock.container_patches.get(name)
-        if patch is None:
-            raise ConfigError(
-                f"no container patch {name!r}",
-                where=where,
-                fix=f"use one of {sorted(lock.container_patches)}",
-            )
-        return {f"container_patches.{name}.sha256": file_sha256(lock.resolve_path(patch.file))}
+        return _patch_changes(lock, pin.split(".", 1)[1], where)
+    if pin == "twin":
+        return cutoff_leaves(lock, value)
     raise ConfigError(
         f"unknown pin {pin!r}", where=where, fix="bump one of: " + "; ".join(PINS_HELP)
     )
+
+
+def _patch_changes(lock: Lock, name: str, where: str) -> dict[str, str]:
+    """``container_patches.NAME``: the patch file re-hashed."""
+    patch = lock.container_patches.get(name)
+    if patch is None:
+        raise ConfigError(f"no container patch {name!r}", where=where,
+                          fix=f"use one of {sorted(lock.container_patches)}")  # fmt: skip
+    return {f"container_patches.{name}.sha256": file_sha256(lock.resolve_path(patch.file))}
+
+
+def cutoff_leaves(lock: Lock, value: str | None) -> dict[str, str]:
+    """``k3env bump twin [INSTANT]``: the cut-off of the twin and of every variant's closure
+    (default: the newest settled one; a later one is refused)."""
+    from k3env.config.pinned_files import closure_key
+    from k3env.config.twinreq import overlay_of
+
+    if lock.twin is None:
+        raise LockError("the lock has no [twin]", where=str(lock.path), fix="add [twin]")
+    cutoff = require_settled(value or settled_cutoff(), where="k3env bump twin")
+    leaves = {"twin.resolved_before": cutoff}
+    for name, variant in sorted(lock.variants.items()):
+        if any(n in OVERLAYS for n in variant.components):
+            key = closure_key(name, overlay_of(variant).name).removesuffix(".closure_sha256")
+            leaves[f"{key}.resolved_before"] = cutoff
+    return leaves
 
 
 def candidate_lock(lock: Lock, changes: dict[str, str]) -> tuple[Lock, list[Change]]:
@@ -238,6 +260,8 @@ def commit_branch(root: Path, lock: Lock, pin_title: str, message: str) -> str:
     branch = f"k3env/{slug}"
     run(["git", "checkout", "-q", "-b", branch], log, cwd=root, what="git checkout -b")
     run(["git", "add", str(lock.path)], log, cwd=root, what="git add")
+    # What the bump regenerated beside the lock (`bump twin`: the twin's pinned files).
+    run(["git", "add", "-u", "--", str(lock.path.parent)], log, cwd=root, what="git add")
     msg = root / ".git" / "K3ENV_BUMP_MSG"
     msg.write_text(f"{pin_title}\n\n{message}")
     try:

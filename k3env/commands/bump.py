@@ -1,8 +1,9 @@
 """Change one pin (`bases.NAME TAG` resolves and records the digest; `dynamo TAG|COMMIT` resolved
-on the source, name, version, commit and the baked wheels (by sha256) together; `srt-slurm
-TAG`; `aiperf VERSION`; `container_patches.NAME`) in place (only the changed leaves differ),
-rebuild, verify and preflight before and after, report each container patch as applies /
-upstream (drop it) / conflicts, and write a PR title and markdown body; the lock is replaced
+on the source, name, version, commit and the baked wheels (by sha256) together; `srt-slurm TAG`;
+`aiperf VERSION`; `container_patches.NAME`; `twin [INSTANT]`, the package index's cut-off, the
+twin's files regenerated at it, every wheel that moved listed) in place (only the changed leaves
+differ), rebuild, verify and preflight before and after, report each container patch as applies
+/ upstream (drop it) / conflicts, and write a PR title and markdown body; the lock is replaced
 atomically only when everything passes (or `--keep-failing`); `--commit` makes a local branch
 and commit, never a push; `--twin` builds, verifies and tests patches over the CPU twins (the
 offline default). `.github/workflows/pin-bump.yml` runs it for each pin `k3env outdated` finds,
@@ -12,21 +13,38 @@ one PR each
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from k3env.commands.app import App
 from k3env.config.cluster import DEFAULT_CLUSTER
 from k3env.config.lock import load_lock
+from k3env.config.lock_edit import Change
+from k3env.config.pins import Lock
 from k3env.config.spec import DEFAULT_IMAGES, load_specs
-from k3env.errors import CheckFailed
+from k3env.errors import CheckFailed, LockError
+
+if TYPE_CHECKING:
+    from k3env.bump.closures import Regenerated
 
 NAME = "bump"
 HELP = "change one pin, rebuild, verify, preflight, and write a PR title and body"
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("pin", help="bases.NAME | dynamo | srt-slurm | aiperf | container_patches.NAME")
-    p.add_argument("value", nargs="?", help="tag, tag@digest, commit or version")
+    p.add_argument(
+        "pin", help="bases.NAME | dynamo | srt-slurm | aiperf | container_patches.NAME | twin"
+    )
+    p.add_argument("value", nargs="?", help="tag, tag@digest, commit, version or instant")
+    p.add_argument(
+        "--twin-find-links",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="bump twin: also look for wheels here (the CPU torch build)",
+    )
+    p.add_argument("--twin-index-url", help="bump twin: the package index (uv's default)")
     p.add_argument("--images", type=Path, default=DEFAULT_IMAGES, help="image spec directory")
     p.add_argument(
         "--twin",
@@ -57,6 +75,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, app: App) -> int:
     log = app.log
     from k3env.bump.body import as_json, body, title
+    from k3env.bump.closures import restore
     from k3env.bump.evaluate import evaluate
     from k3env.bump.pins import candidate_lock, commit_branch, commit_to_tag, finish, leaf_changes
     from k3env.config.cluster import load_cluster
@@ -64,6 +83,7 @@ def run(args: argparse.Namespace, app: App) -> int:
     from k3env.image.wheels import wheel_sha256s
 
     lock = load_lock(args.lock)
+    regenerate_twin = _regenerate_twin(args, app)
     changes_wanted = leaf_changes(
         lock,
         args.pin,
@@ -75,16 +95,13 @@ def run(args: argparse.Namespace, app: App) -> int:
             reqs, log, find_links=tuple(args.wheels_from or ()), platform=platform
         ),
     )
-    new_lock, changes = candidate_lock(lock, changes_wanted)
+    twin = args.pin == "twin"  # a new index cut-off: the twin's files regenerated at it
+    if twin:
+        new_lock, changes = lock, list[Change]()
+    else:
+        new_lock, changes = candidate_lock(lock, changes_wanted)
     if args.edit_only:
-        from k3env.config.lock_edit import set_leaves
-
-        set_leaves(lock.path, changes_wanted)
-        app.emit(
-            {"changes": [c.__dict__ for c in changes]},
-            lambda: print("\n".join(f"{c.key}: {c.old} -> {c.new}" for c in changes)),
-        )
-        return 0
+        return _edit_only(app, lock, changes_wanted, changes, regenerate_twin if twin else None)
     engine = app.engine()
     state = app.state()
     cluster = load_cluster(args.cluster)
@@ -92,12 +109,27 @@ def run(args: argparse.Namespace, app: App) -> int:
         before = evaluate(lock, load_specs(args.images, lock), engine=engine, state=state,
                           log=log, cluster=cluster, run_verify=not args.skip_verify,
                           srt_source=args.source, twin=args.twin)  # fmt: skip
+    regenerated = None
+    if twin:
+        # The files the twin is built from, written now (the old bytes kept): `after` builds
+        # the twin they pin.
+        regenerated = regenerate_twin(lock, changes_wanted)
+        new_lock, changes = load_lock(args.lock), list(regenerated.changes)
+        if not changes:
+            restore(regenerated.saved)
+            raise LockError("nothing to bump: the lock already pins that", where=str(lock.path),
+                            fix="none needed")  # fmt: skip
     with log.step("after: build, verify, preflight on the bumped lock"):
         after = evaluate(new_lock, load_specs(args.images, new_lock), engine=engine, state=state,
                          log=log, cluster=cluster, run_verify=not args.skip_verify,
                          srt_source=args.source, twin=args.twin)  # fmt: skip
     text = body(new_lock, args.pin, changes, before, after)
-    written = finish(lock, changes_wanted, after, args.keep_failing)
+    if regenerated is not None:
+        written = not after.failed or args.keep_failing
+        if not written:
+            restore(regenerated.saved)
+    else:
+        written = finish(lock, changes_wanted, after, args.keep_failing)
     if args.body:
         args.body.write_text(text)
     branch = None
@@ -112,4 +144,40 @@ def run(args: argparse.Namespace, app: App) -> int:
             where=str(lock.path),
             fix="read the PR body above: fix the failing checks or patches, then bump again",
         )
+    return 0
+
+
+def _regenerate_twin(
+    args: argparse.Namespace, app: App
+) -> Callable[[Lock, dict[str, str]], Regenerated]:
+    """``bump twin``: the twin's files regenerated at the new cut-off (the leaves)."""
+
+    def regenerate_twin(lock: Lock, leaves: dict[str, str]) -> Regenerated:
+        from k3env.bump.closures import regenerate
+
+        return regenerate(lock, leaves, app.log, find_links=args.twin_find_links,
+                          index_url=args.twin_index_url)  # fmt: skip
+
+    return regenerate_twin
+
+
+def _edit_only(
+    app: App,
+    lock: Lock,
+    leaves: dict[str, str],
+    changes: list[Change],
+    regenerate_twin: Callable[[Lock, dict[str, str]], Regenerated] | None,
+) -> int:
+    """``--edit-only``: the leaves written (and, for the twin, its files regenerated), no
+    build, no checks."""
+    from k3env.config.lock_edit import set_leaves
+
+    if regenerate_twin is not None:
+        changes = list(regenerate_twin(lock, leaves).changes)
+    else:
+        set_leaves(lock.path, leaves)
+    app.emit(
+        {"changes": [c.__dict__ for c in changes]},
+        lambda: print("\n".join(f"{c.key}: {c.old} -> {c.new}" for c in changes)),
+    )
     return 0

@@ -34,6 +34,13 @@ def arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--index-url", help="with --resolve: the package index (default: uv's)")
     p.add_argument(
+        "--refresh",
+        action="store_true",
+        help="with --resolve: move the index cut-off (resolved_before) to the newest settled "
+        "instant (midnight UTC a day ago) and resolve every platform's twin and every "
+        "variant's closure at it; without it, the lock's cut-off gives the same files any day",
+    )
+    p.add_argument(
         "--variant",
         action="append",
         default=[],
@@ -60,7 +67,12 @@ def run(args: argparse.Namespace, app: App) -> int:
 
 
 def _resolve_twin(args: argparse.Namespace, lock: Lock, app: App) -> int:
-    from k3env.image.twinrecord import overlay_variants, record_overlays, record_resolved
+    from k3env.image.twinrecord import (
+        overlay_variants,
+        record_overlays,
+        record_resolved,
+        twin_cutoff,
+    )
 
     if lock.twin is None:
         raise ConfigError("the lock has no [twin]", where=str(args.lock), fix="add [twin]")
@@ -73,28 +85,43 @@ def _resolve_twin(args: argparse.Namespace, lock: Lock, app: App) -> int:
             where=f"{args.lock} [variants]",
             fix=f"use one of {overlays} (they resolve for {DEFAULT_PLATFORM} only)",
         )
-    done = None
-    if not args.variant:
-        done = record_resolved(lock, args.lock, app.log, platform=args.platform,
-                               find_links=args.find_links, index_url=args.index_url)  # fmt: skip
-    names = args.variant or (overlays if args.platform == DEFAULT_PLATFORM else [])
+    if args.refresh and args.variant:
+        raise ConfigError(
+            "--refresh moves the twin's cut-off, which every closure is resolved against",
+            where="k3env twin --resolve --refresh --variant",
+            fix="run `k3env twin --resolve --refresh` (every platform and variant at once)",
+        )
+    cutoff = twin_cutoff(lock, refresh=args.refresh)
+    # One cut-off for the twin of every platform: --refresh moves them all.
+    platforms = lock.twin.all_platforms if args.refresh else (args.platform,)
+    done = [
+        record_resolved(load_lock(args.lock), args.lock, app.log, platform=platform,
+                        find_links=args.find_links, index_url=args.index_url,
+                        resolved_before=cutoff)
+        for platform in ([] if args.variant else platforms)
+    ]  # fmt: skip
+    names = args.variant or (overlays if DEFAULT_PLATFORM in platforms else [])
     # The closures are resolved against the twin's file as it now is.
     closures = record_overlays(load_lock(args.lock), args.lock, app.log, names=names,
-                               find_links=args.find_links, index_url=args.index_url)  # fmt: skip
+                               find_links=args.find_links, index_url=args.index_url,
+                               refresh=args.refresh)  # fmt: skip
     payload = {
-        **(done.as_json() if done else {}),
+        **(done[0].as_json() if done else {}),
+        "resolved_before": cutoff,
+        "platforms": [d.as_json() for d in done],
         "variants": {n: c.as_json() for n, c in zip(names, closures, strict=True)},
     }
 
     def show() -> None:
-        if done is not None:
-            debian = f"; {twin.debian}: the Debian package set" if twin.debian else ""
-            print(f"{twin.requirements}: {done.packages} pinned wheels "
-                  f"(+{done.components} baked as components){debian}")  # fmt: skip
+        for d in done:
+            t = lock.twin.for_platform(d.platform) if lock.twin else twin
+            debian = f"; {t.debian}: the Debian package set" if t.debian else ""
+            print(f"{t.requirements}: {d.packages} pinned wheels "
+                  f"(+{d.components} baked as components){debian}")  # fmt: skip
         for n, c in zip(names, closures, strict=True):
             (file,) = c.files
             print(f"{file}: variant {n}, {c.packages} wheels that differ from the twin's")
-        print(f"sha256 recorded in {args.lock}")
+        print(f"sha256 recorded in {args.lock} (index cut-off {cutoff})")
 
     app.emit(payload, show)
     return 0

@@ -50,6 +50,7 @@ from k3env.config.tagpattern import (
     compile_tag_pattern,
     matches_tag,
 )
+from k3env.errors import LockError
 
 MODULE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 REGISTRY_RE = re.compile(r"^[A-Za-z0-9.-]+(:[0-9]+)?$")
@@ -126,12 +127,7 @@ def twin_pin(t: Table, unresolved: list[Unresolved]) -> TwinPin:
         debian_sha256=t.matching(
             "debian_sha256", SHA256_RE, _SHA_FIX, required=False, allow_unresolved=True
         ),
-        resolved_before=t.matching(
-            "resolved_before",
-            re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$"),
-            'write a UTC instant, e.g. "2026-11-30T00:00:00Z"',
-            required=False,
-        ),
+        resolved_before=_cutoff(t),
     )
 
     _pep508(t, {key: getattr(pin, key) for key in ("requires", "omit", "stand_ins")})
@@ -279,8 +275,24 @@ def _overlay(variant: str, name: str, t: Table, unresolved: list[Unresolved]) ->
                        hint=f"k3env twin --resolve (writes {closure or 'the closure file'})")
         )  # fmt: skip
     requires = t.str_list("requires")
+    cutoff = _cutoff(t)
     t.done()
-    return dataclasses.replace(component, closure=closure, closure_sha256=sha, requires=requires)
+    return dataclasses.replace(component, closure=closure, closure_sha256=sha, requires=requires,
+                               resolved_before=cutoff)  # fmt: skip
+
+
+def _cutoff(t: Table) -> str | None:
+    """``resolved_before``: the package index's cut-off of a resolution (a UTC instant, a
+    real date)."""
+    from k3env.config.cutoff import INSTANT_FIX, INSTANT_RE, parse_instant
+
+    value = t.matching("resolved_before", INSTANT_RE, INSTANT_FIX, required=False)
+    if value is not None:
+        try:
+            parse_instant(value, where="resolved_before")
+        except LockError as e:
+            raise t.fail("resolved_before", e.message, INSTANT_FIX) from e
+    return value
 
 
 def _component(

@@ -159,6 +159,8 @@ class ComponentPin:
     closure: str | None = None
     closure_sha256: str | None = None
     requires: tuple[str, ...] = ()  # extra top-level requirements for that resolution
+    # The package index's cut-off that closure was resolved at (uv --exclude-newer).
+    resolved_before: str | None = None
 
     @property
     def identity(self) -> list[dict[str, str]]:

@@ -6,14 +6,110 @@ module only reads it. ``k3env lock --check`` fails on every disagreement listed 
 
 from __future__ import annotations
 
+import json
 import re
+from collections.abc import Collection
+from dataclasses import dataclass
 from pathlib import Path
 
-from k3env.config.pins import Lock, TwinPin
+from k3env.config.pins import OVERLAYS, ComponentPin, Lock, TwinPin, VariantPin
 from k3env.config.shapes import platform_option
 from k3env.errors import LockError
 from k3env.files import read_input
-from k3env.versions import requirement_name, satisfies
+from k3env.hashing import sha256_digest
+from k3env.versions import canonical_name, requirement_name, satisfies
+
+INPUTS_LINE = re.compile(r"(?m)^# inputs: (sha256:[0-9a-f]{64}), resolved before (\S+)$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Inputs:
+    """What one resolution is made from, all of it read from the lock: the top-level
+    requirements, the overrides (the stand-ins' pins, ``omit`` pruned by a never-true marker),
+    the platform, the package index's cut-off and, for a variant's closure, the twin's file
+    whose versions it prefers. A generated file names their digest (``line``), so ``lock
+    --check`` tells, offline, a file resolved from other inputs than the lock now has."""
+
+    tops: tuple[str, ...]
+    overrides: tuple[str, ...]
+    platform: str
+    resolved_before: str | None
+    preferences: str | None = None  # sha256 of the file whose versions are preferred
+    # The pinned components' wheels, resolved with the twin but not part of the digest: a
+    # component bump is checked by its own pins (a wheel by sha256, never listed in the file)
+    # and resolved with the twin by the bump, not flagged on every lock that carries it.
+    components: tuple[str, ...] = ()
+
+    @property
+    def requirements(self) -> tuple[str, ...]:
+        """Everything uv resolves."""
+        return (*self.tops, *self.components)
+
+    @property
+    def digest(self) -> str:
+        fields = {"tops": list(self.tops), "overrides": list(self.overrides),
+                  "platform": self.platform, "resolved_before": self.resolved_before,
+                  "preferences": self.preferences}  # fmt: skip
+        return sha256_digest(json.dumps(fields, sort_keys=True).encode())
+
+    @property
+    def line(self) -> str:
+        return f"# inputs: {self.digest}, resolved before {self.resolved_before or 'none'}\n"
+
+
+def component_tops(lock: Lock, only: Collection[str] | None = None) -> list[str]:
+    """``name[extras]==version`` of each component's wheels (``only``: those components)."""
+    tops = []
+    for component in lock.components.values():
+        if only is not None and component.name not in only:
+            continue
+        for w in component.wheels:
+            extras = f"[{','.join(component.extras)}]" if component.extras else ""
+            # The extras belong to the distribution that declares them (the first wheel).
+            if w is not component.wheels[0]:
+                extras = ""
+            tops.append(f"{w.name}{extras}=={w.version}")
+    return tops
+
+
+def _overrides(twin: TwinPin, tops: list[str]) -> tuple[str, ...]:
+    stand_ins = {canonical_name(n) for n in twin.stand_ins}
+    overrides = [r for r in tops if requirement_name(r) in stand_ins]
+    overrides += [f"{n} ; sys_platform == 'never'" for n in twin.omit]
+    return tuple(overrides)
+
+
+def twin_inputs(lock: Lock, twin: TwinPin, resolved_before: str | None) -> Inputs:
+    """The twin's requirements: ``[twin].requires`` and every component's pinned wheels."""
+    components = component_tops(lock)
+    return Inputs(tops=twin.requires, components=tuple(components),
+                  overrides=_overrides(twin, [*twin.requires, *components]),
+                  platform=twin.platform, resolved_before=resolved_before)  # fmt: skip
+
+
+def overlay_of(variant: VariantPin) -> ComponentPin:
+    return next(c for n, c in variant.components.items() if n in OVERLAYS)
+
+
+def overlay_inputs(
+    lock: Lock, variant: VariantPin, twin_file_sha256: str, resolved_before: str | None
+) -> Inputs:
+    """A variant's vLLM release resolved against the twin: the twin's requirements with the
+    release (and the overlay's ``requires``) in place of the twin's, the variant's own
+    components beside, the twin's file (by its sha256) as the versions preferred."""
+    assert lock.twin is not None
+    twin = lock.twin
+    overlay = overlay_of(variant)
+    wheel = overlay.wheels[0]
+    tops = [f"{wheel.name}=={wheel.version}", *overlay.requires]
+    replaced = {requirement_name(r) for r in tops}
+    requires = [r for r in twin.requires if requirement_name(r) not in replaced]
+    # Only the components the variant pins take part: a pinned Dynamo whose extra pins
+    # another vLLM is the Dynamo image's verdict in this column, not a resolution failure.
+    vlock = lock.with_variant(variant)
+    every = [*requires, *tops, *component_tops(vlock, set(variant.components))]
+    return Inputs(tops=tuple(every), overrides=_overrides(twin, every), platform=twin.platform,
+                  resolved_before=resolved_before, preferences=twin_file_sha256)  # fmt: skip
 
 
 def parse_pinned(text: str) -> Pinned:
@@ -86,6 +182,11 @@ def closure_disagreements(lock: Lock) -> list[str]:
                 said = m.group(1) if m else "no release"
                 out.append(f"{c.closure} was resolved for {said}; variant {name} pins "
                            f"{wheel.name} {wheel.version}: {fix}")  # fmt: skip
+            if lock.twin is not None and lock.twin.requirements_sha256:
+                want = overlay_inputs(lock, variant, lock.twin.requirements_sha256,
+                                      c.resolved_before)  # fmt: skip
+                where = f'[variants."{name}".{c.name}]'
+                out += _inputs_disagree(text, want, c.closure, where, fix)
             baked = {wheel.name} | {w.name for v in variant.components.values()
                                     if v is not c for w in v.wheels}  # fmt: skip
             for dist in sorted(baked & set(parse_pinned(text))):
@@ -102,7 +203,10 @@ def _disagreements(lock: Lock, twin: TwinPin) -> list[str]:
         return [f"{twin.requirements} is missing: run `k3env twin --resolve{again}`"]
     pinned = pinned_versions(path)
     fix = f"regenerate it with `k3env twin --resolve{again}`"
-    out = []
+    text = read_input(path, error=LockError).decode("utf-8", errors="replace")
+    out = _inputs_disagree(
+        text, twin_inputs(lock, twin, twin.resolved_before), twin.requirements, table, fix
+    )
     for component in lock.components.values():
         for w in component.wheels:
             if w.name in pinned:
@@ -124,3 +228,18 @@ def _disagreements(lock: Lock, twin: TwinPin) -> list[str]:
             have = pinned[canonical]
             out.append(f"{table}.omit leaves out {name}, {twin.requirements} pins {have}: {fix}")
     return out
+
+
+def _inputs_disagree(text: str, want: Inputs, file: str, table: str, fix: str) -> list[str]:
+    """The generated file's ``# inputs:`` line against what the lock's inputs are now."""
+    m = INPUTS_LINE.search(text)
+    if m is None:
+        return [f"{file} names no inputs (it was generated before k3env recorded them): {fix}"]
+    digest, cutoff = m.group(1), m.group(2)
+    if cutoff != (want.resolved_before or "none"):
+        return [f"{file} was resolved before {cutoff}; {table}.resolved_before is "
+                f"{want.resolved_before or 'not set'}: {fix}"]  # fmt: skip
+    if digest != want.digest:
+        return [f"{file} was resolved from other inputs than {table} "
+                f"now has (requires, stand_ins or omit): {fix}"]  # fmt: skip
+    return []

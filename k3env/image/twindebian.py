@@ -68,12 +68,25 @@ def debs_in(directory: Path) -> list[Deb]:
 
 
 def read_debian_list(path: Path) -> dict[str, Deb]:
+    return parse_debian_list(read_input(path).decode("utf-8", "replace"), where=str(path))
+
+
+def parse_debian_list(text: str, *, where: str) -> dict[str, Deb]:
+    """Package -> its pinned ``.deb`` (``package version arch sha256`` lines, ``#`` comments);
+    a line of another shape is refused, naming it."""
     out = {}
-    for line in read_input(path).decode("utf-8", "replace").splitlines():
+    for n, line in enumerate(text.splitlines(), 1):
         line = line.split("#", 1)[0].strip()
         if not line:
             continue
-        package, version, arch, sha = line.split()
+        parts = line.split()
+        if len(parts) != 4 or not re.fullmatch(r"[0-9a-f]{64}", parts[3]):
+            raise LockError(
+                f"line {n} is not `package version arch sha256`: {line[:120]!r}",
+                where=where,
+                fix="regenerate it with `k3env twin --resolve` (never edit it by hand)",
+            )
+        package, version, arch, sha = parts
         out[package] = Deb(package=package, version=version, arch=arch, sha256=sha)
     return out
 

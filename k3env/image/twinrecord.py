@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from k3env.config.cutoff import require_settled, settled_cutoff
 from k3env.config.lock_edit import Change, set_leaves
 from k3env.config.pinned_files import closure_key
 from k3env.config.pins import OVERLAYS, Lock
@@ -43,6 +44,15 @@ class Recorded:
         }
 
 
+def twin_cutoff(lock: Lock, *, refresh: bool) -> str:
+    """The index cut-off a twin resolution takes: the lock's (refused unless settled), or,
+    with ``refresh`` or none recorded, the newest settled one."""
+    assert lock.twin is not None
+    if refresh or lock.twin.resolved_before is None:
+        return settled_cutoff()
+    return require_settled(lock.twin.resolved_before, where=f"{lock.path}: twin.resolved_before")
+
+
 def record_resolved(
     lock: Lock,
     lock_path: Path,
@@ -51,27 +61,30 @@ def record_resolved(
     platform: str,
     find_links: Sequence[str],
     index_url: str | None,
+    resolved_before: str,
 ) -> Recorded:
     assert lock.twin is not None
     twin = lock.twin.for_platform(platform)
-    resolved = resolve_twin(
-        lock, log, find_links=find_links, index_url=index_url, platform=platform
-    )
+    resolved = resolve_twin(lock, log, find_links=find_links, index_url=index_url,
+                            platform=platform, resolved_before=resolved_before)  # fmt: skip
     files = {f"{twin.key}.requirements": (twin.requirements, resolved.text)}
     if twin.debian:
         files[f"{twin.key}.debian"] = (twin.debian, resolve_debian(lock, log, platform))
-    hashes, changes = _write_and_record(lock, lock_path, files)
+    hashes, changes = _write_and_record(
+        lock, lock_path, files, {"twin.resolved_before": resolved_before}
+    )
     return Recorded(platform=platform, files=hashes, packages=resolved.packages,
                     components=resolved.components, changes=tuple(changes))  # fmt: skip
 
 
 def _write_and_record(
-    lock: Lock, lock_path: Path, files: dict[str, tuple[str, str]]
+    lock: Lock, lock_path: Path, files: dict[str, tuple[str, str]], leaves: dict[str, str]
 ) -> tuple[dict[str, str], list[Change]]:
     """Each generated file (lock key -> (path, text)) written, then its sha256 recorded at
-    ``KEY_sha256``: a file first, its hash after, never a lock vouching for an unseen file.
-    Returns (path -> sha256, the lock's changes)."""
-    hashes, recorded = {}, {}
+    ``KEY_sha256`` with the other ``leaves`` (the cut-off it was resolved at): a file first,
+    its hash after, never a lock vouching for an unseen file. Returns (path -> sha256, the
+    lock's changes)."""
+    hashes, recorded = {}, dict(leaves)
     for key, (rel, text) in files.items():
         path = lock.resolve_path(rel, key=key)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -88,9 +101,11 @@ def record_overlays(
     names: Sequence[str],
     find_links: Sequence[str],
     index_url: str | None,
+    refresh: bool,
 ) -> list[Recorded]:
-    """Each named variant's overlay closure resolved against the twin's (current) file,
-    written, then its sha256 recorded (the same order as the twin's)."""
+    """Each named variant's overlay closure resolved against the twin's (current) file, at
+    its own recorded cut-off (the twin's where it has none, or with ``refresh``), written,
+    then its sha256 and cut-off recorded (the same order as the twin's)."""
     out = []
     for name in names:
         variant = lock.variants[name]
@@ -104,10 +119,18 @@ def record_overlays(
                     where=f"{lock.path}: {key.removesuffix('_sha256')}",
                     fix=f'add closure = "pins/variants/{name}.requirements.txt"',
                 )
+            table = key.removesuffix(".closure_sha256")
+            if refresh or c.resolved_before is None:
+                cutoff = twin_cutoff(lock, refresh=False)
+            else:
+                cutoff = require_settled(c.resolved_before,
+                                         where=f"{lock.path}: {table}.resolved_before")  # fmt: skip
             resolved = resolve_overlay(lock, variant, log, find_links=find_links,
-                                       index_url=index_url)  # fmt: skip
+                                       index_url=index_url, resolved_before=cutoff)  # fmt: skip
             files = {key.removesuffix("_sha256"): (c.closure, resolved.text)}
-            hashes, changes = _write_and_record(lock, lock_path, files)
+            hashes, changes = _write_and_record(
+                lock, lock_path, files, {f"{table}.resolved_before": cutoff}
+            )
             out.append(Recorded(platform=DEFAULT_PLATFORM, files=hashes,
                                 packages=resolved.packages, components=resolved.components,
                                 changes=tuple(changes)))  # fmt: skip
