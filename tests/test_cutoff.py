@@ -92,10 +92,10 @@ def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
         })  # fmt: skip
 
     class Index(http.server.BaseHTTPRequestHandler):
-        def do_HEAD(self) -> None:  # noqa: N802 (http.server's name)
+        def do_HEAD(self) -> None:
             self.send_error(405)
 
-        def do_GET(self) -> None:  # noqa: N802
+        def do_GET(self) -> None:
             parts = self.path.strip("/").split("/")
             if parts[0] == "simple" and len(parts) == 2 and parts[1] in pages:
                 body = json.dumps({"meta": {"api-version": "1.1"}, "name": parts[1],
@@ -189,9 +189,7 @@ def test_a_cutoff_that_has_not_settled_is_refused_and_nothing_is_written(
     assert LOCK.read_bytes() == before
 
 
-def test_refresh_moves_the_cutoff_to_the_newest_settled_instant(
-    minimal: Path, index: str
-) -> None:
+def test_refresh_moves_the_cutoff_to_the_newest_settled_instant(minimal: Path, index: str) -> None:
     assert main(["twin", "--resolve", "--refresh", "--index-url", index, "-q"]) == 0
     assert f'resolved_before = "{settled_cutoff()}"' in LOCK.read_text()
     assert b"k3probe-b==1.1 " in REQ.read_bytes()

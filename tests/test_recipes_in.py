@@ -357,3 +357,18 @@ def test_recipe_diff_and_naming() -> None:
     assert (naming("kimi-k3-d-agg").spec, naming("kimi-k3-d-agg").profile) == ("kimi-k3-d", "agg")
     assert naming("kimi-k3-d-agg", "mine").profile == "agg"
     assert naming("mine-fast", "mine").profile == "fast"
+
+
+def test_a_loader_error_no_file_owns_fails_every_recipe(tmp_path: Path) -> None:
+    """srt-slurm's loader that fails to import names no file: no recipe loaded, none passes."""
+    from k3env.handoff.recipe_check import errors_of
+    from k3env.handoff.srt_validate import RecipeError
+
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    broken = RecipeError(file="", key="", message="ImportError: srtctl.core.config", stage="load")
+    own = RecipeError(file=str(a.resolve()), key="x.y", message="Unknown field.", stage="load")
+    assert errors_of(a, [broken, own]) == (
+        ("", "ImportError: srtctl.core.config", "load"), ("x.y", "Unknown field.", "load"),
+    )  # fmt: skip
+    assert errors_of(b, [broken, own]) == (("", "ImportError: srtctl.core.config", "load"),)
+    assert errors_of(b, [own]) == ()

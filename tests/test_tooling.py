@@ -92,7 +92,7 @@ def test_pin_bump_workflow_structure() -> None:
     assert wf["permissions"] == {"contents": "write", "pull-requests": "write"}
     assert set(wf["jobs"]) == {"outdated", "bump"}
     find = "\n".join(step.get("run", "") for step in wf["jobs"]["outdated"]["steps"])
-    assert "k3env outdated --json" in find and "matrix=" in find
+    assert 'k3env outdated --twin-find-links "$TWIN_WHEELS" --json' in find and "matrix=" in find
     job = wf["jobs"]["bump"]
     assert job["needs"] == "outdated"
     assert job["strategy"]["matrix"]["include"] == "${{ fromJSON(needs.outdated.outputs.matrix) }}"

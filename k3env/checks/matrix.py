@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 from k3env.checks.verdicts import CheckResult, ImageReport
 from k3env.config.pins import OVERLAYS, Lock
@@ -124,13 +124,55 @@ def column_header(variant: str, cells: Sequence[Cell]) -> str:
     return f"`{variant}`" + (f"<br>{' · '.join(parts)}" if parts else "")
 
 
+class _Gate(Protocol):
+    @property
+    def name(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    @property
+    def detail(self) -> str: ...
+
+
+class GateReport(Protocol):
+    """A smoke report as a matrix cell reads it (``smoke.run.Report``)."""
+
+    @property
+    def profile(self) -> str: ...
+    @property
+    def stand_in(self) -> str: ...
+    @property
+    def gates(self) -> Sequence[_Gate]: ...
+
+
+def smoke_cell(reports: Sequence[GateReport]) -> str:
+    """A cell's smoke verdict in one line, from each profile's gates: ``failed`` (the first
+    failed gate), ``not run`` (a planned gate that never ran), ``partly checked`` (every gate
+    passed but some could not be checked here, named), else ``passed``. Only ``passed`` is a
+    pass: a gate not checked or not run is never shown as one."""
+    gates = [(r, g) for r in reports for g in r.gates]
+    if not gates:
+        return "not run: no profile was served"
+    for status in ("failed", "not run"):
+        hit = [(r, g) for r, g in gates if g.status == status]
+        if hit:
+            r, g = hit[0]
+            return f"{status}: {r.profile} {g.name}" + (f": {g.detail}" if g.detail else "")
+    unchecked = [f"{r.profile} {g.name}" for r, g in gates if g.status == "not checked"]
+    if unchecked:
+        return "partly checked: not checked: " + ", ".join(unchecked)
+    return "passed: " + ", ".join(f"{r.profile} ({r.stand_in})" for r in reports)
+
+
+SMOKE_MARKS = {"passed": "✅", "failed": "❌", "not run": "⛔ not run",
+               "partly checked": "✅ partly (not checked: see below)"}  # fmt: skip
+
+
 def cell_text(cell: Cell) -> str:
     text = _verify_text(cell)
     if cell.smoke is None:
         return text
     verdict = cell.smoke.split(":", 1)[0]
-    mark = {"passed": "✅", "failed": "❌"}.get(verdict, "not checked")
-    return f"{text}<br>smoke {mark}"
+    return f"{text}<br>smoke {SMOKE_MARKS.get(verdict, verdict)}"
 
 
 def _verify_text(cell: Cell) -> str:

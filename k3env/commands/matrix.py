@@ -77,6 +77,7 @@ def run(args: argparse.Namespace, app: App) -> int:
             )
 
     def smoke(vlock: Lock, spec: ImageSpec, platform: str) -> str:
+        from k3env.checks.matrix import smoke_cell
         from k3env.smoke.prefix import smoke_pin
         from k3env.smoke.run import smoke_images
 
@@ -88,11 +89,7 @@ def run(args: argparse.Namespace, app: App) -> int:
         with log.step(f"smoke {spec.name} {platform} ({vlock.variant or 'pinned'})"):
             reports = smoke_images(engine, state, vlock, [(spec, build)], log,
                                    timeout=args.timeout)  # fmt: skip
-        bad = [(r, g) for r in reports for g in r.failed]
-        if not bad:
-            return "passed: " + ", ".join(f"{r.profile} ({r.stand_in})" for r in reports)
-        r, g = bad[0]
-        return f"failed: {r.profile} {g.name}: {g.detail}"
+        return smoke_cell(reports)
 
     cells = run_matrix(lock, specs, variants, verify, args.platform,
                        smoke if args.smoke else None)  # fmt: skip

@@ -25,6 +25,7 @@ from k3env.config.spec import ImageSpec, load_spec
 from k3env.config.srtrecipe import Recipe
 from k3env.config.yamlread import YamlDoc
 from k3env.errors import ConfigError
+from k3env.handoff.srt_validate import RecipeError
 from k3env.image.records import last_build
 from k3env.log import Log
 from k3env.state import State
@@ -274,12 +275,17 @@ def srt_loader(lock: Lock, state: State, log: Log, recipes: Sequence[Path]) -> d
     extra = "".join(f"; not checked: {n}" for n in result.not_checked)
     out = {}
     for r in recipes:
-        errs = tuple(
-            (e.key, e.message, e.stage) for e in result.errors if e.file == str(r.resolve())
-        )
+        errs = errors_of(r, result.errors)
         verdict = "failed" if errs else "passed"
         out[r] = Loader(verdict=verdict, detail=what + extra, errors=errs)
     return out
+
+
+def errors_of(recipe: Path, errors: Sequence[RecipeError]) -> tuple[tuple[str, str, str], ...]:
+    """(key, message, stage) of each loader error on ``recipe``; an error no file owns
+    (srt-slurm's loader itself failed to import) is every recipe's: none of them loaded."""
+    mine = ("", str(recipe.resolve()))
+    return tuple((e.key, e.message, e.stage) for e in errors if e.file in mine)
 
 
 # --- one recipe --------------------------------------------------------------------------------

@@ -66,7 +66,9 @@ def validate(m: Materialized, recipes: list[Path], log: Log) -> Validation:
         cwd = Path(tmp) / "a" / "b"  # its parents are ours, and empty
         cwd.mkdir(parents=True)
         errors, not_checked = _load_errors(m, paths, cwd, env, log)
-        errors += _dry_run_errors(m, paths, {e.file for e in errors}, cwd, env, log)
+        # An error no file owns (the loader itself failed): no recipe loaded, none is rendered.
+        failed = set(paths) if any(not e.file for e in errors) else {e.file for e in errors}
+        errors += _dry_run_errors(m, paths, failed, cwd, env, log)
     return Validation(errors=errors, not_checked=list(not_checked))
 
 
