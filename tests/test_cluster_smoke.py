@@ -197,6 +197,53 @@ def test_a_passing_battery_and_an_unknown_error(tmp_path: Path) -> None:
     assert "NCCL error" in failure.line
 
 
+def test_a_battery_with_gates_missing_is_not_a_pass(tmp_path: Path) -> None:
+    """A result that reports only some planned gates (the driver died, or was cut) is the
+    missing gates not run: never ok, never recorded as passed."""
+    root = tmp_path / "job"
+    (root / "logs").mkdir(parents=True)
+    two = [{"gate": g, "status": "passed", "seconds": 1.0, "detail": "ok"}
+           for g in ("listed", "stop")]  # fmt: skip
+    (root / "result.json").write_text(json.dumps({"gates": two}))
+    planned = {"gates": ["listed", "chat", "benchmark", "stop"], "digest": "sha256:" + "1" * 64}
+    verdict = collect_mod.collect(root, manifest=planned)
+    assert not verdict.ok and not verdict.battery_ok
+    assert [(g["gate"], g["status"]) for g in verdict.gates] == [
+        ("listed", "passed"), ("stop", "passed"), ("chat", "not run"), ("benchmark", "not run"),
+    ]  # fmt: skip
+    # With no plan in the manifest (an older job), what every battery runs is still required.
+    assert not collect_mod.collect(root).ok
+    # The plan the job directory carries does not lower what k3env planned.
+    (root / "k3env-smoke.json").write_text(json.dumps({"gates": ["listed", "stop"]}))
+    assert not collect_mod.collect(root, manifest=planned).ok
+    # A driver's own "not run" is kept as such.
+    (root / "result.json").write_text(
+        json.dumps(
+            {
+                "gates": [
+                    *two,
+                    {"gate": "chat", "status": "not run"},
+                    {"gate": "benchmark", "status": "passed"},
+                ]
+            }
+        )
+    )
+    verdict = collect_mod.collect(root, manifest=planned)
+    assert ("chat", "not run") in [(g["gate"], g["status"]) for g in verdict.gates]
+    assert not verdict.ok
+
+
+def test_the_job_script_fails_on_the_drivers_status_and_on_a_gate_not_run() -> None:
+    from k3env.handoff.cluster_smoke import _serve_and_battery
+
+    script = "\n".join(_serve_and_battery("vllm serve"))
+    assert (
+        'wait "$driver" 2>/dev/null || { say "the battery exited with status $?"; status=1; }'
+        in script
+    )
+    assert "(failed|not run)" in script
+
+
 def test_logs_are_untrusted(tmp_path: Path) -> None:
     """A link out of the directory is not followed; a huge log is read by its tail only."""
     outside = tmp_path / "secret.log"

@@ -34,6 +34,7 @@ from k3env.handoff.recipe import recipe
 from k3env.quoting import one_line, shell_word
 from k3env.smoke.cluster_plan import BIN, DRIVER, PLAN, ClusterSmoke
 from k3env.smoke.collect import MANIFEST
+from k3env.smoke.plan import battery_gates
 
 RUNTIMES = ("pyxis", "none")
 SRT_OUT = "/logs/k3env-smoke"  # srt-slurm mounts its log directory at /logs
@@ -64,6 +65,9 @@ def manifest(
         "digest": digest,
         "image_id": image_id,
         "topology": {**smoke.topology.__dict__, "gpus": smoke.topology.gpus},
+        # Planned before the job runs: `--collect` reads a gate missing from the result as
+        # not run, never as passed.
+        "gates": list(battery_gates(smoke.battery)),
     }
 
 
@@ -218,7 +222,8 @@ def _serve_and_battery(engine: str) -> list[str]:
         "  done",
         "  sleep 2",
         "done",
-        'wait "$driver" 2>/dev/null',
+        "# The driver exits non-zero when a planned gate failed or never ran.",
+        'wait "$driver" 2>/dev/null || { say "the battery exited with status $?"; status=1; }',
         f"# srun forwards SIGTERM to its tasks; what still runs {STOP_SECONDS} s later is killed.",
         'for pid in "${serve[@]}"; do kill -TERM "$pid" 2>/dev/null; done',
         f"for _ in $(seq 1 {STOP_SECONDS}); do",
@@ -230,8 +235,8 @@ def _serve_and_battery(engine: str) -> list[str]:
         'for pid in "${serve[@]}"; do kill -KILL "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done',
         'if [ ! -f "$JOB_DIR/result.json" ]; then',
         '  say "the battery wrote no result"; status=1',
-        'elif grep -q \'"status": "failed"\' "$JOB_DIR/result.json"; then',
-        '  say "a gate of the battery failed"; status=1',
+        'elif grep -qE \'"status": "(failed|not run)"\' "$JOB_DIR/result.json"; then',
+        '  say "a gate of the battery failed or never ran"; status=1',
         "fi",
         'say "done (status $status): k3env smoke --collect $JOB_DIR"',
         'exit "$status"',

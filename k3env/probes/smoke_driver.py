@@ -210,7 +210,12 @@ def reasoning(reply: dict[str, Any]) -> str:
     text = message.get("reasoning") or message.get("reasoning_content") or ""
     if text:
         return f"accepted at start; the reply's reasoning field holds {len(text)} characters"
-    return "accepted at start; the reply carried no reasoning (the model never opened it)"
+    # The parser was accepted at start (the `listed` gate), but nothing was parsed: that is
+    # no evidence it works (random weights may never open a reasoning block).
+    raise NotCheckable(
+        "the server started with the parser, but the reply carried no reasoning field (the "
+        "model never opened a reasoning block): the parser's output was not seen"
+    )
 
 
 def steerable(plan: dict[str, Any], timeout: float) -> None:
@@ -331,6 +336,13 @@ def main() -> int:
         say(f"{name}: ok ({took:.1f} s): {evidence}")
         return value
 
+    # Planned before anything runs (as k3env plans it, smoke.plan.battery_gates): a gate
+    # that does not report is "not run", and the driver's exit status says so.
+    planned = ["listed", "chat"]
+    planned += ["reasoning"] if plan.get("reasoning_parser") else []
+    planned += ["tool-calls"] if plan.get("tools") else []
+    planned += ["benchmark"] if plan.get("bench") else []
+    planned += ["stop"]
     try:
         for role in roles:
             say(f"start {role.name}: {' '.join(role.argv)}")
@@ -346,25 +358,44 @@ def main() -> int:
     except StageFailed:
         pass
     finally:
-        say("stop ...")
-        t0 = time.monotonic()
-        clean, words = True, [] if roles else ["no processes of its own (the job started them)"]
-        for role in reversed(roles):
-            ok, what = role.stop(limits["stop"])
-            clean = clean and ok
-            words.append(f"{role.name} {what}")
-        stop: dict[str, Any] = {
-            "gate": "stop",
-            "status": "passed" if clean else "failed",
-            "seconds": round(time.monotonic() - t0, 2),
-            "detail": "; ".join(words),
-        }
-        if not clean:
-            stop["output"] = "\n".join(f"--- {r.name}\n{r.words()}" for r in roles)
-        gates.append(stop)
-        say(f"stop: {'; '.join(words)}")
-        (out / "result.json").write_text(json.dumps({"gates": gates}, indent=1))
+        gates.append(stop_gate(roles, limits["stop"]))
+        reported = {g["gate"] for g in gates}
+        for name in planned:
+            if name not in reported:
+                gates.append({"gate": name, "status": "not run", "seconds": 0.0,
+                              "detail": "an earlier gate failed"})  # fmt: skip
+        (out / "result.json").write_text(json.dumps({"planned": planned, "gates": gates}, indent=1))
+    bad = [g["gate"] for g in gates if g["status"] in ("failed", "not run")]
+    if bad:
+        say(f"battery: failed or not run: {', '.join(bad)}")
+        return 1
     return 0
+
+
+def stop_gate(roles: list[Role], limit: float) -> dict[str, Any]:
+    """Each process of the driver's own stopped (SIGINT, then harder): passed when all
+    stopped in time; with none of its own (the job started them), not checked."""
+    say("stop ...")
+    t0 = time.monotonic()
+    clean, words = True, []
+    for role in reversed(roles):
+        ok, what = role.stop(limit)
+        clean = clean and ok
+        words.append(f"{role.name} {what}")
+    status = "passed" if clean else "failed"
+    if not roles:  # nothing of its own to stop: no evidence either way
+        status = "not checked"
+        words = ["the job started the servers and stops them: the driver has no process to stop"]
+    stop: dict[str, Any] = {
+        "gate": "stop",
+        "status": status,
+        "seconds": round(time.monotonic() - t0, 2),
+        "detail": "; ".join(words),
+    }
+    if not clean:
+        stop["output"] = "\n".join(f"--- {r.name}\n{r.words()}" for r in roles)
+    say(f"stop: {'; '.join(words)}")
+    return stop
 
 
 if __name__ == "__main__":

@@ -37,6 +37,9 @@ TAIL_BYTES = 4 << 20
 MAX_FILES = 200
 MAX_DEPTH = 4
 LINE = 400  # characters of a cited line
+MAX_GATES = 20
+# What every battery runs (a manifest from before k3env wrote the plan's gates into it).
+MINIMUM_GATES = ("listed", "chat", "stop")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,8 +90,13 @@ class ClusterVerdict:
 
     @property
     def battery_ok(self) -> bool:
-        return bool(self.gates) and all(
-            g.get("status") in ("passed", "not checked") for g in self.gates
+        """Every gate the job was planned to run reported, and passed or could not be
+        checked here (said why); a gate missing from the result is ``not run``."""
+        names = {g.get("gate") for g in self.gates}
+        return (
+            bool(self.gates)
+            and all(n in names for n in planned_gates(self.manifest))
+            and all(g.get("status") in ("passed", "not checked") for g in self.gates)
         )
 
     @property
@@ -173,7 +181,7 @@ def _gates(result: Mapping[str, Any] | None) -> tuple[dict[str, Any], ...]:
                 {
                     "gate": one_line(str(g.get("gate", "?")))[:40],
                     "status": str(g.get("status"))
-                    if g.get("status") in ("passed", "failed", "not checked")
+                    if g.get("status") in ("passed", "failed", "not checked", "not run")
                     else "failed",
                     "seconds": float(g.get("seconds") or 0.0)
                     if isinstance(g.get("seconds"), (int, float))
@@ -182,6 +190,29 @@ def _gates(result: Mapping[str, Any] | None) -> tuple[dict[str, Any], ...]:
                 }
             )
     return tuple(out)
+
+
+def planned_gates(manifest: Mapping[str, Any]) -> tuple[str, ...]:
+    """The gates the job was to run, as k3env planned them (the manifest's ``gates``), else
+    the ones every battery runs."""
+    got = manifest.get("gates")
+    if isinstance(got, list) and got and all(isinstance(g, str) for g in got[:MAX_GATES]):
+        return tuple(one_line(g)[:40] for g in got[:MAX_GATES])
+    return MINIMUM_GATES
+
+
+def with_not_run(
+    gates: tuple[dict[str, Any], ...], planned: tuple[str, ...]
+) -> tuple[dict[str, Any], ...]:
+    """``gates`` and, for each planned gate the battery did not report, a gate ``not run``: a
+    gate that did not run is never read as passed."""
+    have = {g["gate"] for g in gates}
+    missing = tuple(
+        {"gate": name, "status": "not run", "seconds": 0.0,
+         "detail": "planned, and the battery reported no verdict for it"}
+        for name in planned if name not in have
+    )  # fmt: skip
+    return gates + missing
 
 
 def _scan(rel: str, text: str, whole: bool) -> tuple[list[Failure], list[str], str | None]:
@@ -223,7 +254,8 @@ def collect(
             fix="pass the directory the smoke job wrote (it holds k3env-smoke.json)",
         )
     files, skipped = _entries(root) if root.is_dir() else ([], [])
-    manifest = dict(manifest or {})
+    given = dict(manifest or {})
+    manifest = dict(given)
     result = None
     failures: dict[str, Failure] = {}
     all_lines: list[str] = []
@@ -247,10 +279,12 @@ def collect(
         all_lines += lines
         if error:
             last_error = (rel, error)
-    gates = _gates(result)
+    # The plan k3env wrote for the job (the caller's) wins over the directory's copy.
+    planned = planned_gates(given or manifest)
+    gates = with_not_run(_gates(result), planned)
     reached = stages.reached(all_lines)
-    failed_job = (
-        (job is not None and not job.ok) or not gates or any(g["status"] == "failed" for g in gates)
+    failed_job = (job is not None and not job.ok) or any(
+        g["status"] in ("failed", "not run") for g in gates
     )
     if job is not None and job.tail:
         found, lines, error = _scan("slurm job output", job.tail, False)

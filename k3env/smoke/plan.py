@@ -82,6 +82,19 @@ class Role:
         }
 
 
+def battery_gates(plan: Mapping[str, Any]) -> tuple[str, ...]:
+    """The gates the driver runs for its plan (``SmokePlan.as_json`` or a cluster battery), in
+    order: planned before anything runs, so a gate that never reports is ``not run``."""
+    return (
+        "listed",
+        "chat",
+        *(("reasoning",) if plan.get("reasoning_parser") else ()),
+        *(("tool-calls",) if plan.get("tools") else ()),
+        *(("benchmark",) if plan.get("bench") else ()),
+        "stop",
+    )
+
+
 @dataclass(frozen=True, kw_only=True)
 class SmokePlan:
     image: str
@@ -101,14 +114,7 @@ class SmokePlan:
     @property
     def gates(self) -> tuple[str, ...]:
         """The gates the driver runs, in order."""
-        return (
-            "listed",
-            "chat",
-            *(("reasoning",) if self.reasoning_parser else ()),
-            *(("tool-calls",) if self.tools else ()),
-            *(("benchmark",) if self.bench else ()),
-            "stop",
-        )
+        return battery_gates(self.as_json())
 
     def as_json(self) -> dict[str, Any]:
         """The driver's input (and, hashed, what a record of this run is keyed by)."""

