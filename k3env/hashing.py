@@ -5,9 +5,13 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+from k3env.errors import ConfigError
 
 
 def canonical_sha256(data: Any) -> str:
@@ -17,9 +21,21 @@ def canonical_sha256(data: Any) -> str:
 
 
 def file_sha256(path: Path) -> str:
-    """Hex sha256 of a file's bytes, read in 1 MiB chunks."""
+    """Hex sha256 of a regular file's bytes, read in 1 MiB chunks. Anything else (a FIFO, a
+    device, a directory) is refused before a byte is read: opening a FIFO for reading blocks
+    until a writer comes, which may be never. (A missing or unreadable file: ``OSError``.)"""
     h = hashlib.sha256()
-    with path.open("rb") as f:
+    where = str(path)
+    if not stat.S_ISREG(os.stat(path).st_mode):  # before open: opening a device can act
+        raise ConfigError(
+            "cannot hash it: not a regular file (a pipe, a device or a directory)",
+            where=where, fix="point the pin at a regular file",
+        )  # fmt: skip
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # swapped since the stat
+            raise ConfigError("cannot hash it: not a regular file", where=where,
+                              fix="point the pin at a regular file")  # fmt: skip
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()

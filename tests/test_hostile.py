@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from k3env.cli import main
+from k3env.errors import ConfigError
 from k3env.handoff.enroot import enroot_files
 from k3env.image.tarstream import filter_tar
 
@@ -357,3 +358,24 @@ def test_concurrent_lock_writers_lose_nothing(
         code = main(["lock", "--check", "-q"])
         assert code == 0, f"round {i}: the hash update was lost"
         assert f'commit = "{commit[:40]}"' in LOCK.read_text(), f"round {i}: the bump was lost"
+
+
+def test_a_fifo_where_a_patch_file_is_pinned_is_refused_not_waited_on(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`bump container_patches.X` hashed the patch file with a plain open: a FIFO blocked it
+    forever. Now it is refused before a byte is read, and the lock is untouched."""
+    import os
+
+    from k3env.hashing import file_sha256
+
+    patch = Path("patches/container/mamba-hybrid-index-int64.toml")
+    lock = Path("pins/k3.lock.toml")
+    before = lock.read_bytes()
+    patch.unlink()
+    os.mkfifo(patch)
+    assert main(["bump", "container_patches.mamba-hybrid-index-int64", "--edit-only"]) == 2
+    assert "not a regular file" in capsys.readouterr().err
+    assert lock.read_bytes() == before
+    with pytest.raises(ConfigError, match="not a regular file"):
+        file_sha256(patch)

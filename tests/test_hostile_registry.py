@@ -78,7 +78,9 @@ def reply(conn: socket.socket, status: str, body: bytes = b"", **headers: str) -
 
 
 def manifest_json(**extra: object) -> bytes:
-    return json.dumps({"mediaType": "application/vnd.oci.image.manifest.v1+json", **extra}).encode()
+    media = "application/vnd.oci.image.manifest.v1+json"
+    return json.dumps({"schemaVersion": 2, "mediaType": media, "config": {}, "layers": [],
+                       **extra}).encode()  # fmt: skip
 
 
 def sha(body: bytes) -> str:
@@ -173,6 +175,26 @@ def test_a_registry_that_sends_a_byte_at_a_time_meets_the_deadline(
 def test_protocol_garbage_is_an_engine_error_not_a_traceback(hostile: Hostile, raw: bytes) -> None:
     hostile.answer = lambda path, headers, conn, host: conn.sendall(raw)
     with pytest.raises(EngineError, match="cannot reach the registry"):
+        resolve_digest(f"{hostile.host}/team/app", "1")
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"HTTP/1.1 200 OK\r\n\r\n",  # headers, then the connection closed: no body at all
+        b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + manifest_json()[:30],  # cut short
+        b"HTTP/1.0 200 OK\r\n\r\n",  # an empty HTTP/1.0 answer
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",  # JSON, not a manifest
+        b"HTTP/1.1 200 OK\r\nContent-Length: 15\r\n\r\n<html>503</html>"[:-1],  # a proxy page
+    ],
+    ids=["eof-after-headers", "cut-without-length", "empty-http10", "empty-object", "html"],
+)
+def test_a_200_that_is_not_a_manifest_is_never_a_digest(
+    hostile: Hostile, raw: bytes, tmp_path: Path
+) -> None:
+    """Each of these put the sha256 of (almost) no bytes into the lock, exit 0."""
+    hostile.answer = lambda path, headers, conn, host: conn.sendall(raw)
+    with pytest.raises(EngineError, match=r"not an image manifest|does not parse|cannot reach"):
         resolve_digest(f"{hostile.host}/team/app", "1")
 
 
@@ -382,3 +404,30 @@ def test_a_credential_is_not_carried_across_a_redirect(hostile: Hostile, home: P
     hostile.answer = answer
     assert resolve_digest(f"{hostile.host}/team/app", "1") == sha(body)
     assert "Authorization" not in next(h for p, h in hostile.seen if p == "/elsewhere")
+
+
+def test_bump_writes_nothing_when_the_registry_answers_no_manifest(
+    hostile: Hostile, repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from k3env.cli import main
+
+    from .conftest import replace_in
+
+    lock = Path("pins/k3.lock.toml")
+    replace_in(lock, 'repository = "docker.io/vllm/vllm-openai"',
+               f'repository = "{hostile.host}/vllm/vllm-openai"')  # fmt: skip
+    before = lock.read_bytes()
+    hostile.answer = lambda path, headers, conn, host: conn.sendall(b"HTTP/1.1 200 OK\r\n\r\n")
+    assert main(["bump", "bases.vllm-kimi-k3", "kimi-k3", "--edit-only", "-q"]) == 3
+    assert lock.read_bytes() == before
+    capsys.readouterr()
+    tags = json.dumps({"name": "vllm/vllm-openai", "tags": ["kimi-k3"]}).encode()
+    hostile.answer = lambda path, headers, conn, host: (
+        reply(conn, "200 OK", tags) if "/tags/list" in path
+        else conn.sendall(b"HTTP/1.1 200 OK\r\n\r\n")
+    )  # fmt: skip
+    assert main(["outdated", "--no-twin", "--json", "-q"]) == 0
+    pins = {p["pin"]: p for p in json.loads(capsys.readouterr().out)["pins"]}
+    base = pins["bases.vllm-kimi-k3"]
+    assert base["moved"] is None and not base["outdated"]  # never "the tag moved"
+    assert "does not parse" in base["error"]  # an empty body: said, never hashed

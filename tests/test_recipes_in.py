@@ -372,3 +372,33 @@ def test_a_loader_error_no_file_owns_fails_every_recipe(tmp_path: Path) -> None:
     )  # fmt: skip
     assert errors_of(b, [broken, own]) == (("", "ImportError: srtctl.core.config", "load"),)
     assert errors_of(b, [own]) == ()
+
+
+def test_an_alias_bomb_is_refused_before_it_is_built(
+    repo: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A "billion laughs" as a flag's value: `preflight --recipe` and `adopt` died with
+    MemoryError (2 GiB) or hung; now both refuse the file, naming it, and write nothing."""
+    import shutil
+
+    from k3env.config.yamlread import MAX_EXPANDED, load_yaml
+
+    shutil.copytree(REPO / "clusters", repo / "clusters")
+    lines = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    bomb = tmp_path / "bomb.yaml"
+    recipe = (RECIPES / "d.yaml").read_text()
+    flag = "      served-model-name: Kimi-K3"
+    assert flag in recipe
+    bomb.write_text("\n".join(lines) + "\n" + recipe.replace(flag, f"      bomb: *a8\n{flag}", 1))
+    with pytest.raises(Exception, match=f"more than {MAX_EXPANDED:,} values"):
+        load_yaml(bomb)
+    assert main(["preflight", "--recipe", str(bomb)]) == 2
+    assert "billion laughs" in capsys.readouterr().err
+    out = tmp_path / "adopted.toml"
+    assert main(["adopt", str(bomb), "--out", str(out)]) == 2
+    assert not out.exists()
+    # Anchors used as YAML means them (a table reused) still read.
+    fine = tmp_path / "fine.yaml"
+    fine.write_text("base: &b {x: 1, y: [1, 2]}\none: *b\ntwo: *b\n")
+    assert load_yaml(fine).data["two"] == {"x": 1, "y": [1, 2]}

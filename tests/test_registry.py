@@ -15,7 +15,14 @@ from k3env.engine.registry import list_tags, resolve_digest, tagged_config
 from k3env.errors import EngineError, LockError
 
 CONFIG = "sha256:" + "cd" * 32
-MANIFEST = json.dumps({"config": {"digest": CONFIG}}).encode()
+MANIFEST = json.dumps(
+    {
+        "schemaVersion": 2,
+        "config": {"digest": CONFIG},
+        "layers": [],
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+    }
+).encode()
 DIGEST = "sha256:" + hashlib.sha256(MANIFEST).hexdigest()
 
 

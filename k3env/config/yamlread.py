@@ -6,7 +6,9 @@ PyYAML's safe loader (no Python tags), one document, a bounded regular file
 keeps the last one silently, and a hand-edit that adds a key a second time is exactly the
 edit that is then not the one that runs. Anchors and aliases are read as YAML defines them;
 each node's line is recorded once (an alias is not walked again), so a file of aliases cannot
-make the walk grow beyond the file.
+make the walk grow beyond the file; and a document whose aliases expand past ``MAX_EXPANDED``
+values (a "billion laughs") is refused before it is built, since every reader after this one
+(flags joined into a command line, JSON written) would write it out.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from k3env.errors import ConfigError
 from k3env.files import read_input
 
 MAX_YAML_BYTES = 1 << 20  # a recipe or a cluster config: a few KiB
+# Values a document may stand for with its aliases written out: a recipe has hundreds.
+MAX_EXPANDED = 100_000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,6 +60,14 @@ def load_yaml(
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
+        if node is not None and _expanded(node, {}) > MAX_EXPANDED:
+            raise error(
+                f"its aliases expand to more than {MAX_EXPANDED:,} values (an alias of an "
+                "alias of a list, a 'billion laughs'): nothing a recipe needs, and a reader "
+                "that walks it would not end",
+                where=str(path),
+                fix="write the values out, or use anchors for whole tables only",
+            )
         data = loader.construct_document(node) if node is not None else None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
@@ -73,6 +85,30 @@ def load_yaml(
     if node is not None:
         _walk(node, "", lines, set(), path, error)
     return YamlDoc(path=path, data=data, lines=lines)
+
+
+def _expanded(node: Any, memo: dict[int, int]) -> int:
+    """How many values ``node`` stands for once every alias in it is written out (a node
+    reached again through an alias counts again; a node that contains itself is endless)."""
+    key = id(node)
+    if key in memo:
+        if memo[key] < 0:  # inside itself: a recursive alias
+            return MAX_EXPANDED + 1
+        return memo[key]
+    memo[key] = -1
+    total = 1
+    if isinstance(node, yaml.MappingNode):
+        children = [n for pair in node.value for n in pair]
+    elif isinstance(node, yaml.SequenceNode):
+        children = list(node.value)
+    else:
+        children = []
+    for child in children:
+        total += _expanded(child, memo)
+        if total > MAX_EXPANDED:
+            break
+    memo[key] = min(total, MAX_EXPANDED + 1)
+    return memo[key]
 
 
 def _walk(

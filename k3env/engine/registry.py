@@ -43,14 +43,15 @@ from k3env.engine._http import cut
 from k3env.errors import CheckFailed, EngineError, LockError
 from k3env.hashing import sha256_digest
 
-ACCEPT = ", ".join(
-    (
-        "application/vnd.oci.image.index.v1+json",
-        "application/vnd.docker.distribution.manifest.list.v2+json",
-        "application/vnd.oci.image.manifest.v1+json",
-        "application/vnd.docker.distribution.manifest.v2+json",
-    )
+INDEX_TYPES = (
+    "application/vnd.oci.image.index.v1+json",
+    "application/vnd.docker.distribution.manifest.list.v2+json",
 )
+MANIFEST_TYPES = (
+    "application/vnd.oci.image.manifest.v1+json",
+    "application/vnd.docker.distribution.manifest.v2+json",
+)
+ACCEPT = ", ".join((*INDEX_TYPES, *MANIFEST_TYPES))
 MAX_MANIFEST = 4 << 20
 MAX_TAGS = 16 << 20
 MAX_TOKEN = 1 << 16
@@ -319,6 +320,26 @@ def _json(data: bytes, shape: type, where: str) -> Any:
     return value
 
 
+def _shaped_manifest(body: bytes, content_type: str, url: str) -> None:
+    """A 200 whose body is not an image manifest or index of a media type asked for (an empty
+    body, a body cut short, an error page) is an error, never a digest: its sha256 would be
+    written into a lock as the image."""
+    value = _json(body, dict, url)
+    media = value.get("mediaType") or content_type.split(";", 1)[0].strip()
+    shaped = value.get("schemaVersion") == 2 and (
+        (media in INDEX_TYPES and isinstance(value.get("manifests"), list))
+        or (media in MANIFEST_TYPES and isinstance(value.get("config"), dict)
+            and isinstance(value.get("layers"), list))
+    )  # fmt: skip
+    if not shaped:
+        raise EngineError(
+            f"the registry's answer ({len(body)} bytes, media type {str(media)[:80]!r}) is not "
+            "an image manifest or index of a type asked for",
+            where=url,
+            fix="check the registry (or a proxy in front of it): nothing was recorded",
+        )
+
+
 def _head_manifest(repository: str, reference: str) -> str:
     """``HEAD`` a manifest by tag or digest; its ``Docker-Content-Digest`` (for a digest
     reference: that digest, or an error)."""
@@ -348,6 +369,7 @@ def _manifest(repository: str, reference: str, method: str) -> tuple[str, bytes]
                 f"the registry says manifest {reference} is {said[:80]}, but its bytes hash "
                 f"to {digest}", where=url, fix="do not trust this registry's answer",
             )  # fmt: skip
+        _shaped_manifest(reply.body, reply.header("Content-Type"), url)
         return digest, reply.body
     if not DIGEST.fullmatch(said):
         raise EngineError(f"the registry sent no valid Docker-Content-Digest ({said[:80]!r})",
