@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -44,6 +45,7 @@ def run(
             cwd=cwd,
             check=False,
             text=True,
+            errors="replace",  # other programs' bytes: never a UnicodeDecodeError
             stdout=subprocess.PIPE if capture else None,
             stderr=subprocess.PIPE if capture else None,
             env={**os.environ, **env} if env else None,
@@ -115,13 +117,26 @@ def ask(argv: Sequence[str], stdin: bytes, *, timeout: float, limit: int) -> byt
     not installed, exits non-zero, runs past ``timeout`` or answers more than ``limit``
     bytes. Never echoed: its answer is a secret."""
     try:
-        proc = subprocess.run(list(argv), input=stdin, capture_output=True, timeout=timeout,
-                              check=False)  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
+        # Its own process group: at the deadline the helper and everything it started go
+        # (a grandchild holding the pipe open would otherwise outlive it, and block the read).
+        proc = subprocess.Popen(list(argv), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    except OSError:
         return None
-    if proc.returncode != 0 or len(proc.stdout) > limit:
+    try:
+        out, _ = proc.communicate(stdin, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.kill()
+        proc.communicate()  # the group is gone: the pipes end, and are closed
         return None
-    return proc.stdout
+    finally:
+        with contextlib.suppress(OSError):  # what it left behind once it answered
+            os.killpg(proc.pid, signal.SIGKILL)
+    if proc.returncode != 0 or len(out) > limit:
+        return None
+    return out
 
 
 def attempt(
@@ -139,6 +154,7 @@ def attempt(
         env=dict(env) if env is not None else None,
         check=False,
         text=True,
+        errors="replace",  # other programs' bytes (a tag name, a log): never a decode error
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
@@ -150,8 +166,8 @@ def poll(argv: Sequence[str], *, timeout: float) -> tuple[int, str]:
     + stderr), not echoed (its caller says once what it polls); 124 when it runs past
     ``timeout`` or cannot be started (its words then say why)."""
     try:
-        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
-                              check=False)  # fmt: skip
+        proc = subprocess.run(list(argv), capture_output=True, text=True, errors="replace",
+                              timeout=timeout, check=False)  # fmt: skip
     except subprocess.TimeoutExpired:
         return 124, f"`{argv[0]}` did not answer within {timeout:.0f} s"
     except OSError as e:

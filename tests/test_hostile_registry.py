@@ -431,3 +431,61 @@ def test_bump_writes_nothing_when_the_registry_answers_no_manifest(
     base = pins["bases.vllm-kimi-k3"]
     assert base["moved"] is None and not base["outdated"]  # never "the tag moved"
     assert "does not parse" in base["error"]  # an empty body: said, never hashed
+
+
+@pytest.mark.parametrize("tag", ["../../../v2/_catalog", "a/b", ".hidden", "-x", "t" * 129, "x?y"])
+def test_a_tag_outside_the_grammar_is_refused_before_any_request(
+    hostile: Hostile, tag: str
+) -> None:
+    with pytest.raises(LockError, match="is neither a tag"):
+        resolve_digest(f"{hostile.host}/team/app", tag)
+    assert hostile.seen == []  # nothing was sent
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "same"),
+    [
+        ("registry-1.docker.io", "auth.docker.io", True),  # Docker Hub and its token realm
+        ("evil.co.uk", "reg.example.co.uk", False),  # only the public suffix co.uk in common
+        ("reg.example.co.uk", "auth.example.co.uk", True),
+        ("a.github.io", "b.github.io", False),  # github.io is a public suffix: two tenants
+        ("reg.example.com:5000", "auth.example.com:5001", False),  # another port
+        ("reg.example.com:5000", "auth.example.com:5000", True),
+        ("127.0.0.1:5000", "127.0.0.1:5001", False),
+        ("127.0.0.1:5000", "127.0.0.1:5000", True),
+        ("co.uk", "x.co.uk", False),
+    ],
+)
+def test_one_site_is_one_registrable_domain_and_port(a: str, b: str, same: bool) -> None:
+    from k3env.engine.credentials import same_site
+
+    assert same_site(a, b) is same
+    assert same_site(b, a) is same
+
+
+def test_a_credential_helper_that_hangs_is_cut_with_everything_it_started(
+    tmp_path: Path,
+) -> None:
+    """The helper and the child it left holding the pipe: both gone at the deadline, and the
+    read does not wait for the child."""
+    from k3env.runner import ask
+
+    pidfile = tmp_path / "child.pid"
+    helper = tmp_path / "docker-credential-hang"
+    helper.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {pidfile}\nsleep 300\n")
+    helper.chmod(0o755)
+    start = time.monotonic()
+    assert ask([str(helper), "get"], b"reg.example.com", timeout=1, limit=1 << 16) is None
+    assert time.monotonic() - start < 5
+    child = int(pidfile.read_text())
+    for _ in range(50):  # the kernel reaps it a moment later
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        with open(f"/proc/{child}/stat") as f:
+            if f.read().split(") ", 1)[1].startswith("Z"):
+                break  # a zombie: killed, waiting for its (reparented) parent
+        time.sleep(0.1)
+    else:
+        pytest.fail(f"the helper's child {child} still runs")

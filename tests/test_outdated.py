@@ -106,3 +106,21 @@ def test_a_source_that_cannot_be_asked_is_never_up_to_date(repo: Path) -> None:
     assert found["srt-slurm"].error and not found["srt-slurm"].outdated
     assert found["bases.vllm-kimi-k3"].error == "cannot list tags: refused"
     assert found["aiperf"].error
+
+
+def test_a_tag_name_that_is_not_utf8_is_skipped_not_a_traceback(tmp_path: Path) -> None:
+    """`git ls-remote` printed a tag of raw bytes: the decode raised (a traceback in
+    `outdated` and `bump`). Now it is read with replacement characters and never offered."""
+    from k3env.bump.pins import git_tags
+
+    repo = tmp_path / "up"
+    repo.mkdir()
+    git = ["git", "-C", str(repo)]
+    subprocess.run([*git, "init", "-q"], check=True, env=GIT_ENV)
+    subprocess.run([*git, "commit", "-q", "--allow-empty", "-m", "x"], check=True, env=GIT_ENV)
+    subprocess.run([*git, "tag", b"v1.\xff".decode("latin-1").encode("latin-1")], check=True,
+                   env=GIT_ENV)  # fmt: skip
+    subprocess.run([*git, "tag", "v1.0.0"], check=True, env=GIT_ENV)
+    tags = git_tags(str(repo))
+    assert "v1.0.0" in tags and "v1.\ufffd" in tags
+    assert newer_than("0.9.0", list(tags)) == ["v1.0.0"]

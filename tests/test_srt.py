@@ -324,6 +324,23 @@ def test_dirty_cache_is_an_error(srt_repo: Path, capsys: pytest.CaptureFixture[s
     materialize(capsys)
 
 
+@pytest.mark.parametrize("text", ["{not json", "[]", '{"head": 1}', "{}"])
+def test_a_rewritten_cache_marker_is_an_error_not_a_traceback(
+    srt_repo: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> None:
+    from k3env.handoff.srt import MARKER
+
+    first, _ = materialize(capsys)
+    marker = Path(str(first["path"])) / MARKER
+    original = marker.read_bytes()
+    marker.write_text(text)
+    try:
+        assert main(["srt", "materialize"]) == 2
+        assert "the srt-slurm cache's marker" in capsys.readouterr().err
+    finally:
+        marker.write_bytes(original)
+
+
 def test_srt_patch_fates_after_a_version_bump(
     srt_repo: Path, upstream: Upstream, capsys: pytest.CaptureFixture[str]
 ) -> None:

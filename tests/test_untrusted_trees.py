@@ -309,6 +309,37 @@ def test_a_provenance_file_linked_out_fails_the_check_naming_it(
     assert e.value.where == str(sqsh) and e.value.return_code == 4
 
 
+@SQUASHFS_TOOLS
+@pytest.mark.parametrize(
+    "doc",
+    [
+        {"config": {"Env": "A=1"}},
+        {"config": {"Labels": ["a"]}},
+        {"config": {"Cmd": [1]}},
+        {"config": {}, "files": ["etc/x"]},
+        {"config": {}, "lock": "sha256"},
+        {"config": {}, "patches": [1]},
+        {"config": {}, "patches": [{"name": 1, "status": "applied"}]},
+        {"config": {}, "image": ["x"]},
+        {"config": {}, "base": {"pin": 7}},
+    ],
+    ids=["env-str", "labels-list", "cmd-ints", "files-list", "lock-str", "patch-int",
+         "patch-name-int", "image-list", "base-pin-int"],
+)  # fmt: skip
+def test_a_provenance_with_fields_of_the_wrong_type_is_refused_not_a_traceback(
+    repo: Path, tmp_path: Path, doc: dict[str, Any]
+) -> None:
+    from k3env.errors import ConfigError
+
+    root = tmp_path / "image"
+    (root / "etc/k3env").mkdir(parents=True)
+    (root / "etc/k3env/provenance.json").write_text(json.dumps(doc))
+    sqsh = sqsh_of(root, tmp_path / "p.sqsh")
+    with pytest.raises(ConfigError, match=r"is not valid provenance \(its ") as e:
+        check_squashfs(sqsh, load_lock(Path("pins/k3.lock.toml")), {}, QUIET)
+    assert e.value.return_code == 2
+
+
 # --- a repository's links through `srt materialize`'s copy ---------------------------------------
 def git(repo: Path, *args: str) -> str:
     env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t",

@@ -3,7 +3,8 @@
 ``k3env bump PIN VALUE``: parse the bump (which leaves change) -> render the new lock
 (tomlkit, in place) and load it from a candidate file beside the lock -> ``bump.evaluate``
 before and after -> ``bump.body`` writes the PR. The lock itself is replaced only at the end,
-atomically, and only when everything passed (or with ``keep_failing``); an interrupted or
+atomically, and only when everything passed (or with ``keep_failing``; ``--skip-verify``
+checks build and preflight only, ``--edit-only`` nothing); an interrupted or
 failed bump leaves it untouched.
 """
 

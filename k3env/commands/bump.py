@@ -4,7 +4,8 @@ on the source, name, version, commit and the baked wheels (by sha256) together; 
 twin's files regenerated at it, every wheel that moved listed) in place (only the changed leaves
 differ), rebuild, verify and preflight before and after, report each container patch as applies
 / upstream (drop it) / conflicts, and write a PR title and markdown body; the lock is replaced
-atomically only when everything passes (or `--keep-failing`); `--commit` makes a local branch
+atomically only when everything passes (or `--keep-failing`; `--skip-verify` writes it after
+build and preflight alone, `--edit-only` with no check at all); `--commit` makes a local branch
 and commit, never a push; `--twin` builds, verifies and tests patches over the CPU twins (the
 offline default). `.github/workflows/pin-bump.yml` runs it for each pin `k3env outdated` finds,
 one PR each

@@ -4,7 +4,8 @@ from its registry), an OCI manifest per platform and, for `--platform linux/amd6
 one OCI index under the tag; a tag is never moved off other bytes. Record each platform's
 manifest digest by image ID, print the `enroot import docker://REGISTRY#REPO@sha256:...` line
 (the platform's own digest) and the `srtslurm.yaml` `containers:` mapping. `--via-engine`:
-`docker push` (its credentials; one platform)
+`docker push` (one platform; no credentials are sent to the engine: an empty
+X-Registry-Auth, so the registry must take anonymous pushes)
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--via-engine",
         action="store_true",
-        help="push through the engine (`docker push`, its credentials) instead of the registry API",
+        help="push through the engine (`docker push`, with no credentials: the registry must take "
+        "anonymous pushes) instead of the registry API",
     )
     platform_arg(p, many=True)
 

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from publicsuffixlist import PublicSuffixList
+
 from k3env.errors import ConfigError
 from k3env.files import read_input
 from k3env.runner import ask
@@ -140,19 +142,41 @@ def lookup(host: str) -> Credential | None:
     return None
 
 
-def _name(host: str) -> str:
+def _split(host: str) -> tuple[str, str]:
+    """(name, port) of ``host`` (``[v6]:port`` and a bare IPv6 address kept whole)."""
     host = host.lower()
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+    if host.startswith("["):
+        name, _, rest = host.partition("]")
+        return name + "]", rest.removeprefix(":")
+    if host.count(":") == 1:
+        name, port = host.split(":")
+        return name, port
+    return host, ""
 
 
 def same_site(a: str, b: str) -> bool:
-    """Whether hosts ``a`` and ``b`` belong to one registry: equal, or (DNS names, not
-    addresses) sharing their last two labels, as Docker Hub's registry-1.docker.io and its
-    token realm auth.docker.io do."""
-    a, b = _name(a), _name(b)
-    if a == b:
+    """Whether hosts ``a`` and ``b`` belong to one registry: equal, or DNS names on the same
+    port under one registrable domain (the Public Suffix List's: Docker Hub's
+    registry-1.docker.io and its token realm auth.docker.io share docker.io; evil.co.uk and
+    reg.example.co.uk share only the public suffix co.uk, so they are two sites). Addresses
+    are one site only with themselves."""
+    (na, pa), (nb, pb) = _split(a), _split(b)
+    if (na, pa) == (nb, pb):
         return True
-    if any(h.replace(".", "").isdigit() or ":" in h for h in (a, b)):
+    if pa != pb or any(n.replace(".", "").isdigit() or ":" in n or "[" in n for n in (na, nb)):
         return False
-    ta, tb = a.split("."), b.split(".")
-    return len(ta) >= 2 and len(tb) >= 2 and ta[-2:] == tb[-2:]
+    ra, rb = _registrable(na), _registrable(nb)
+    return ra is not None and ra == rb
+
+
+def _registrable(name: str) -> str | None:
+    """The registrable domain of ``name`` (one label under its public suffix), or None for a
+    public suffix itself or a single label."""
+    global _PSL
+    if _PSL is None:
+        _PSL = PublicSuffixList()
+    found = _PSL.privatesuffix(name.rstrip("."))
+    return found if isinstance(found, str) else None
+
+
+_PSL: PublicSuffixList | None = None

@@ -42,6 +42,7 @@ from k3env.engine import credentials
 from k3env.engine._http import cut
 from k3env.errors import CheckFailed, EngineError, LockError
 from k3env.hashing import sha256_digest
+from k3env.quoting import one_line
 
 INDEX_TYPES = (
     "application/vnd.oci.image.index.v1+json",
@@ -350,6 +351,15 @@ def _manifest(repository: str, reference: str, method: str) -> tuple[str, bytes]
     """A manifest by tag or digest: its digest and (for GET) its body. For GET the digest is
     the sha256 of the bytes received (the registry's ``Docker-Content-Digest`` must agree);
     a HEAD's header is taken only in the digest grammar."""
+    if not (TAG.fullmatch(reference) or DIGEST.fullmatch(reference)):
+        # Checked before any request: a "tag" like ../../../v2/_catalog is a path on the
+        # registry, never sent.
+        raise LockError(
+            f"{one_line(reference)[:140]!r} is neither a tag (the OCI grammar: letters, digits, "
+            "_ . -, at most 128, not starting with . or -) nor a sha256 digest",
+            where=f"{repository}:{one_line(reference)[:140]}",
+            fix="name the tag as the registry lists it (skopeo list-tags docker://REPOSITORY)",
+        )
     host, repo = split_repository(repository)
     url = f"{_scheme(host)}://{host}/v2/{repo}/manifests/{reference}"
     reply = _request(url, method, headers={"Accept": ACCEPT})

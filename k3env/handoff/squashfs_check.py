@@ -219,6 +219,8 @@ def _provenance(fs: Squashfs) -> tuple[dict[str, Any], bytes]:
         doc = json.loads(raw)
         if not isinstance(doc, dict) or not isinstance(doc.get("config"), dict):
             raise ValueError("not a k3env provenance document of this format")
+        if wrong := _misshapen(doc):
+            raise ValueError(wrong)
     except (ValueError, RecursionError) as e:
         raise ConfigError(
             f"{PROVENANCE_PATH} is not valid provenance ({e}): the image was altered, or built "
@@ -227,6 +229,48 @@ def _provenance(fs: Squashfs) -> tuple[dict[str, Any], bytes]:
             fix="re-export or re-import the image from the registry digest",
         ) from e
     return doc, raw
+
+
+def _is_strs(value: Any, container: type) -> bool:
+    if container is list:
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+    )
+
+
+def _misshapen(doc: Mapping[str, Any]) -> str | None:
+    """The first field of a provenance document whose type is not the one k3env writes (the
+    file is the image's, so untrusted: a check must say so, not fail on it), else None."""
+    config = doc["config"]
+    fields: list[tuple[str, Any, bool]] = [
+        ("config.Env", config.get("Env"), config.get("Env") is None
+         or _is_strs(config.get("Env"), list)),
+        ("config.Labels", config.get("Labels"), config.get("Labels") is None
+         or _is_strs(config.get("Labels"), dict)),
+        ("config.Entrypoint", config.get("Entrypoint"), config.get("Entrypoint") is None
+         or _is_strs(config.get("Entrypoint"), list)),
+        ("config.Cmd", config.get("Cmd"), config.get("Cmd") is None
+         or _is_strs(config.get("Cmd"), list)),
+        ("config.WorkingDir", config.get("WorkingDir"),
+         isinstance(config.get("WorkingDir"), str | None)),
+        ("config.Volumes", config.get("Volumes"), isinstance(config.get("Volumes"), dict | None)),
+        ("files", doc.get("files"), doc.get("files") is None or _is_strs(doc.get("files"), dict)),
+        ("image", doc.get("image"), isinstance(doc.get("image"), str | None)),
+        ("patches", doc.get("patches"), isinstance(doc.get("patches"), list | None) and all(
+            isinstance(p, dict) and isinstance(p.get("name"), str)
+            and isinstance(p.get("status"), str) and isinstance(p.get("target"), str | None)
+            for p in doc.get("patches") or [])),
+    ]  # fmt: skip
+    for key, inner in (("lock", "sha256"), ("spec", "sha256"), ("base", "pin")):
+        value = doc.get(key)
+        fields.append((key, value, value is None or (
+            isinstance(value, dict) and isinstance(value.get(inner), str | None))))  # fmt: skip
+    for name, value, ok in fields:
+        if not ok:
+            shown = json.dumps(value, default=str)[:60]
+            return f"its {name} is {type(value).__name__} {shown}, not as k3env writes it"
+    return None
 
 
 def _lines_diff(what: str, expected: list[str], actual: list[str]) -> list[CheckItem]:

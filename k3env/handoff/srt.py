@@ -28,6 +28,7 @@ from k3env.config.pinned_files import verify_pinned_file
 from k3env.config.pins import Lock, SrtPatchPin, SrtSlurmPin
 from k3env.config.shapes import require_git_source
 from k3env.errors import ConfigError, LockError, PatchError
+from k3env.files import read_input
 from k3env.hashing import canonical_sha256, file_sha256
 from k3env.log import Log
 from k3env.runner import attempt, require_tool, run
@@ -166,7 +167,14 @@ def _check_cache(final: Path, log: Log) -> dict[str, Any]:
             where=str(final),
             fix=fix,
         )
-    record: dict[str, Any] = json.loads(marker.read_text())
+    try:
+        record = json.loads(read_input(marker, error=ConfigError))
+    except (ValueError, RecursionError) as e:
+        raise ConfigError(f"the srt-slurm cache's marker does not parse ({e})"[:300],
+                          where=str(marker), fix=fix) from e  # fmt: skip
+    if not isinstance(record, dict) or not isinstance(record.get("head"), str):
+        raise ConfigError("the srt-slurm cache's marker was rewritten (it names no HEAD)",
+                          where=str(marker), fix=fix)  # fmt: skip
     status = run_git(["status", "--porcelain"], log, cwd=final / "src", what="git status")
     head = run_git(["rev-parse", "HEAD"], log, cwd=final / "src", what="git rev-parse").strip()
     if status.strip() or head != record["head"]:
