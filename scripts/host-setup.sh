@@ -67,6 +67,33 @@ if [ "$(python3 -m nox --version 2>&1)" != "$NOX_VERSION" ] || \
   echo "+ python3 -m pip install nox==$NOX_VERSION uv==$UV_VERSION"
   python3 -m pip install -q "nox==$NOX_VERSION" "uv==$UV_VERSION"
 fi
+# Upstream sources for a host without GitHub (CI): the real NVIDIA/srt-slurm history as a git
+# bundle, served in place of GitHub the way a networked host reaches it. A mirror clone of the
+# bundle (checked: its sha256, and the pinned tag naming the pinned commit), and git told to
+# fetch the lock's URL from it (`url.<mirror>.insteadOf`): the lock is unchanged, and
+# `k3env srt materialize` without --source gets the real srt-slurm.
+upstream="${K3ENV_UPSTREAM:-}"
+for candidate in "$(cd "$(dirname "$0")/.." && pwd)/../shared/upstream" /work/shared/upstream; do
+  [ -z "$upstream" ] && [ -f "$candidate/srt-slurm.bundle" ] && upstream="$candidate"
+done
+SRT_BUNDLE_SHA256=ea462bf504bb12f31467c8b411444337c00dedf49e146740911a945ffb150ba9
+SRT_URL=https://github.com/NVIDIA/srt-slurm.git
+if [ -n "$upstream" ] && [ -f "$upstream/srt-slurm.bundle" ]; then
+  mirror=/var/lib/k3env-upstream/srt-slurm.git
+  if [ ! -d "$mirror" ]; then
+    echo "$SRT_BUNDLE_SHA256  $upstream/srt-slurm.bundle" | sha256sum -c --quiet - || {
+      echo "$upstream/srt-slurm.bundle is not the bundle this script knows (sha256)" >&2; exit 1; }
+    echo "+ git clone --mirror $upstream/srt-slurm.bundle $mirror"
+    mkdir -p "$(dirname "$mirror")"
+    git clone -q --mirror "$upstream/srt-slurm.bundle" "$mirror.partial" 2>/dev/null
+    mv "$mirror.partial" "$mirror"
+  fi
+  pinned=$(git -C "$mirror" rev-parse 'refs/tags/v1.0.36^{commit}')
+  [ "$pinned" = cb651682117df129162cd276cf567ec70dc57b36 ] || {
+    echo "$mirror: v1.0.36 is $pinned, not the pinned commit" >&2; exit 1; }
+  git config --global "url.$mirror.insteadOf" "$SRT_URL"
+  echo "srt-slurm: $SRT_URL served from $mirror (the real history, $upstream)"
+fi
 # pyenv puts new console scripts on PATH only after a rehash.
 if command -v pyenv >/dev/null 2>&1; then pyenv rehash || true; fi
 echo "host ready: $(docker version -f 'dockerd {{.Server.Version}}'), registry 127.0.0.1:5000"

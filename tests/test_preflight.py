@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -227,19 +228,22 @@ def test_verify_facts_about_the_image_override_the_lock(repo_with_clusters: Path
 
 
 def test_srt_slurm_frontend_needs_the_pr_or_the_release(repo_with_clusters: Path) -> None:
-    # The committed lock: PR #278 and the multi-node patch are unresolved (no file, no sha256),
-    # so they provide nothing; the 2-node direct recipe needs both.
+    # The committed lock pins both patch files: the pinned srt-slurm serves the profile.
+    assert "K3-SRT-FRONTEND" not in findings(D)
+    # A lock written where the patch files could not be made: unresolved pins provide nothing,
+    # and the 2-node direct recipe needs both.
+    committed = LOCK.read_text()
+    start = committed.index("[[srt_slurm.patches]]")
+    end = committed.index("# ----", start)
+    patches = re.sub(r'(?m)^sha256 = "[0-9a-f]{64}"$', 'sha256 = "unresolved"',
+                     committed[start:end])  # fmt: skip
+    LOCK.write_text(committed[:start] + patches + committed[end:])
     report = run_rules(contexts(load_lock(LOCK), [load_spec(D, load_lock(LOCK))],
                                 load_cluster(CLUSTER), None), RULES)  # fmt: skip
     srt = [f for f in report.findings if f.rule == "K3-SRT-FRONTEND"]
     assert {f.key for f in srt} == {"srt_slurm.patches[0]", "srt_slurm.patches[1]"}
     assert all(f.severity == "error" and "unresolved (no sha256)" in f.message for f in srt)
-    # With both patch files written and pinned, the pinned srt-slurm serves the profile.
-    srt_dir = Path("patches/srt-slurm")
-    srt_dir.mkdir(parents=True, exist_ok=True)
-    (srt_dir / "pr278-direct-aggregate-serving.patch").write_text("From 6fd6000 ...\n")
-    (srt_dir / "pr278-direct-vllm-multinode.patch").write_text("From k3env ...\n")
-    assert main(["lock", "--update-hashes", "-q"]) == 0
+    LOCK.write_text(committed)
     assert "K3-SRT-FRONTEND" not in findings(D)
     replace_in(LOCK, 'provides = ["frontend.vllm.multinode"]', "provides = []")
     assert findings(D)["K3-SRT-FRONTEND"] == "error"  # single-node only on 2 nodes
@@ -249,10 +253,8 @@ def test_srt_slurm_frontend_needs_the_pr_or_the_release(repo_with_clusters: Path
 
 def test_the_node_count_comes_from_the_profile(repo_with_clusters: Path) -> None:
     """A one-node profile (TP8, no PP) needs no multi-node support whatever the cluster has."""
-    srt_dir = Path("patches/srt-slurm")
-    srt_dir.mkdir(parents=True, exist_ok=True)
-    (srt_dir / "pr278-direct-aggregate-serving.patch").write_text("From 6fd6000 ...\n")
-    assert main(["lock", "--update-hashes", "-q"]) == 0
+    # PR #278 alone: the multi-node patch provides nothing.
+    replace_in(LOCK, 'provides = ["frontend.vllm.multinode"]', "provides = []")
     assert findings(D).get("K3-SRT-FRONTEND") == "error"  # TP8 x PP2: 2 nodes
     text = D.read_text()
     one_node = text.replace('"--pipeline-parallel-size", "2",', '"--pipeline-parallel-size", "1",')

@@ -131,19 +131,28 @@ def test_findings_name_the_recipes_own_keys_and_lines(
 def test_the_committed_lock_is_judged_on_its_own_keys(
     repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """With the PR patches unresolved, the 2-node direct recipe fails on the lock's keys, and
-    srt-slurm's loader is said not to have run, naming why."""
+    """The committed lock pins both PR patch files: the 2-node direct recipe that served
+    passes the lock's rules (exit 0, usable), and where srt-slurm is not materialized its
+    loader is said not to have run, naming why, never passed. With the patch pins unresolved
+    (a lock written where the files could not be made), the recipe fails on the lock's keys."""
     shutil.copytree(REPO / "clusters", repo / "clusters")
+    code, out = preflight(capsys, "--recipe", str(RECIPES / "f.yaml"))
+    assert code == 0
+    (result,) = out["recipes"]
+    assert not [f for f in result["findings"] if f["rule"] == "K3-SRT-FRONTEND"]
+    loader = result["srt_slurm_loader"]
+    assert loader["verdict"] == "not checked" and "not materialized" in loader["detail"]
+    assert main(["preflight", "--recipe", str(RECIPES / "f.yaml")]) == 0
+    assert "srt-slurm's loader and dry-run: not checked (" in capsys.readouterr().out
+    text = LOCK.read_text()
+    LOCK.write_text(text.replace('sha256 = "253af8dc0d1c4348b85e6c9851cd3e68e2cccf9ea77d61d6feaa'
+                                 '91702f7aea9d"', 'sha256 = "unresolved"'))  # fmt: skip
     code, out = preflight(capsys, "--recipe", str(RECIPES / "f.yaml"))
     assert code == 4
     (result,) = out["recipes"]
     srt = {(f["file"], f["key"]) for f in result["findings"] if f["rule"] == "K3-SRT-FRONTEND"}
-    assert srt == {("pins/k3.lock.toml", "srt_slurm.patches[0]"),
-                   ("pins/k3.lock.toml", "srt_slurm.patches[1]")}  # fmt: skip
-    loader = result["srt_slurm_loader"]
-    assert loader["verdict"] == "not checked" and "unresolved" in loader["detail"]
-    assert main(["preflight", "--recipe", str(RECIPES / "f.yaml")]) == 4
-    assert "srt-slurm's loader and dry-run: not checked (" in capsys.readouterr().out
+    assert srt == {("pins/k3.lock.toml", "srt_slurm.patches[0]")}
+    assert "unresolved" in result["srt_slurm_loader"]["detail"]
 
 
 def test_the_effective_env_lists_each_baked_value_a_recipe_changes(
