@@ -2,7 +2,10 @@
 
 Each fact is a pattern on one log line, the stage it was met in, what it means and what fixed
 it, with where it came from: the bring-up's commit messages
-(shared/context/kimi-k3-b200-agentic-bringup.txt; the PR numbers are that record's). A log
+(shared/context/kimi-k3-b200-agentic-bringup.txt; the PR numbers are that record's), and where
+the pinned releases' own text has the message, its file (and line) there. Each pattern is tested
+against that text (tests/engine/test_stage_facts_engine.py: compiled strings read from the
+pinned wheels, and torch's errors raised by the twin's own torch). A log
 line no fact knows is tied to the stage the log had reached (``MARKERS``: the lines vLLM
 prints as it passes each stage) when it fails.
 
@@ -76,19 +79,23 @@ FACTS: tuple[Fact, ...] = (
         "memory)",
         "add --enable-cumem-allocator (and then --disable-custom-all-reduce), or drop "
         "expandable_segments",
-        "bring-up #2372, the commit enabling the cumem allocator",
+        "bring-up #2372, the commit enabling the cumem allocator; the Kimi-K3 image's vLLM "
+        "(not in vLLM 0.31.0's text, so not checked against a pinned release here)",
     ),
     # #2359 / variant F: "VLLM_PREFIX_CACHE_RETENTION_INTERVAL (32768) must be non-negative and
     # a multiple of scheduler_block_size (3145728)" -- engine init hard-fails.
+    # vLLM 0.31.0 says it of the flag that replaced the env var (vllm/v1/core/
+    # kv_cache_coordinator.py:60): "prefix_cache_retention_interval (N) must be ...".
     _fact(
         "retention-interval-not-block-multiple",
         INIT,
-        r"VLLM_PREFIX_CACHE_RETENTION_INTERVAL \(\d+\) must be non-negative and a multiple "
-        r"of scheduler_block_size \(\d+\)",
+        r"(?:VLLM_PREFIX_CACHE_RETENTION_INTERVAL|prefix_cache_retention_interval) \(\d+\) "
+        r"must be non-negative and a multiple of scheduler_block_size \(\d+\)",
         "the prefix-cache retention interval is not a multiple of the model's scheduler block "
         "(Kimi-K3's KDA hybrid: 3,145,728 tokens)",
         "set VLLM_PREFIX_CACHE_RETENTION_INTERVAL to 0 or a multiple of the block size",
-        "bring-up #2359, the commit dropping the interval; #2372 sets it to 0",
+        "bring-up #2359, the commit dropping the interval; #2372 sets it to 0; vLLM 0.31.0 "
+        "vllm/v1/core/kv_cache_coordinator.py:60 (the flag's name)",
     ),
     # Variant E (#2370): with enable_cross_layers_blocks true, "shape '[64980, 64, 576]' is
     # invalid for input of size 199618560" at KV-cache initialization (12x = the MLA layers
@@ -100,7 +107,8 @@ FACTS: tuple[Fact, ...] = (
         "the KV-cache tensor's shape does not fit its storage: the cross-layer block fold of "
         "the KV connector mishandles a hybrid model's layers",
         'set "enable_cross_layers_blocks": false in --kv-transfer-config',
-        "bring-up #2370, the commit turning cross-layer blocks off",
+        "bring-up #2370, the commit turning cross-layer blocks off; torch 2.13.0 "
+        'libtorch_cpu.so (ATen/InferSize.h: "shape \'" ... "\' is invalid for input of size ")',
     ),
     # Variant F (#2372), ninth attempt: died in CUDA-graph capture with
     # "custom_all_reduce.cuh:164 'invalid argument'" (its IPC buffers, invalidated by the
@@ -113,7 +121,9 @@ FACTS: tuple[Fact, ...] = (
         "it dies when CUDA graphs are captured",
         "add --disable-custom-all-reduce with --enable-cumem-allocator (TP all-reduce falls "
         "back to NCCL)",
-        "bring-up #2372, the commit pairing the cumem allocator with custom all-reduce off",
+        "bring-up #2372, the commit pairing the cumem allocator with custom all-reduce off; "
+        "vLLM 0.31.0 _C_stable_libtorch.abi3.so (\"Failed: Cuda error %s:%d '%s'\\n\" of "
+        "/workspace/csrc/custom_all_reduce.cuh)",
     ),
     # Sixth attempt (variants A and C): the first decode step crashes in the KDA hybrid-state
     # postprocess (mamba_hybrid.py postprocess_state): "IndexError: index_fill_(): Expected
@@ -125,7 +135,8 @@ FACTS: tuple[Fact, ...] = (
         "the hybrid-state postprocess passes the int32 idx_mapping to index_fill_, which needs "
         "int64: the first decode step crashes",
         "bake the container patch mamba-hybrid-index-int64 (.long() on the index)",
-        "bring-up sixth sweep attempt, the mamba_hybrid.py container patch",
+        "bring-up sixth sweep attempt, the mamba_hybrid.py container patch; torch 2.13.0 "
+        "libtorch_cpu.so (raised as IndexError by the twin's torch)",
     ),
     # Inherited from the dynamo-frontend variants (#2355/#2358), seen again in #2370: at
     # utilization 0.90 "the first long-context MLA prefill OOM'd on a 2.92 GiB transient while
@@ -139,7 +150,8 @@ FACTS: tuple[Fact, ...] = (
         "unallocated: fragmentation of the caching allocator",
         "set PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (with SimpleCPUOffloadConnector "
         "that needs --enable-cumem-allocator)",
-        "bring-up #2355/#2358, the expandable_segments commit; #2370's 2.36 / 2.63 GiB",
+        "bring-up #2355/#2358, the expandable_segments commit; #2370's 2.36 / 2.63 GiB; "
+        "torch 2.13.0 libc10_cuda.so (the caching allocator's OOM message)",
         _fragmented,
     ),
     # Variant D (#2359) and the dynamo-frontend variants: "the flashinfer trtllm MXFP4 MoE
@@ -153,7 +165,8 @@ FACTS: tuple[Fact, ...] = (
         "an allocation outside vLLM's memory pool did not fit in what --gpu-memory-utilization "
         "left free (the bring-up's: flashinfer's MXFP4 MoE workspace, ~1.6 GiB, at 0.95)",
         "lower --gpu-memory-utilization (the bring-up went to 0.90)",
-        "bring-up #2359, the commit lowering gpu-memory-utilization to 0.90",
+        "bring-up #2359, the commit lowering gpu-memory-utilization to 0.90; torch 2.13.0 "
+        "libc10_cuda.so (the caching allocator's OOM message)",
     ),
 )
 
