@@ -94,6 +94,98 @@ if [ -n "$upstream" ] && [ -f "$upstream/srt-slurm.bundle" ]; then
   git config --global "url.$mirror.insteadOf" "$SRT_URL"
   echo "srt-slurm: $SRT_URL served from $mirror (the real history, $upstream)"
 fi
+# The cluster's runtime, built from its pinned sources (the versions clusters/*.toml name):
+# enroot 4.1.2 and pyxis 0.24.0 from ../shared/upstream (each archive checked against its git
+# commit and sha256 before it is built), into /opt/k3env-cluster; a stamp per build makes it
+# idempotent. tests/engine/test_pyxis_engine.py runs k3env's images through them under the
+# local Slurm. (glibc 2.36 has no strlcpy: enroot's sources get <bsd/string.h>.)
+if [ -n "$upstream" ] && [ -f "$upstream/enroot-4.1.2.tar.gz" ] && [ -f "$upstream/pyxis-0.24.0.tar.gz" ]; then
+(
+set -euo pipefail
+
+K3ENV_CLUSTER_PREFIX=${K3ENV_CLUSTER_PREFIX:-/opt/k3env-cluster}
+
+ENROOT_TGZ=$upstream/enroot-4.1.2.tar.gz
+ENROOT_COMMIT=bd51f53b6fa954805ae3e1985c5dc7594ff66d05
+ENROOT_SHA256=817e8d551135e6f3fc311d1ee57b03fb4d30325acba732f8dea43069ca11f8d3
+PYXIS_TGZ=$upstream/pyxis-0.24.0.tar.gz
+PYXIS_COMMIT=107519944221822ea1dace4db8e7234b2eaa4cd5
+PYXIS_SHA256=063653ba39125ac29796cc6079701d1ec34dd4c5baf698efacc0f36bf3619681
+
+# Build: gcc make libbsd-dev makeself libslurm-dev (pyxis must match the installed Slurm).
+# enroot runtime (its deb's Depends/Recommends/Suggests): bash curl mawk jq parallel passwd
+# squashfs-tools zstd pigz bsdextrautils util-linux ncurses-bin; squashfuse for
+# pyxis use_squashfuse=1 / `enroot start x.sqsh` without unpacking.  git: get-tar-commit-id.
+# Slurm itself (slurmctld slurmd slurm-client munge) is expected from the host setup.
+pkgs="git gcc make libbsd-dev makeself libslurm-dev curl jq parallel passwd squashfs-tools
+      zstd pigz bsdextrautils util-linux ncurses-bin squashfuse"
+missing=""
+for p in $pkgs; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+if [ -n "$missing" ]; then
+    echo "k3env-cluster: apt-get install$missing"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
+fi
+
+check_archive() {  # FILE COMMIT SHA256
+    [ -r "$1" ] || { echo "k3env-cluster: missing $1" >&2; exit 1; }
+    local got  # (not `zcat | git ...`: zcat's SIGPIPE would fail the pipeline under pipefail)
+    got=$(git get-tar-commit-id < <(zcat "$1"))
+    [ "$got" = "$2" ] || { echo "k3env-cluster: $1 is commit $got, expected $2" >&2; exit 1; }
+    echo "$3  $1" | sha256sum -c --quiet - || { echo "k3env-cluster: $1 sha256 mismatch" >&2; exit 1; }
+}
+check_archive "$ENROOT_TGZ" "$ENROOT_COMMIT" "$ENROOT_SHA256"
+check_archive "$PYXIS_TGZ" "$PYXIS_COMMIT" "$PYXIS_SHA256"
+
+build=$(mktemp -d /tmp/k3env-cluster-build.XXXXXX)
+
+# enroot: deps/ submodules are not in the archive; Debian provides makeself and libbsd.
+# FORCE_GLIBC=1 builds the helpers against glibc (not the bundled musl).  glibc 2.36 has no
+# strlcpy/strlcat: CPPFLAGS (from the environment, so the Makefile appends rather than replaces
+# it) force-includes <bsd/string.h>; -D_GNU_SOURCE= matches the sources' own empty #define.
+ENROOT_DIR=$K3ENV_CLUSTER_PREFIX/enroot
+ENROOT_CPPFLAGS="-D_GNU_SOURCE= -include bsd/string.h"
+ENROOT_LDLIBS="-l:libbsd.a -l:libbsd.so"
+enroot_stamp="enroot $ENROOT_COMMIT FORCE_GLIBC=1 CPPFLAGS=$ENROOT_CPPFLAGS LDLIBS=$ENROOT_LDLIBS"
+if [ "$(cat "$ENROOT_DIR/.k3env-stamp" 2>/dev/null)" != "$enroot_stamp" ]; then
+    echo "k3env-cluster: building enroot 4.1.2 into $ENROOT_DIR"
+    rm -rf "$ENROOT_DIR"
+    tar xzf "$ENROOT_TGZ" -C "$build"
+    (
+        cd "$build/enroot-4.1.2"
+        mkdir -p deps/dist/makeself/bin
+        cp "$(command -v makeself)" deps/dist/makeself/bin/enroot-makeself
+        CPPFLAGS="$ENROOT_CPPFLAGS" make -s -o deps FORCE_GLIBC=1 LDLIBS="$ENROOT_LDLIBS" \
+            prefix="$ENROOT_DIR" install >"$build/enroot-make.log" 2>&1 \
+            || { cat "$build/enroot-make.log" >&2; exit 1; }
+    )
+    echo "$enroot_stamp" > "$ENROOT_DIR/.k3env-stamp"
+fi
+
+# pyxis: built against Debian's libslurm-dev; a SPANK plugin must match slurmd's Slurm version.
+PYXIS_DIR=$K3ENV_CLUSTER_PREFIX/pyxis
+slurm_ver=$(dpkg-query -W -f='${Version}' libslurm-dev)
+slurmd_ver=$(dpkg-query -W -f='${Version}' slurmd 2>/dev/null || true)
+if [ -n "$slurmd_ver" ] && [ "$slurmd_ver" != "$slurm_ver" ]; then
+    echo "k3env-cluster: WARNING libslurm-dev $slurm_ver != slurmd $slurmd_ver" >&2
+fi
+pyxis_stamp="pyxis $PYXIS_COMMIT libslurm-dev=$slurm_ver"
+if [ "$(cat "$PYXIS_DIR/.k3env-stamp" 2>/dev/null)" != "$pyxis_stamp" ]; then
+    echo "k3env-cluster: building pyxis 0.24.0 into $PYXIS_DIR (libslurm-dev $slurm_ver)"
+    rm -rf "$PYXIS_DIR"
+    tar xzf "$PYXIS_TGZ" -C "$build"
+    make -s -C "$build/pyxis-0.24.0" prefix="$PYXIS_DIR" install >"$build/pyxis-make.log" 2>&1 \
+        || { cat "$build/pyxis-make.log" >&2; exit 1; }
+    install -m 755 "$build/pyxis-0.24.0/importers/caching_importer.sh" "$PYXIS_DIR/share/pyxis/"
+    echo "$pyxis_stamp" > "$PYXIS_DIR/.k3env-stamp"
+fi
+
+rm -rf "$build"
+echo "cluster runtime: enroot $("$ENROOT_DIR/bin/enroot" version) ($ENROOT_DIR), pyxis 0.24.0 ($PYXIS_DIR)"
+)
+fi
 # pyenv puts new console scripts on PATH only after a rehash.
 if command -v pyenv >/dev/null 2>&1; then pyenv rehash || true; fi
 echo "host ready: $(docker version -f 'dockerd {{.Server.Version}}'), registry 127.0.0.1:5000"

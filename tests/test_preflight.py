@@ -15,6 +15,7 @@ from k3env.cli import main
 from k3env.config.cluster import load_cluster
 from k3env.config.lock import load_lock
 from k3env.config.spec import load_spec
+from k3env.errors import ConfigError
 from k3env.image.records import build_key
 from k3env.state import State
 
@@ -444,3 +445,18 @@ def test_an_arm64_clusters_lacked_facts_name_the_platforms_verify(
 def test_a_manifest_pinned_with_its_variant_serves_the_arm64_cluster(resolved_srt: Path) -> None:
     replace_in(LOCK, '"linux/arm64" = "sha256:', '"linux/arm64/v8" = "sha256:')
     assert "K3-IMAGE-PLATFORM" not in rules_on(GB200, F)
+
+
+def test_a_cluster_whose_enroot_cannot_import_by_digest_is_an_error(
+    repo_with_clusters: Path,
+) -> None:
+    """k3env names images by digest; enroot 3.5 rejects `@sha256:` (srt-slurm#385)."""
+    cluster = load_cluster(CLUSTER)
+    assert cluster.runtime["enroot"].version == "4.1.2"
+    assert cluster.runtime["pyxis"].commit == "107519944221822ea1dace4db8e7234b2eaa4cd5"
+    assert "K3-ENROOT-DIGEST" not in findings(D)
+    replace_in(CLUSTER, 'version = "4.1.2"', 'version = "3.5.0"')
+    assert findings(D)["K3-ENROOT-DIGEST"] == "error"
+    replace_in(CLUSTER, "[runtime.enroot]", "[runtime.docker]")
+    with pytest.raises(ConfigError, match="'docker' is not a runtime part"):
+        load_cluster(CLUSTER)

@@ -550,6 +550,22 @@ def tp_nvlink(ctx: Context) -> Iterable[Hit]:
             )
 
 
+def enroot_digest(ctx: Context) -> Iterable[Hit]:
+    """k3env names every image by its manifest digest (recipes, sbatch scripts): the nodes'
+    enroot must take ``@sha256:`` references (3.5 does not: srt-slurm#385)."""
+    enroot = ctx.cluster.runtime.get("enroot")
+    if enroot is None:
+        return
+    if not in_range(enroot.version, ">=4.0"):
+        yield Hit(
+            key="runtime.enroot.version",
+            message=(
+                f"{ctx.cluster.name}'s enroot {enroot.version} rejects an image named by digest "
+                "(`docker://REGISTRY#REPO@sha256:...`), the only way k3env names its images"
+            ),
+        )
+
+
 RULES: tuple[Rule, ...] = (
     Rule(
         id="K3-PARSER-FLAGS",
@@ -712,6 +728,17 @@ RULES: tuple[Rule, ...] = (
         fix="TP within the NVLink domain (8 on DGX B200, 72 on GB200/GB300 NVL72); PP across",
         source="TP8 x PP2 chosen for 2 x 8 B200 (TP inside a node, PP across)",
         check=tp_nvlink,
+    ),
+    Rule(
+        id="K3-ENROOT-DIGEST",
+        title="the nodes' enroot imports an image by digest",
+        symptom="pyxis: enroot import fails on `@sha256:` at job start (enroot 3.5)",
+        components="enroot on the nodes (cluster profile [runtime.enroot]), k3env recipes",
+        severity=ERROR,
+        fix="run enroot >= 4.0 on the nodes (the cluster profiles pin 4.1.2), or stage the "
+        "exported .sqsh and name it by path",
+        source="srt-slurm#385 (enroot 3.5 and digest references)",
+        check=enroot_digest,
     ),
 )
 RULES_BY_ID: Mapping[str, Rule] = {r.id: r for r in RULES}

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from k3env.config.reader import MAX_COUNT, Table, load_toml
+from k3env.config.reader import COMMIT_RE, MAX_COUNT, Table, load_toml
 from k3env.config.shapes import DEFAULT_PLATFORM, MACHINES, PLATFORM_FIX
 from k3env.errors import ConfigError
 
@@ -16,6 +17,18 @@ CLUSTER_PLATFORM_RE = re.compile("^(" + "|".join(map(re.escape, MACHINES)) + ")$
 DEFAULT_CLUSTER = Path("clusters/b200-dgxc.toml")
 # Memory in GiB or GB per GPU or node: finite, positive, and below a petabyte.
 MAX_GIB = 1e6
+
+
+@dataclass(frozen=True, kw_only=True)
+class RuntimePin:
+    """One part of the nodes' container runtime, by release and source commit."""
+
+    name: str
+    version: str
+    commit: str | None = None
+
+
+RUNTIME_PARTS = ("enroot", "pyxis")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +49,10 @@ class Cluster:
     # GPUs that share one NVLink domain (8 in a DGX B200; 72 in a GB200/GB300 NVL72 rack):
     # a tensor-parallel group larger than this all-reduces over the network.
     nvlink_domain_gpus: int = 0
+    # The container runtime the nodes run (``[runtime.enroot]``, ``[runtime.pyxis]``): its
+    # release and source commit. Rules read the versions (enroot 3.5 refuses an image named by
+    # digest); None: the profile does not say.
+    runtime: Mapping[str, RuntimePin] = field(default_factory=dict)
 
     @property
     def machine(self) -> str:
@@ -67,8 +84,32 @@ def load_cluster(path: Path) -> Cluster:
         if domain is None
         else domain,
     )
+    if t.has("runtime"):
+        cluster = replace(cluster, runtime=_runtime(t.table("runtime")))
     t.done()
     for key in ("gpus_per_node", "nodes", "nvlink_domain_gpus"):
         if getattr(cluster, key) <= 0:
             raise t.fail(key, f"{key} must be greater than 0", "write the machine's real figure")
     return cluster
+
+
+def _runtime(t: Table) -> dict[str, RuntimePin]:
+    """``[runtime.enroot]`` / ``[runtime.pyxis]``: ``version`` (PEP 440) and ``commit``."""
+    from k3env.versions import InvalidVersion, Version
+
+    out = {}
+    for name in t.keys():
+        if name not in RUNTIME_PARTS:
+            raise t.fail(name, f"{name!r} is not a runtime part k3env knows",
+                         f"use one of {list(RUNTIME_PARTS)}")  # fmt: skip
+        part = t.table(name)
+        version = part.string("version")
+        try:
+            Version(version)
+        except InvalidVersion as e:
+            raise part.fail("version", f"{version!r} is not a version", "e.g. 4.1.2") from e
+        commit = part.matching("commit", COMMIT_RE, "40 hex digits", required=False)
+        part.done()
+        out[name] = RuntimePin(name=name, version=version, commit=commit)
+    t.done()
+    return out

@@ -12,6 +12,7 @@ are the real ones.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -78,17 +79,30 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
 def local_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """munged, slurmctld and slurmd on localhost (one node, its own ports, socket and spool),
     stopped after the test; the environment that points Slurm's commands at it."""
+    with running_slurm(Path(tmp_path_factory.mktemp("slurm"))) as env:
+        yield env
+
+
+@contextlib.contextmanager
+def running_slurm(
+    root: Path, *, plugstack: str | None = None, slurmd_path: str | None = None
+) -> Iterator[dict[str, str]]:
+    """A throwaway Slurm in ``root``: ``plugstack`` the SPANK plugin lines (pyxis), and
+    ``slurmd_path`` the PATH slurmd (and so each step's slurmstepd) runs with."""
     missing = [t for t in TOOLS if shutil.which(t) is None]
     if missing or not MUNGE_KEY.exists() or os.geteuid() != 0:
         _require(f"Slurm and munge as root ({', '.join(missing) or 'munge.key or root'} missing; "
                  "scripts/host-setup.sh installs slurm-wlm and munge)")  # fmt: skip
-    root = Path(tmp_path_factory.mktemp("slurm"))
     for d in ("state", "spool"):
         (root / d).mkdir()
     host = socket.gethostname().split(".")[0]
     conf = root / "slurm.conf"
     ports = {"ctld_port": _free_port(), "slurmd_port": _free_port()}
-    conf.write_text(SLURM_CONF.format(host=host, root=root, cpus=os.cpu_count() or 1, **ports))
+    text = SLURM_CONF.format(host=host, root=root, cpus=os.cpu_count() or 1, **ports)
+    if plugstack is not None:
+        (root / "plugstack.conf").write_text(plugstack)
+        text = f"PlugStackConfig={root}/plugstack.conf\n" + text
+    conf.write_text(text)
     env = {**os.environ, "SLURM_CONF": str(conf)}
     daemons = [
         ["munged", "--foreground", "--force", f"--socket={root}/munge.sock",
@@ -100,8 +114,12 @@ def local_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
     procs: list[subprocess.Popen[bytes]] = []
     try:
         for argv in daemons:
+            daemon_env = (
+                {**env, "PATH": slurmd_path} if argv[0] == "slurmd" and slurmd_path else env
+            )
             with (root / f"{argv[0]}.out").open("wb") as out:
-                procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env))
+                procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                              env=daemon_env))  # fmt: skip
             if argv[0] == "munged":
                 for _ in range(50):
                     if (root / "munge.sock").exists():
