@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 
@@ -174,3 +175,63 @@ def bench(session: nox.Session) -> None:
         session.run("python", f"benchmarks/bench_{name}.py", *args)
         took.append(f"{name} {time.monotonic() - start:.0f} s")
     session.log("benchmarks took: " + ", ".join(took))
+
+
+# The verdict code mutation testing measures (`nox -s mutation`): every other module is copied
+# unmutated. The unit suite is the test selection; mutmut runs, per mutant, the tests that
+# reached the mutated function.
+MUTATED = (
+    "k3env/smoke/collect.py",
+    "k3env/checks/matrix.py",
+    "k3env/handoff/recipe_check.py",
+    "k3env/checks/verdicts.py",
+    "k3env/checks/preflight.py",
+    "k3env/checks/rules.py",
+)
+
+
+@nox.session(python=PYTHON, default=False)
+def mutation(session: nox.Session) -> None:
+    """Mutation testing (mutmut) of the verdict code (MUTATED) against the unit suite, in a
+    copy of the project; prints killed / survived / untested per module. `-- MODULE ...`
+    mutates those instead. Slow (tens of minutes on 2 cores): not part of CI."""
+    import shutil
+    import tomllib
+
+    meta = tomllib.loads(Path("pyproject.toml").read_text())["project"]
+    test_deps = meta["optional-dependencies"]["test"]
+    # k3env itself is not installed: mutmut puts its mutated copy first on the path.
+    session.install("pip", "mutmut==3.8.1", *meta["dependencies"], *test_deps)
+    targets = session.posargs or list(MUTATED)
+    work = Path(session.create_tmp()).resolve() / "project"
+    shutil.rmtree(work, ignore_errors=True)
+    shutil.copytree(
+        ".", work, ignore=shutil.ignore_patterns(".git", ".nox", "mutants", "out", "*.egg-info")
+    )
+    others = sorted(str(p) for p in Path("k3env").rglob("*.py") if str(p) not in targets)
+    with (work / "setup.cfg").open("w") as cfg:
+        cfg.write("[mutmut]\nsource_paths=k3env\n")
+        cfg.write("do_not_mutate=\n" + "".join(f"    {o}\n" for o in others))
+        cfg.write("pytest_add_cli_args_test_selection=\n    tests\n    --ignore=tests/engine\n")
+        # Everything else of the project beside the package (tests read README, flake, ...).
+        rest = sorted(p.name for p in work.iterdir() if p.name not in ("k3env", "setup.cfg"))
+        cfg.write("also_copy=\n" + "".join(f"    {d}\n" for d in rest))
+    with session.chdir(work):
+        # Tests that start `python -m k3env` in a subprocess find the mutated copy too. The
+        # directory exists before mutmut starts: its (in-process) pytest imports `tests` from
+        # it, and an entry of sys.path that was missing at start-up is cached as no finder.
+        (work / "mutants").mkdir()
+        session.run("mutmut", "run", "--max-children", str(os.cpu_count() or 1),
+                    env={"PYTHONPATH": str(work / "mutants")})  # fmt: skip
+        out = session.run("mutmut", "results", "--all", "true", silent=True) or ""
+    per: dict[str, dict[str, int]] = {}
+    for line in str(out).splitlines():
+        name, _, status = line.strip().rpartition(": ")
+        if name:
+            module = ".".join(name.split(".")[:3])
+            per.setdefault(module, {}).setdefault(status, 0)
+            per[module][status] += 1
+    for module, counts in sorted(per.items()):
+        total = sum(counts.values())
+        killed = counts.get("killed", 0)
+        session.log(f"{module}: {killed}/{total} killed ({100 * killed / total:.0f}%) {counts}")
