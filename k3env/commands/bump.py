@@ -103,13 +103,16 @@ def run(args: argparse.Namespace, app: App) -> int:
         new_lock, changes = candidate_lock(lock, changes_wanted)
     if args.edit_only:
         return _edit_only(app, lock, changes_wanted, changes, regenerate_twin if twin else None)
+    # --source names the source of the pin bumped: srt-slurm's for an srt-slurm bump, else
+    # (a Dynamo source, say) not srt-slurm's, whose patches are judged on the lock's git URL.
+    srt_source = args.source if args.pin in ("srt-slurm", "srt_slurm") else None
     engine = app.engine()
     state = app.state()
     cluster = load_cluster(args.cluster)
     with log.step("before: build, verify, preflight on the current lock"):
         before = evaluate(lock, load_specs(args.images, lock), engine=engine, state=state,
                           log=log, cluster=cluster, run_verify=not args.skip_verify,
-                          srt_source=args.source, twin=args.twin)  # fmt: skip
+                          srt_source=srt_source, twin=args.twin)  # fmt: skip
     regenerated = None
     if twin:
         # The files the twin is built from, written now (the old bytes kept): `after` builds
@@ -123,7 +126,7 @@ def run(args: argparse.Namespace, app: App) -> int:
     with log.step("after: build, verify, preflight on the bumped lock"):
         after = evaluate(new_lock, load_specs(args.images, new_lock), engine=engine, state=state,
                          log=log, cluster=cluster, run_verify=not args.skip_verify,
-                         srt_source=args.source, twin=args.twin)  # fmt: skip
+                         srt_source=srt_source, twin=args.twin)  # fmt: skip
     text = body(new_lock, args.pin, changes, before, after)
     if regenerated is not None:
         written = not after.failed or args.keep_failing
