@@ -34,6 +34,9 @@ RELEASES = [
     ("k3probe-b", "1.0", [], "2026-01-02T00:00:00Z"),
     ("k3probe-b", "1.1", [], "2026-06-01T00:00:00Z"),
 ]
+# Shown by the index only later, claiming an upload time before the cut-off (an index or mirror
+# that back-fills): `late` in the fixture's answer adds it.
+LATE: tuple[str, str, list[str], str] = ("k3probe-b", "1.0.1", [], "2026-02-01T00:00:00Z")
 MINIMAL_LOCK = f"""\
 version = 1
 
@@ -75,16 +78,19 @@ def _wheel(directory: Path, name: str, version: str, requires: list[str]) -> Pat
 
 @pytest.fixture
 def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A PEP 691 index on 127.0.0.1 serving RELEASES with their upload times."""
+    """A PEP 691 index on 127.0.0.1 serving RELEASES with their upload times (and LATE
+    behind ``/late/simple``)."""
     wheels = tmp_path / "files"
     wheels.mkdir()
     pages: dict[str, list[dict[str, object]]] = {}
-    for name, version, requires, uploaded in RELEASES:
+    late: dict[str, list[dict[str, object]]] = {}
+    for name, version, requires, uploaded in [*RELEASES, LATE]:
         w = _wheel(wheels, name, version, requires)
         with zipfile.ZipFile(w) as z:  # PEP 658: the metadata beside the wheel
             meta = z.read(f"{w.name.split('-py3')[0]}.dist-info/METADATA")
         (wheels / f"{w.name}.metadata").write_bytes(meta)
-        pages.setdefault(name, []).append({
+        entries = late if (name, version) == LATE[:2] else pages
+        entries.setdefault(name, []).append({
             "filename": w.name, "url": f"/files/{w.name}",
             "hashes": {"sha256": hashlib.sha256(w.read_bytes()).hexdigest()},
             "core-metadata": {"sha256": hashlib.sha256(meta).hexdigest()},
@@ -97,9 +103,12 @@ def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
 
         def do_GET(self) -> None:
             parts = self.path.strip("/").split("/")
+            shown = [*pages.get(parts[-1], [])]
+            if parts[0] == "late":  # the same index, later
+                parts, shown = parts[1:], shown + late.get(parts[-1], [])
             if parts[0] == "simple" and len(parts) == 2 and parts[1] in pages:
                 body = json.dumps({"meta": {"api-version": "1.1"}, "name": parts[1],
-                                   "files": pages[parts[1]]}).encode()  # fmt: skip
+                                   "files": shown}).encode()  # fmt: skip
                 kind = "application/vnd.pypi.simple.v1+json"
             elif parts[0] == "files" and len(parts) == 2 and (wheels / parts[1]).is_file():
                 body, kind = (wheels / parts[1]).read_bytes(), "application/octet-stream"
@@ -149,6 +158,23 @@ def test_the_cutoff_gives_the_same_bytes_whatever_was_uploaded_after_it(
     REQ.unlink()
     assert main(["twin", "--resolve", "--index-url", index, "-q"]) == 0
     assert REQ.read_bytes() == first
+
+
+def test_a_release_shown_later_with_an_earlier_upload_time_moves_nothing_until_refresh(
+    minimal: Path, index: str
+) -> None:
+    """An index that back-fills (k3probe-b 1.0.1 appears later, claiming an upload before the
+    cut-off): the committed versions are kept (sticky), the bytes stay; a refresh takes it."""
+    assert main(["twin", "--resolve", "--index-url", index, "-q"]) == 0
+    first = REQ.read_bytes()
+    later = index.replace("/simple", "/late/simple")
+    assert main(["twin", "--resolve", "--index-url", later, "-q"]) == 0
+    assert REQ.read_bytes() == first
+    replace_in(LOCK, CUTOFF, "2026-03-01T00:00:01Z")  # another cut-off: the same sticky pins
+    assert main(["twin", "--resolve", "--index-url", later, "-q"]) == 0
+    assert b"k3probe-b==1.0 " in REQ.read_bytes()
+    assert main(["twin", "--resolve", "--refresh", "--index-url", later, "-q"]) == 0
+    assert b"k3probe-b==1.1 " in REQ.read_bytes()
 
 
 def test_outdated_names_the_newer_closure_and_the_bump_takes_it(

@@ -135,10 +135,11 @@ def regenerate(
         for platform in lock.twin.all_platforms:
             record_resolved(load_lock(lock.path), lock.path, log, platform=platform,
                             find_links=find_links, index_url=index_url,
-                            resolved_before=leaves["twin.resolved_before"])  # fmt: skip
+                            resolved_before=leaves["twin.resolved_before"],
+                            refresh=True)  # fmt: skip
         now = load_lock(lock.path)
         record_overlays(now, lock.path, log, names=overlay_variants(now), find_links=find_links,
-                        index_url=index_url, refresh=False)  # fmt: skip
+                        index_url=index_url, refresh=True)  # fmt: skip
     except BaseException:
         restore(saved)
         raise

@@ -97,7 +97,7 @@ def _resolve_twin(args: argparse.Namespace, lock: Lock, app: App) -> int:
     done = [
         record_resolved(load_lock(args.lock), args.lock, app.log, platform=platform,
                         find_links=args.find_links, index_url=args.index_url,
-                        resolved_before=cutoff)
+                        resolved_before=cutoff, refresh=args.refresh)
         for platform in ([] if args.variant else platforms)
     ]  # fmt: skip
     names = args.variant or (overlays if DEFAULT_PLATFORM in platforms else [])

@@ -62,11 +62,19 @@ def record_resolved(
     find_links: Sequence[str],
     index_url: str | None,
     resolved_before: str,
+    refresh: bool = False,
 ) -> Recorded:
+    """The twin's files for ``platform``. Sticky: the committed requirements file's versions
+    are kept where the lock's inputs still allow them (uv's preferences), so a release an
+    index shows later, whatever upload time it claims, moves nothing until ``refresh`` (or
+    ``k3env bump twin``) resolves afresh."""
     assert lock.twin is not None
     twin = lock.twin.for_platform(platform)
+    current = lock.resolve_path(twin.requirements, key=f"{twin.key}.requirements")
+    keep = None if refresh or not current.is_file() else current
     resolved = resolve_twin(lock, log, find_links=find_links, index_url=index_url,
-                            platform=platform, resolved_before=resolved_before)  # fmt: skip
+                            platform=platform, resolved_before=resolved_before,
+                            preferences=keep)  # fmt: skip
     files = {f"{twin.key}.requirements": (twin.requirements, resolved.text)}
     if twin.debian:
         files[f"{twin.key}.debian"] = (twin.debian, resolve_debian(lock, log, platform))
@@ -125,8 +133,11 @@ def record_overlays(
             else:
                 cutoff = require_settled(c.resolved_before,
                                          where=f"{lock.path}: {table}.resolved_before")  # fmt: skip
+            current = lock.resolve_path(c.closure, key=f"{table}.closure")
+            keep = None if refresh or not current.is_file() else current
             resolved = resolve_overlay(lock, variant, log, find_links=find_links,
-                                       index_url=index_url, resolved_before=cutoff)  # fmt: skip
+                                       index_url=index_url, resolved_before=cutoff,
+                                       closure=keep)  # fmt: skip
             files = {key.removesuffix("_sha256"): (c.closure, resolved.text)}
             hashes, changes = _write_and_record(
                 lock, lock_path, files, {f"{table}.resolved_before": cutoff}

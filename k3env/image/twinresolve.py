@@ -93,6 +93,7 @@ def resolve_overlay(
     resolved_before: str,
     find_links: Sequence[str] = (),
     index_url: str | None = None,
+    closure: Path | None = None,
 ) -> Resolved:
     """A variant's vLLM release resolved against the twin (``twinreq.overlay_inputs``), the
     twin's pinned versions preferred (uv keeps what an existing output file pins where it
@@ -105,10 +106,23 @@ def resolve_overlay(
     twin_file = lock.resolve_path(twin.requirements, key=f"{twin.key}.requirements")
     ours_text = read_input(twin_file, error=LockError)
     inputs = overlay_inputs(lock, variant, digest_hex(sha256_digest(ours_text)), resolved_before)
-    compiled = _compile(
-        inputs, log, find_links=find_links, index_url=index_url, preferences=twin_file,
-        what=f"resolve variant {variant.name} ({wheel.name} {wheel.version}) against the twin",
-    )  # fmt: skip
+    ours = parse_pinned(ours_text.decode("utf-8", errors="replace"))
+    # Preferred: the twin's versions, the closure's own where it has one (sticky, as the
+    # twin's file is).
+    preferred = dict(ours)
+    if closure is not None:
+        preferred.update(
+            parse_pinned(read_input(closure, error=LockError).decode("utf-8", "replace"))
+        )
+    with tempfile.TemporaryDirectory(prefix="k3env-prefer-") as tmp:
+        prefer = Path(tmp) / "prefer.txt"
+        prefer.write_text(
+            "".join(pinned_line(n, v, h) + "\n" for n, (v, h) in sorted(preferred.items()))
+        )
+        compiled = _compile(
+            inputs, log, find_links=find_links, index_url=index_url, preferences=prefer,
+            what=f"resolve variant {variant.name} ({wheel.name} {wheel.version}) against the twin",
+        )  # fmt: skip
     version, hashes = compiled.get(wheel.name, ("", []))
     if version != wheel.version or wheel.sha256 not in hashes:
         raise LockError(
@@ -118,7 +132,6 @@ def resolve_overlay(
             fix="pin the sha256 of the release's linux/amd64 wheel",
         )
     baked = {*_check_components(vlock, compiled, set(variant.components)), wheel.name}
-    ours = parse_pinned(ours_text.decode("utf-8", errors="replace"))
     lines = [
         pinned_line(name, version, hashes)
         for name, (version, hashes) in sorted(compiled.items())
