@@ -29,19 +29,28 @@ from k3env.versions import canonical_name
 PIN = "twin"
 
 
+def version_moves(
+    committed: Pinned, resolved: Pinned, skip: set[str]
+) -> list[tuple[str, str | None, str | None]]:
+    """(name, old version or None, new version or None) of each distribution whose version
+    differs between two pinned sets, in name order (``skip``: names left out)."""
+    out = []
+    for name in sorted((set(committed) | set(resolved)) - skip):
+        old = committed[name][0] if name in committed else None
+        new = resolved[name][0] if name in resolved else None
+        if old != new:
+            out.append((name, old, new))
+    return out
+
+
 def wheel_moves(committed: Pinned, resolved: Pinned, baked: set[str]) -> list[str]:
     """``name old -> new`` for each distribution whose version differs, ``+name new`` for one
     the newer closure adds and ``-name old`` for one it drops (the components left out)."""
-    out = []
-    for name in sorted((set(committed) | set(resolved)) - baked):
-        old, new = committed.get(name), resolved.get(name)
-        if old is None and new is not None:
-            out.append(f"+{name} {new[0]}")
-        elif new is None and old is not None:
-            out.append(f"-{name} {old[0]}")
-        elif old is not None and new is not None and old[0] != new[0]:
-            out.append(f"{name} {old[0]} -> {new[0]}")
-    return out
+    return [
+        f"+{name} {new}" if old is None else f"-{name} {old}" if new is None
+        else f"{name} {old} -> {new}"
+        for name, old, new in version_moves(committed, resolved, baked)
+    ]  # fmt: skip
 
 
 def closure_moves(
@@ -147,12 +156,8 @@ def regenerate(
         if p in before and p.is_file():
             after = parse_pinned(p.read_text(errors="replace"))
             rel = p.relative_to(lock.root).as_posix()
-            was = before[p]
-            for name in sorted(set(was) | set(after)):
-                a, b = was.get(name, ("", []))[0], after.get(name, ("", []))[0]
-                if a != b:
-                    changes.append(Change(key=f"{rel}: {name}", old=a or None,
-                                          new=b or "(dropped)"))  # fmt: skip
+            changes += [Change(key=f"{rel}: {name}", old=old, new=new or "(dropped)")
+                        for name, old, new in version_moves(before[p], after, set())]  # fmt: skip
     return Regenerated(changes=tuple(changes), saved=saved)
 
 
