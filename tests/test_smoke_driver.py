@@ -58,13 +58,16 @@ def server() -> Iterator[tuple[str, dict[str, Any]]]:
         httpd.server_close()
 
 
-def _run(tmp_path: Path, url: str, **plan: Any) -> tuple[int, dict[str, Any], list[str]]:
+def _run(
+    tmp_path: Path, url: str, job_env: dict[str, str] | None = None, **plan: Any
+) -> tuple[int, dict[str, Any], list[str]]:
     full = {"roles": [], "url": url, "served": "M", "out": str(tmp_path / "out"),
             "chat": {"model": "M", "messages": [{"role": "user", "content": "hi"}]},
             "tools": None, "bias_probe": None, "reasoning_parser": None, "bench": None,
             "timeouts": {"ready": 2, "request": 5, "bench": 5, "stop": 2}, **plan}  # fmt: skip
     (tmp_path / "plan.json").write_text(json.dumps(full))
-    env = {"K3ENV_SMOKE_PLAN": str(tmp_path / "plan.json"), "PATH": "/usr/bin:/bin"}
+    env = {"K3ENV_SMOKE_PLAN": str(tmp_path / "plan.json"), "PATH": "/usr/bin:/bin",
+           **(job_env or {})}  # fmt: skip
     done = subprocess.run([sys.executable, str(DRIVER)], env=env, capture_output=True, timeout=60)
     result = json.loads((tmp_path / "out/result.json").read_text())
     return done.returncode, result, list(battery_gates(full))
@@ -101,3 +104,47 @@ def test_gates_after_a_failure_are_not_run_and_the_driver_exits_non_zero(
                    "stop": "not checked"}  # fmt: skip
     assert set(got) == set(planned)
     assert code == 1
+
+
+SLEEPER = {"role": "vllm-serve", "argv": [sys.executable, "-c", "import time; time.sleep(60)"]}
+
+
+def test_the_env_gate_reads_each_role_process_environment(
+    tmp_path: Path, server: tuple[str, dict[str, Any]]
+) -> None:
+    url, said = server
+    said["reply"] = {"choices": [{"message": {"content": "hello"}}],
+                     "usage": {"completion_tokens": 3}}  # fmt: skip
+    baked = {"K3_BAKED": "from-the-image", "K3_OTHER": "x"}
+    # The runtime gave the driver the baked values: the role's process has them.
+    code, result, planned = _run(tmp_path, url, job_env=baked, roles=[SLEEPER], env=baked)
+    got = {g["gate"]: g for g in result["gates"]}
+    assert planned == result["planned"] == ["listed", "env", "chat", "stop"]
+    assert got["env"]["status"] == "passed", got["env"]
+    assert "2 baked env var(s) at their baked values in vllm-serve (pid " in got["env"]["detail"]
+    # A value the runtime replaced (pyxis: a job's --container-env) is what the process sees.
+    job = {**baked, "K3_BAKED": "from-the-job"}
+    code, result, _ = _run(tmp_path, url, job_env=job, roles=[SLEEPER], env=baked)
+    got = {g["gate"]: g for g in result["gates"]}
+    assert got["env"]["status"] == "failed" and code == 1
+    assert (
+        "vllm-serve sees K3_BAKED 'from-the-job', the image bakes 'from-the-image'"
+        in (got["env"]["detail"])
+    )
+    assert got["chat"]["status"] == "not run"
+    # A name the process lacks is said as unset.
+    code, result, _ = _run(tmp_path, url, job_env={"K3_OTHER": "x"}, roles=[SLEEPER], env=baked)
+    env_gate = {g["gate"]: g for g in result["gates"]}["env"]
+    assert "vllm-serve sees K3_BAKED unset" in env_gate["detail"]
+
+
+def test_the_env_gate_without_a_process_of_its_own_is_not_checked(
+    tmp_path: Path, server: tuple[str, dict[str, Any]]
+) -> None:
+    url, said = server
+    said["reply"] = {"choices": [{"message": {"content": "hello"}}],
+                     "usage": {"completion_tokens": 3}}  # fmt: skip
+    code, result, _ = _run(tmp_path, url, env={"K3_BAKED": "v"})
+    env_gate = {g["gate"]: g for g in result["gates"]}["env"]
+    assert env_gate["status"] == "not checked" and "no process to read" in env_gate["detail"]
+    assert code == 0

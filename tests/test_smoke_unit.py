@@ -187,6 +187,22 @@ def test_gates_from_a_driver_result(tmp_path: Path) -> None:
     assert odd[0].status == "failed"
 
 
+def test_the_baked_env_is_planned_as_a_gate_but_what_the_cpu_engine_sets(tmp_path: Path) -> None:
+    spec = _specs()["kimi-k3-direct-d"]
+    model = write_model(tmp_path / "m", model_type="llama", parsers=("kimi_k3",))
+    baked = {"VLLM_USE_V2_MODEL_RUNNER": "1", "VLLM_TARGET_DEVICE": "cuda", "PYTHONPATH": "/x"}
+    plan = plan_profile(spec, spec.profiles["agg"], model, baked=baked)
+    assert plan.env == {"VLLM_USE_V2_MODEL_RUNNER": "1"}
+    assert plan.gates[:2] == ("listed", "env")
+    said = [r for r in plan.reductions if r.startswith("env: ")]
+    assert said[:2] == [
+        "env: PYTHONPATH is set for the CPU engine here; the image bakes '/x'",
+        "env: VLLM_TARGET_DEVICE is set for the CPU engine here; the image bakes 'cuda'",
+    ]
+    # No baked env: no gate.
+    assert "env" not in plan_profile(spec, spec.profiles["agg"], model).gates
+
+
 def test_verify_matrix_shows_what_smoke_recorded(tmp_path: Path) -> None:
     from k3env.checks.report import markdown
     from k3env.checks.verdicts import CheckResult, ImageReport

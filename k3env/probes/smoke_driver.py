@@ -77,6 +77,7 @@ class Role:
             self.env[key] = f"{value}:{old}" if old else value
         for key in spec.get("unset", []):
             self.env.pop(key, None)
+        self.unset = set(spec.get("unset", []))
         self.log = logs / f"{self.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -287,6 +288,42 @@ def bench(plan: dict[str, Any], timeout: float, logs: Path) -> str:
     return summary
 
 
+def environ(pid: int) -> dict[str, str]:
+    """A process's environment as the kernel holds it (``/proc/PID/environ``)."""
+    raw = Path(f"/proc/{pid}/environ").read_bytes()[: 4 << 20]
+    pairs = (x.split("=", 1) for x in raw.decode(errors="replace").split("\0") if "=" in x)
+    return {k: v for k, v in pairs}
+
+
+def env_gate(want: dict[str, str], roles: list[Role]) -> str:
+    """Every baked env var at its baked value in each role's process, as the kernel shows
+    that process's environment (the runtime's precedence applied: docker's, pyxis's)."""
+    if not roles:
+        raise NotCheckable("the job started the engine: the driver holds no process to read")
+    wrong, seen = [], []
+    for role in roles:
+        if role.proc is None or role.exited() is not None:
+            raise role.failure(f"{role.name} is not running: its environment cannot be read")
+        try:
+            env = environ(role.proc.pid)
+        except OSError as e:
+            raise StageFailed(f"{role.name}: /proc/{role.proc.pid}/environ: {e}") from e
+        seen.append(f"{role.name} (pid {role.proc.pid})")
+        for name, value in sorted(want.items()):
+            if name not in role.unset and env.get(name) != value:
+                got = "unset" if name not in env else repr(env[name][:200])
+                wrong.append(f"{role.name} sees {name} {got}, the image bakes {value[:200]!r}")
+    if wrong:
+        raise StageFailed(
+            f"{len(wrong)} baked env value(s) not what the engine's process sees: {wrong[0]}",
+            "\n".join(wrong),
+        )
+    return (
+        f"{len(want)} baked env var(s) at their baked values in {', '.join(seen)}: "
+        + (", ".join(sorted(want)))[:BODY]
+    )
+
+
 def relocated(value: Any, old: str, new: str) -> Any:
     """``value`` with every string at or under the directory ``old`` moved under ``new``."""
     if isinstance(value, str) and (value == old or value.startswith(old + "/")):
@@ -338,7 +375,7 @@ def main() -> int:
 
     # Planned before anything runs (as k3env plans it, smoke.plan.battery_gates): a gate
     # that does not report is "not run", and the driver's exit status says so.
-    planned = ["listed", "chat"]
+    planned = ["listed", *(["env"] if plan.get("env") else []), "chat"]
     planned += ["reasoning"] if plan.get("reasoning_parser") else []
     planned += ["tool-calls"] if plan.get("tools") else []
     planned += ["benchmark"] if plan.get("bench") else []
@@ -348,6 +385,8 @@ def main() -> int:
             say(f"start {role.name}: {' '.join(role.argv)}")
             role.start()
         gate("listed", wait_listed, plan["url"], plan["served"], roles, limits["ready"])
+        if plan.get("env"):
+            gate("env", env_gate, plan["env"], roles)
         reply = gate("chat", chat, plan, limits["request"])
         if plan.get("reasoning_parser"):
             gate("reasoning", lambda: reasoning(reply))

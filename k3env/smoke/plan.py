@@ -36,6 +36,7 @@ CONNECTORS = ("--kv-transfer-config", "--kv-events-config")
 # Switches of CUDA-only parts the CPU platform refuses at start (vLLM 0.31.0 on a CPU:
 # "cumem allocator is not supported on current platform").
 CUDA_ONLY = ("--enable-cumem-allocator",)
+PREPENDED = ("PYTHONPATH", "LD_LIBRARY_PATH")  # the CPU engine's, before the image's
 REPLACED = {"--load-format": "dummy", "--dtype": "float32"}
 ADDED = (("--load-format", "dummy"), ("--dtype", "float32"), ("--enforce-eager", None))
 # Without etcd and NATS (none on a build host): file discovery, TCP requests, ZMQ events.
@@ -87,6 +88,7 @@ def battery_gates(plan: Mapping[str, Any]) -> tuple[str, ...]:
     order: planned before anything runs, so a gate that never reports is ``not run``."""
     return (
         "listed",
+        *(("env",) if plan.get("env") else ()),
         "chat",
         *(("reasoning",) if plan.get("reasoning_parser") else ()),
         *(("tool-calls",) if plan.get("tools") else ()),
@@ -110,6 +112,9 @@ class SmokePlan:
     reductions: tuple[str, ...]
     not_checked: tuple[str, ...]
     timeouts: Mapping[str, float]
+    # The image's baked env as each engine process must see it (/proc/PID/environ): the
+    # names the plan sets for the CPU engine are left out (said in the reductions).
+    env: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def gates(self) -> tuple[str, ...]:
@@ -129,6 +134,7 @@ class SmokePlan:
             "bias_probe": None if self.bias_probe is None else dict(self.bias_probe),
             "reasoning_parser": self.reasoning_parser,
             "bench": None if self.bench is None else dict(self.bench),
+            "env": dict(self.env),
             "timeouts": dict(self.timeouts),
             "out": OUT,
         }
@@ -231,12 +237,16 @@ def plan_profile(
     *,
     ready_timeout: float = 300.0,
     absent: Sequence[str] = (),
+    baked: Mapping[str, str] | None = None,
 ) -> SmokePlan:
     """The smoke plan of one profile of one image. ``absent``: packages the twin omits by
-    design, stood in for when a role imports them (each is reported)."""
+    design, stood in for when a role imports them (each is reported); ``baked``: the image's
+    baked env, checked as the engine's processes see it."""
     engine_env, reductions = _engine_env(absent)
     roles = _plan_roles(profile, model, engine_env)
     reductions += roles.reductions
+    env, said = _expected_env(baked or {}, engine_env)
+    reductions += said
     not_checked = [*NOT_CHECKED, *roles.not_checked]
     if any(c.role.startswith("dynamo-") for c in profile.commands):
         reductions.append(
@@ -268,7 +278,22 @@ def plan_profile(
         reductions=tuple(reductions),
         not_checked=tuple(not_checked),
         timeouts={"ready": ready_timeout, "request": 120.0, "bench": 300.0, "stop": 30.0},
+        env=env,
     )
+
+
+def _expected_env(
+    baked: Mapping[str, str], engine_env: Mapping[str, str]
+) -> tuple[dict[str, str], list[str]]:
+    """The baked env each engine process must see, and each baked name the CPU engine's
+    environment sets otherwise (said: its value here is not the image's)."""
+    mine = {*engine_env, *PREPENDED}
+    said = [
+        f"env: {name} is set for the CPU engine here; the image bakes {baked[name]!r}"
+        for name in sorted(baked)
+        if name in mine
+    ]
+    return {k: v for k, v in sorted(baked.items()) if k not in mine}, said
 
 
 def _engine_env(absent: Sequence[str]) -> tuple[dict[str, str], list[str]]:
@@ -316,7 +341,7 @@ def _plan_roles(profile: ServeProfile, model: SmokeModel, engine_env: Mapping[st
     """Each command of the profile as a role, in order; the last to say so names the URL and
     the served model."""
     # BIN first: its sitecustomize stands in for what the twin omits; then the CPU engine.
-    prepend = {"PYTHONPATH": f"{BIN}:{ENGINE}/site", "LD_LIBRARY_PATH": f"{ENGINE}/lib"}
+    prepend = dict(zip(PREPENDED, (f"{BIN}:{ENGINE}/site", f"{ENGINE}/lib"), strict=True))
     roles: list[Role] = []
     reductions: list[str] = []
     not_checked: list[str] = []

@@ -15,7 +15,7 @@ import json
 import re
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -25,7 +25,9 @@ from k3env.config.pins import Lock, SmokePin
 from k3env.config.spec import ImageSpec, ServeProfile
 from k3env.engine.protocol import Engine
 from k3env.hashing import digest_hex, sha256_digest
+from k3env.image.bases import select_base
 from k3env.image.build import BuildResult
+from k3env.image.envpolicy import merged_env
 from k3env.log import Log
 from k3env.smoke.model import write_model
 from k3env.smoke.plan import BIN, ENGINE, MODEL, OUT, SmokePlan, behind_dynamo, plan_profile
@@ -150,6 +152,7 @@ def smoke_profile(
     log: Log,
     *,
     timeout: float,
+    baked: Mapping[str, str] | None = None,
 ) -> SmokeReport:
     wheel = pin.engine.wheels[0]
     stand_in = f"{wheel.name} {wheel.version} in place of {pin.stands_in_for}"
@@ -161,7 +164,9 @@ def smoke_profile(
         dynamo = behind_dynamo(profile)
         model_type = (profile.tokenizer_model_type if dynamo else None) or "llama"
         model = write_model(root / "model", model_type=model_type, parsers=parsers)
-        plan = plan_profile(spec, profile, model, ready_timeout=timeout, absent=pin.absent)
+        plan = plan_profile(
+            spec, profile, model, ready_timeout=timeout, absent=pin.absent, baked=baked
+        )
         key = _record_key(build, plan, prefix)
         record = state.read_json("smoke", f"{key}.json")
         if isinstance(record, dict) and record.get("image_id") == build.image_id:
@@ -330,6 +335,7 @@ def smoke_images(
                     build,
                     log,
                     timeout=timeout,
+                    baked=merged_env(lock, spec, select_base(lock, spec, build.twin)),
                 )
             )
     return reports
