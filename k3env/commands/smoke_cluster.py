@@ -4,9 +4,15 @@ options are the command's, in ``commands.smoke``)."""
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from k3env.commands.app import App
 from k3env.errors import CheckFailed, ConfigError
+
+if TYPE_CHECKING:
+    from k3env.config.cluster import Cluster
+    from k3env.config.spec import ImageSpec
+    from k3env.handoff.cluster_job import Written
 
 
 def run_cluster(args: argparse.Namespace, app: App) -> int:
@@ -34,31 +40,28 @@ def run_cluster(args: argparse.Namespace, app: App) -> int:
             where="k3env smoke --cluster",
             fix="name one image spec (e.g. kimi-k3-direct-f)",
         )
-    lock = load_lock(args.lock)
-    (spec,) = load_specs(args.images, lock, tuple(args.image))
     cluster = load_cluster(args.cluster)
-    name = args.profile[0] if args.profile else next(iter(spec.profiles), "")
-    if name not in spec.profiles:
-        raise ConfigError(
-            f"no serve profile {name!r} in {spec.path}",
-            where="--profile",
-            fix=f"choose from {sorted(spec.profiles)}",
+    if args.cpu_partition:
+        written = _cpu_job(args, app, cluster)
+    else:
+        lock = load_lock(args.lock)
+        (spec,) = load_specs(args.images, lock, tuple(args.image))
+        written = write_job(
+            lock,
+            spec,
+            spec.profiles[_profile(args, spec)],
+            cluster,
+            state,
+            app.log,
+            out=args.out,
+            layers=args.layers,
+            container=args.container,
+            model_path=args.model_path,
+            runtime=args.runtime,
+            job_timeout=args.job_timeout,
+            ready_timeout=1200.0 if args.timeout is None else args.timeout,
+            partition=args.partition,
         )
-    written = write_job(
-        lock,
-        spec,
-        spec.profiles[name],
-        cluster,
-        state,
-        app.log,
-        out=args.out,
-        layers=args.layers,
-        container=args.container,
-        model_path=args.model_path,
-        runtime=args.runtime,
-        job_timeout=args.job_timeout,
-        ready_timeout=1200.0 if args.timeout is None else args.timeout,
-    )
     payload = {"written": written.as_json()}
     if not args.submit:
         app.emit(payload, lambda: print(_written(written)))
@@ -69,23 +72,66 @@ def run_cluster(args: argparse.Namespace, app: App) -> int:
     return _verdict(verdict.ok, verdict.failures, str(written.out))
 
 
+def _profile(args: argparse.Namespace, spec: ImageSpec) -> str:
+    name: str = args.profile[0] if args.profile else next(iter(spec.profiles), "")
+    if name not in spec.profiles:
+        raise ConfigError(
+            f"no serve profile {name!r} in {spec.path}",
+            where="--profile",
+            fix=f"choose from {sorted(spec.profiles)}",
+        )
+    return name
+
+
+def _cpu_job(args: argparse.Namespace, app: App, cluster: Cluster) -> Written:
+    """The CPU partition mode: the image built (or found) as `k3env smoke` builds it, its
+    job written (``handoff.cpu_partition``)."""
+    from k3env.handoff.cluster_job import write_cpu_job
+
+    if args.runtime != "pyxis" or args.layers is not None:
+        raise ConfigError(
+            "--cpu-partition runs the image through pyxis, whole (--runtime pyxis, no --layers)",
+            where="k3env smoke --cluster --cpu-partition",
+            fix="drop --runtime none and --layers",
+        )
+    args.platform = [cluster.platform]
+    lock, specs, engine, state, builds = app.builds(args)
+    (spec,), (build,) = specs, builds
+    return write_cpu_job(
+        lock, spec, spec.profiles[_profile(args, spec)], cluster, state, app.log,
+        engine=engine, build=build, out=args.out, container=args.container, cpus=args.cpus,
+        partition=args.partition, job_timeout=args.job_timeout,
+        ready_timeout=300.0 if args.timeout is None else args.timeout,
+    )  # fmt: skip
+
+
 def _written(w: object) -> str:
     from k3env.handoff.cluster_job import RECIPE, SCRIPT, Written
 
     assert isinstance(w, Written)
     s = w.smoke
+    no_recipe = w.validation["verdict"] == "not written"
+    recipe = (
+        f"not written ({w.validation['detail']})"
+        if no_recipe
+        else f"{w.out / RECIPE} ({w.validation['verdict']}: {w.validation['detail']})"
+    )
+    run = f"sbatch {w.out / SCRIPT}"
+    where = (
+        f"{s.cluster}'s CPU partition: one node, no GPU"
+        if no_recipe
+        else s.topology.said() + (f" ({s.layers} layers)" if s.layers else "")
+    )
     lines = [
-        f"{s.image} / {s.profile} on {s.cluster}: {s.topology.said()}"
-        + (f" ({s.layers} layers)" if s.layers else ""),
+        f"{s.image} / {s.profile} on {where}",
         f"  image: {w.image.container} ({w.image.how})",
-        f"  srt-slurm recipe: {w.out / RECIPE} ({w.validation['verdict']}: "
-        f"{w.validation['detail']})",
+        f"  srt-slurm recipe: {recipe}",
         f"  sbatch script:    {w.out / SCRIPT}",
         "  changed from a full attempt:",
         *[f"    - {c}" for c in s.changes],
         "  not checked by this job:",
         *[f"    - {n}" for n in s.not_checked],
-        f"  run: srtctl apply -f {w.out / RECIPE}   or   sbatch {w.out / SCRIPT}",
+        f"  run: {run}" if no_recipe else f"  run: srtctl apply -f {w.out / RECIPE}   or   {run}",
         "  then: k3env smoke --collect JOB_DIR (the script prints it)",
     ]
     return "\n".join(lines)

@@ -128,6 +128,7 @@ def sbatch_script(
     out_dir: Path,
     job_timeout: float,
     runtime: str = "pyxis",
+    partition: str | None = None,
 ) -> str:
     """The plain sbatch script of the smoke job (``out_dir``: absolute, seen by the nodes)."""
     if runtime not in RUNTIMES:
@@ -157,6 +158,7 @@ def sbatch_script(
         f"#SBATCH --nodes={n}",
         "#SBATCH --ntasks-per-node=1",
         *gpus,
+        *([f"#SBATCH --partition={q(partition)}"] if partition else []),
         f"#SBATCH --time={time_limit(job_timeout)}",
         f"#SBATCH --output={q(str(out_dir))}/slurm-%j.out",
         "set -u",

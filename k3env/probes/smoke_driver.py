@@ -302,12 +302,13 @@ def env_gate(want: dict[str, str], roles: list[Role]) -> str:
         raise NotCheckable("the job started the engine: the driver holds no process to read")
     wrong, seen = [], []
     for role in roles:
-        if role.proc is None or role.exited() is not None:
-            raise role.failure(f"{role.name} is not running: its environment cannot be read")
         try:
+            if role.proc is None or role.exited() is not None:
+                raise OSError("the process has exited")
             env = environ(role.proc.pid)
         except OSError as e:
-            raise StageFailed(f"{role.name}: /proc/{role.proc.pid}/environ: {e}") from e
+            # Gone before it could be read: the next gate reports its own words.
+            raise NotCheckable(f"{role.name}: its environment could not be read ({e})") from e
         seen.append(f"{role.name} (pid {role.proc.pid})")
         for name, value in sorted(want.items()):
             if name not in role.unset and env.get(name) != value:
@@ -375,7 +376,7 @@ def main() -> int:
 
     # Planned before anything runs (as k3env plans it, smoke.plan.battery_gates): a gate
     # that does not report is "not run", and the driver's exit status says so.
-    planned = ["listed", *(["env"] if plan.get("env") else []), "chat"]
+    planned = [*(["env"] if plan.get("env") else []), "listed", "chat"]
     planned += ["reasoning"] if plan.get("reasoning_parser") else []
     planned += ["tool-calls"] if plan.get("tools") else []
     planned += ["benchmark"] if plan.get("bench") else []
@@ -384,9 +385,9 @@ def main() -> int:
         for role in roles:
             say(f"start {role.name}: {' '.join(role.argv)}")
             role.start()
-        gate("listed", wait_listed, plan["url"], plan["served"], roles, limits["ready"])
-        if plan.get("env"):
+        if plan.get("env"):  # fixed at each process's start: known before the engine loads
             gate("env", env_gate, plan["env"], roles)
+        gate("listed", wait_listed, plan["url"], plan["served"], roles, limits["ready"])
         reply = gate("chat", chat, plan, limits["request"])
         if plan.get("reasoning_parser"):
             gate("reasoning", lambda: reasoning(reply))

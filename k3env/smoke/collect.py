@@ -112,6 +112,7 @@ class ClusterVerdict:
             "digest": self.manifest.get("digest"),
             "cluster": self.manifest.get("cluster"),
             "layers": self.manifest.get("layers"),
+            "mode": self.manifest.get("mode") or "gpu",
             "job": None if self.job is None else dict(self.job.__dict__),
             "gates": [dict(g) for g in self.gates],
             "failures": [f.as_json() for f in self.failures],
@@ -335,6 +336,8 @@ def record(state: State, verdict: ClusterVerdict) -> ClusterVerdict:
             ),
         )
     name = "".join(c if c.isalnum() or c in "-_." else "_" for c in cluster)[:100]
+    if verdict.manifest.get("mode") == "cpu-partition":  # never read as the GPU job's verdict
+        name += ".cpu-partition"
     parts = ("smoke", "cluster", digest_hex(digest), f"{name}.json")
     out = _with(verdict, recorded=str(state.path(*parts)))
     state.write_json(out.as_json(), *parts)
@@ -359,6 +362,8 @@ def table(verdict: ClusterVerdict) -> str:
     what = f"{m.get('image', '?')} on {m.get('cluster', '?')}"
     if m.get("layers"):
         what += f" ({m['layers']} layers)"
+    if m.get("mode") == "cpu-partition":
+        what += f" (CPU partition mode: {one_line(str(m.get('stand_in', '?')))})"
     lines = [f"{what}: {'SERVES' if verdict.ok else 'FAILS'} ({verdict.directory})"]
     if verdict.job is not None:
         j = verdict.job

@@ -85,10 +85,12 @@ class Role:
 
 def battery_gates(plan: Mapping[str, Any]) -> tuple[str, ...]:
     """The gates the driver runs for its plan (``SmokePlan.as_json`` or a cluster battery), in
-    order: planned before anything runs, so a gate that never reports is ``not run``."""
+    order: planned before anything runs, so a gate that never reports is ``not run``. The
+    env gate comes first: a process's environment is fixed at its start, so a wrong value
+    is found in seconds, not after the engine's load."""
     return (
-        "listed",
         *(("env",) if plan.get("env") else ()),
+        "listed",
         "chat",
         *(("reasoning",) if plan.get("reasoning_parser") else ()),
         *(("tool-calls",) if plan.get("tools") else ()),

@@ -29,7 +29,7 @@ from k3env.image.bases import select_base
 from k3env.image.build import BuildResult
 from k3env.image.envpolicy import merged_env
 from k3env.log import Log
-from k3env.smoke.model import write_model
+from k3env.smoke.model import SmokeModel, write_model
 from k3env.smoke.plan import BIN, ENGINE, MODEL, OUT, SmokePlan, behind_dynamo, plan_profile
 from k3env.smoke.prefix import ensure_prefix, smoke_pin
 from k3env.state import State
@@ -85,8 +85,9 @@ class SmokeReport:
 
     @property
     def first_verdict(self) -> float:
-        """Seconds until the first gate was decided (the model listed, or not)."""
-        return self.gates[0].seconds if self.gates else 0.0
+        """Seconds until the model was listed, or not (the first gate that waits on it)."""
+        listed = [g for g in self.gates if g.name in ("listed", "driver")]
+        return listed[0].seconds if listed else 0.0
 
     @property
     def unchecked(self) -> list[str]:
@@ -156,14 +157,9 @@ def smoke_profile(
 ) -> SmokeReport:
     wheel = pin.engine.wheels[0]
     stand_in = f"{wheel.name} {wheel.version} in place of {pin.stands_in_for}"
-    parsers = tuple(p for p in (profile.tool_call_parser, profile.reasoning_parser) if p)
     with tempfile.TemporaryDirectory(prefix="k3env-smoke-run-") as tmp:
         root = Path(tmp)
-        # The tokenizer's declared type matters to Dynamo's frontend; vLLM's own frontend
-        # loads the tokenizer files whatever the config's type, so it gets the plain Llama.
-        dynamo = behind_dynamo(profile)
-        model_type = (profile.tokenizer_model_type if dynamo else None) or "llama"
-        model = write_model(root / "model", model_type=model_type, parsers=parsers)
+        model = profile_model(root / "model", profile)
         plan = plan_profile(
             spec, profile, model, ready_timeout=timeout, absent=pin.absent, baked=baked
         )
@@ -173,7 +169,7 @@ def smoke_profile(
             cached = _report(record, cached=True)
             _index(state, cached)
             return cached
-        _write_bin(root / "bin", plan, pin.absent)
+        write_bin(root / "bin", plan, pin.absent)
         report = _run_driver(
             engine, stand_in, prefix, spec, build, plan, root, log, timeout=timeout
         )
@@ -181,6 +177,16 @@ def smoke_profile(
         state.write_json(report.as_json(), "smoke", f"{key}.json")
     _index(state, report)
     return report
+
+
+def profile_model(directory: Path, profile: ServeProfile) -> SmokeModel:
+    """The small random model a profile is smoked with, written into ``directory``."""
+    parsers = tuple(p for p in (profile.tool_call_parser, profile.reasoning_parser) if p)
+    # The tokenizer's declared type matters to Dynamo's frontend; vLLM's own frontend
+    # loads the tokenizer files whatever the config's type, so it gets the plain Llama.
+    dynamo = behind_dynamo(profile)
+    model_type = (profile.tokenizer_model_type if dynamo else None) or "llama"
+    return write_model(directory, model_type=model_type, parsers=parsers)
 
 
 def _record_key(build: BuildResult, plan: SmokePlan, prefix: Path) -> str:
@@ -200,7 +206,7 @@ def _record_key(build: BuildResult, plan: SmokePlan, prefix: Path) -> str:
     )
 
 
-def _write_bin(bin_dir: Path, plan: SmokePlan, absent: Sequence[str]) -> None:
+def write_bin(bin_dir: Path, plan: SmokePlan, absent: Sequence[str]) -> None:
     """The driver, its plan, and the roles' sitecustomize with a version for each stand-in."""
     bin_dir.mkdir()
     (bin_dir / "driver.py").write_text(DRIVER.read_text())  # its name in the plan

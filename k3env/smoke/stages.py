@@ -187,7 +187,8 @@ MARKERS: tuple[tuple[re.Pattern[str], str], ...] = tuple(
 )
 # A line that says something failed (for a log that no fact explains).
 ERROR = re.compile(
-    r"(Error|Exception|CUDA error|Traceback|FAILED|Failed|RuntimeError|out of memory)"
+    # `error: ` is argparse's (a flag the engine refuses: "vllm serve: error: argument ...").
+    r"(Error|Exception|CUDA error|Traceback|FAILED|Failed|RuntimeError|out of memory|\berror: )"
 )
 
 

@@ -11,12 +11,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from ..conftest import REPO
 from .conftest import _require, run_json
 from .test_slurm_engine import running_slurm
 
@@ -100,3 +104,133 @@ def test_pyxis_and_enroot_run_k3envs_export_with_its_baked_env_as_the_process_se
     assert _seen(pyxis_slurm, image, f"--container-env={name}", job_env=job)[name] == (
         "from-the-job"
     )
+
+
+CPU_IMAGE = "kimi-k3-direct-f"
+
+
+def _cpu_job(
+    sqsh: str, out: Path, capsys: pytest.CaptureFixture[str], *extra: str
+) -> tuple[int, dict[str, Any]]:
+    """`k3env smoke --cluster ... --cpu-partition` of the offline default's image."""
+    from k3env.cli import main
+
+    argv = ["smoke", "--cluster", "clusters/b200-dgxc.toml", "--cpu-partition", "--twin",
+            CPU_IMAGE, "--container", sqsh, "--cpus", str(os.cpu_count() or 1),
+            "--job-timeout", "900", "--out", str(out), "--json", "-q", *extra]  # fmt: skip
+    code = main(argv)
+    return code, json.loads(capsys.readouterr().out)
+
+
+def _gates(verdict: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {g["gate"]: g for g in verdict["gates"]}
+
+
+@pytest.mark.twin
+def test_the_cluster_smoke_in_cpu_partition_mode_runs_the_real_image_through_pyxis(
+    pyxis_slurm: dict[str, str],
+    twin_image: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The offline default's image, exported by k3env, started by pyxis and enroot as a job:
+    the CPU build of the engine inside serves the battery; the baked env is read from the
+    engine process; a flag the engine refuses and a job env pyxis lets win both fail in
+    their own words."""
+    from k3env.cli import main
+
+    monkeypatch.chdir(REPO)
+    monkeypatch.setenv("SLURM_CONF", pyxis_slurm["SLURM_CONF"])
+    code = main(["export", "--twin", CPU_IMAGE, "--out", str(tmp_path / "sqsh"), "--json", "-q"])
+    exported = json.loads(capsys.readouterr().out)["images"][0]
+    assert code == 0
+    sqsh = exported["path"]
+
+    started = time.monotonic()
+    code, out = _cpu_job(sqsh, tmp_path / "passing", capsys, "--submit")
+    assert "collected" in out, out
+    ok = out["collected"]
+    assert code == 0, json.dumps(ok, indent=1)[:6000]
+    assert ok["ok"] is True and ok["mode"] == "cpu-partition" and ok["job"]["state"] == "COMPLETED"
+    gates = _gates(ok)
+    assert list(gates) == ["env", "listed", "chat", "reasoning", "tool-calls", "benchmark", "stop"]
+    assert all(g["status"] == "passed" for g in gates.values()), gates
+    # The baked env as the engine's process inside the container holds it (/proc/PID/environ).
+    assert "at their baked values in vllm-serve (pid " in gates["env"]["detail"]
+    assert "parsed tool_calls ['get_weather']" in gates["tool-calls"]["detail"]
+    assert "stopped on SIGINT" in gates["stop"]["detail"]
+    assert ok["digest"] == f"sha256:{exported['sha256']}"
+    assert str(ok["recorded"]).endswith("/b200-dgxc.cpu-partition.json")
+    passing = time.monotonic() - started
+
+    refusing = _refused_flag(sqsh, tmp_path, capsys)
+    overriding = _job_env(sqsh, tmp_path, capsys, pyxis_slurm)
+    print(f"\npyxis CPU partition jobs: passing {passing:.0f} s, refused flag {refusing:.0f} s, "
+          f"job env {overriding:.0f} s")  # fmt: skip
+
+
+def _refused_flag(sqsh: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> float:
+    """A flag the engine refuses: the job fails at the model's listing, in vLLM's words."""
+    images = tmp_path / "images"
+    images.mkdir()
+    spec = (REPO / f"images/{CPU_IMAGE}.toml").read_text()
+    bad = spec.replace(
+        '"--enable-prefix-caching",', '"--enable-prefix-caching", "--kv-cache-dtype", "fp9",'
+    )
+    assert bad != spec
+    (images / f"{CPU_IMAGE}.toml").write_text(bad)
+    shutil.copy(REPO / "schemas/image-spec.schema.json", tmp_path / "image-spec.schema.json")
+    started = time.monotonic()
+    code, out = _cpu_job(sqsh, tmp_path / "refused", capsys, "--submit", "--images", str(images))
+    refused = out["collected"]
+    assert code == 4 and refused["ok"] is False and refused["job"]["state"] == "FAILED"
+    listed = _gates(refused)["listed"]
+    assert listed["status"] == "failed" and listed["detail"].startswith("vllm-serve: exited")
+    assert "vllm serve: error: argument --kv-cache-dtype: invalid choice: 'fp9'" in listed["detail"]
+    (failure,) = refused["failures"]  # the engine's own line, tied to its stage
+    assert failure["stage"] == "init" and failure["file"] == "logs/vllm-serve.log"
+    assert failure["line"].startswith("vllm serve: error: argument --kv-cache-dtype: invalid")
+    assert _gates(refused)["chat"]["status"] == "not run"
+    return time.monotonic() - started
+
+
+def _job_env(
+    sqsh: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], slurm: dict[str, str]
+) -> float:
+    """The job's env as pyxis applies it (pyxis#124): a baked name the job exports stays the
+    image's; one it also names with --container-env reaches the engine, and the env gate says
+    so before the engine loads."""
+    from k3env.cli import main
+
+    code, out = _cpu_job(sqsh, tmp_path / "env", capsys)
+    assert code == 0
+    assert out["written"]["validation"]["verdict"] == "not written"  # no srt-slurm recipe
+    baked = json.loads((tmp_path / "env/bin/plan.json").read_text())["env"]
+    kept, replaced = sorted(baked)[:2]  # a value each takes (PYTHONHASHSEED: an integer)
+    assert "7" not in (baked[kept], baked[replaced])
+    script = tmp_path / "env/smoke.sbatch"
+    text = script.read_text()
+    text = text.replace("set -u\n", f"set -u\nexport {kept}=7 {replaced}=7\n")
+    text = text.replace(
+        "--no-container-entrypoint", f"--no-container-entrypoint --container-env={replaced}"
+    )
+    script.write_text(text)
+    env = {**os.environ, "SLURM_CONF": slurm["SLURM_CONF"]}
+    started = time.monotonic()
+    done = subprocess.run(["sbatch", "--wait", "--parsable", str(script)], env=env,
+                          capture_output=True, text=True, timeout=900)  # fmt: skip
+    assert done.returncode != 0, done.stdout
+    job_dir = tmp_path / "env" / f"job-{done.stdout.strip().split(';')[0]}"
+    code = main(["smoke", "--collect", str(job_dir), "--json", "-q"])
+    wrong = json.loads(capsys.readouterr().out)["collected"]
+    assert code == 4
+    env_gate = _gates(wrong)["env"]
+    assert env_gate["status"] == "failed"
+    assert (
+        f"vllm-serve sees {replaced} '7', the image bakes {baked[replaced]!r}"
+        in (env_gate["detail"])
+    )
+    assert env_gate["detail"].startswith("1 baked env value(s) not what")  # not `kept`
+    assert _gates(wrong)["listed"]["status"] == "not run"
+    return time.monotonic() - started

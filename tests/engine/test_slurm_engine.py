@@ -7,7 +7,9 @@ node itself), and the image's `vllm` and `aiperf` are stand-ins from
 tests/engine/slurm_standin/ (a stdlib HTTP server answering /v1/models and chat completions,
 and a client writing aiperf's export). The stand-ins are used ONLY at this boundary, where the
 container would be; the sbatch script, Slurm, the driver's battery, --collect and the records
-are the real ones.
+are the real ones. They stay for one thing the real stack cannot give on a build host: the
+GPU mode's per-rank `srun` serve steps (the GPU build of vLLM needs GPUs). The real image,
+pyxis, enroot and the CPU engine run in test_pyxis_engine.py's CPU partition job.
 """
 
 from __future__ import annotations
