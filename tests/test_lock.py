@@ -32,6 +32,11 @@ def test_real_lock_loads_with_the_kimi_k3_stack() -> None:
     assert lock.srt_slurm.version == "v1.0.36"
     assert lock.srt_slurm.commit == "cb651682117df129162cd276cf567ec70dc57b36"
     assert [p.pr for p in lock.srt_slurm.patches] == [278, None]
+    # The multi-node patch is a back-port: the upstream commit whose change it carries.
+    assert [p.backports for p in lock.srt_slurm.patches] == [
+        None,
+        "e32e591067fa90cae3641f46d8ff5e0f4c6e82c8",
+    ]
     base = lock.bases["vllm-kimi-k3"]
     assert (base.repository, base.tag, base.digest) == (
         "docker.io/vllm/vllm-openai",
@@ -207,3 +212,12 @@ def test_a_platform_the_twin_lacks_is_a_clear_error(repo: Path) -> None:
     assert lock.twin is not None
     with pytest.raises(LockError, match="no CPU twin for linux/arm64/v8"):
         lock.twin.for_platform("linux/arm64/v8")
+
+
+def test_a_backport_names_a_full_commit(repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    replace_in(
+        LOCK, 'backports = "e32e591067fa90cae3641f46d8ff5e0f4c6e82c8"', 'backports = "e32e5910"'
+    )
+    assert main(["lock", "--check"]) == 2
+    err = capsys.readouterr().err
+    assert "backports" in err and "40-hex" in err

@@ -409,6 +409,8 @@ def srt_slurm_pin(t: Table, unresolved: list[Unresolved]) -> SrtSlurmPin:
             if len(ends) != 2 or not all(COMMIT_RE.match(e) for e in ends):
                 raise p.fail("range", f"{rng!r} is not BASE..HEAD", "write two 40-hex commits")
         pr = p.integer("pr", required=False)
+        # A back-port: the upstream commit whose change it carries (its fate by ancestry).
+        backports = p.matching("backports", COMMIT_RE, _COMMIT_FIX, required=False)
         if sha is None:
             hint = f"git format-patch --stdout {rng}" if rng else "write the patch file"
             unresolved.append(
@@ -423,6 +425,7 @@ def srt_slurm_pin(t: Table, unresolved: list[Unresolved]) -> SrtSlurmPin:
                 title=p.string("title"),
                 file=p.relative_path("file"),
                 range=rng,
+                backports=None if backports is None else str(backports),
                 sha256=sha,
                 provides=p.str_list("provides"),
                 why=p.string("why"),

@@ -231,6 +231,7 @@ class SrtPatchPin:
     sha256: str | None
     provides: tuple[str, ...]
     why: str
+    backports: str | None = None  # the upstream commit a back-port carries the change of
 
     @property
     def label(self) -> str:

@@ -94,20 +94,24 @@ def _fate(
 def _merged(
     git: str, src: Path, srt: SrtSlurmPin, pin: SrtPatchPin, log: Log
 ) -> SrtPatchFate | None:
-    """Upstream when the patch's commits (its pinned range) are in the version's history."""
-    if pin.range is None:
+    """Upstream when the patch's commits (its pinned range), or the upstream commit a
+    back-port carries, are in the version's history."""
+    if pin.range is not None:
+        head = pin.range.split("..")[1]
+        what = f"its commits ({pin.range[:12]}..{head[:12]})"
+    elif pin.backports is not None:
+        head = pin.backports
+        what = f"the commit it back-ports ({head[:12]})"
+    else:
         return None
-    head = pin.range.split("..")[1]
     merged, _ = attempt([git, "merge-base", "--is-ancestor", head, srt.commit], log, cwd=src)
     if merged != 0:
         return None
     return SrtPatchFate(
         label=pin.label,
         status="upstream",
-        detail=(
-            f"its commits ({pin.range[:12]}..{head[:12]}) are in "
-            f"{srt.version}'s history: drop it from the lock"
-        ),
+        detail=f"{what} {'is' if pin.range is None else 'are'} in {srt.version}'s history: "
+        "drop it from the lock",
     )
 
 

@@ -85,3 +85,34 @@ def test_without_the_multi_node_back_port_the_2_node_recipe_is_refused(
     assert main(["srt", "validate", "--json", "-q", str(RECIPES / "d.yaml")]) == 4
     (error,) = json.loads(capsys.readouterr().out)["errors"]
     assert SINGLE_NODE_ONLY in error["message"] and error["key"] == "frontend.type"
+
+
+@pytest.mark.twin
+def test_a_bump_to_v1_0_68_finds_both_patches_upstream_by_ancestry(
+    project: Path, twin_image: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`k3env bump srt-slurm v1.0.68` on the real history: PR #278's commits and the commit
+    the multi-node patch back-ports (e32e5910, PR #296) are both in v1.0.68's history, so
+    both are reported upstream (drop them), in the JSON and the PR body; the bring-up's
+    recipes still load."""
+    images = project / "only-d"
+    images.mkdir()
+    shutil.copy(project / "images/kimi-k3-direct-d.toml", images)
+    body = project / "body.md"
+    code = main(["bump", "srt-slurm", "v1.0.68", "--twin", "--images", str(images),
+                 "--body", str(body), "--json", "-q"])  # fmt: skip
+    out = json.loads(capsys.readouterr().out)
+    changes = {c["key"]: c["new"] for c in out["changes"]}
+    assert changes == {"srt_slurm.version": "v1.0.68",
+                       "srt_slurm.commit": "c88ef731636890ff6385a783e152c1790e15b194"}  # fmt: skip
+    fates = {p["name"]: p for p in out["after"]["patches"] if p["base"].startswith("srt-slurm")}
+    pr278 = fates["PR #278"]
+    assert pr278["status"] == "upstream" and "6fd6000035c8" in pr278["detail"], pr278
+    multi = fates["direct vllm frontend: vLLM-native multi-node serve"]
+    assert multi["status"] == "upstream", multi
+    assert "the commit it back-ports (e32e591067fa) is in v1.0.68's history" in multi["detail"]
+    text = body.read_text()
+    assert text.count("upstream: drop it") >= 2, text
+    assert code == 0, json.dumps(out, indent=1)[:4000]
+    assert out["lock_written"] is True
+    assert 'version = "v1.0.68"' in (project / "pins/k3.lock.toml").read_text()
