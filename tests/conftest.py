@@ -21,7 +21,7 @@ LOCK = Path("pins/k3.lock.toml")
 @pytest.fixture
 def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A copy of the real lock, specs and patches; cwd is set to it."""
-    for d in ("pins", "images", "patches"):
+    for d in ("pins", "images", "patches", "schemas"):
         shutil.copytree(REPO / d, tmp_path / d)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("K3ENV_STATE_DIR", str(tmp_path / "state"))

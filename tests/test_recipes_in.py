@@ -28,7 +28,9 @@ DROPPED = {"K3-DROPPED-PATCH": W}  # the bring-up image carries no int64 index f
 
 # recipe -> {rule: worst severity}: the failures its cluster run hit (tests/data/recipes/README).
 VERDICTS: dict[str, dict[str, str]] = {
-    "a1-fork.yaml": {"K3-PARSER-FLAGS": E, "K3-TOKENIZER-MODEL-TYPE": E,
+    # Attempt A's own failure, `benchmark.aiperf_server_metrics: Unknown field.`: srt-slurm's
+    # recorded schema refuses it without srt-slurm materialized (SRT-LOADER).
+    "a1-fork.yaml": {"K3-PARSER-FLAGS": E, "K3-TOKENIZER-MODEL-TYPE": E, "SRT-LOADER": E,
                      "K3-GPU-MEM-HEADROOM": E, "K3-ALLOC-FRAGMENTATION": W, **DROPPED},
     "a2-dynamo-1.2.1.yaml": {"K3-TOKENIZER-MODEL-TYPE": E, "K3-GPU-MEM-HEADROOM": E,
                              "K3-ALLOC-FRAGMENTATION": W, **DROPPED},
@@ -56,10 +58,6 @@ def resolved(repo: Path) -> Path:
     for platform, digit in (("linux/amd64", "a"), ("linux/arm64", "b")):
         text = text.replace(f'"{platform}" = "unresolved"', f'"{platform}" = "sha256:{digit * 64}"')
     LOCK.write_text(text)
-    srt = repo / "patches/srt-slurm"
-    srt.mkdir(parents=True, exist_ok=True)
-    (srt / "pr278-direct-aggregate-serving.patch").write_text("From 6fd6000 ...\n")
-    (srt / "pr278-direct-vllm-multinode.patch").write_text("From k3env ...\n")
     assert main(["lock", "--update-hashes", "-q"]) == 0
     return repo
 
@@ -90,9 +88,12 @@ def test_each_recipe_gets_the_verdict_its_run_recorded(
     (result,) = out["recipes"]
     assert worst(result) == VERDICTS[name]
     assert code == (4 if E in VERDICTS[name].values() else 0)
-    # srt-slurm is not materialized here: said, never passed.
-    assert result["srt_slurm_loader"]["verdict"] == "not checked"
-    assert "not materialized" in result["srt_slurm_loader"]["detail"]
+    # srt-slurm is not materialized here: its recorded schema refuses, it never passes.
+    loader = result["srt_slurm_loader"]
+    assert loader["verdict"] == ("failed" if "SRT-LOADER" in VERDICTS[name] else "not checked")
+    assert (
+        "not materialized" in loader["detail"] and "srt-slurm v1.0.36's schema" in loader["detail"]
+    )
 
 
 def test_findings_name_the_recipes_own_keys_and_lines(
@@ -282,14 +283,16 @@ def test_an_unknown_srtslurm_yaml_key_fails_naming_it(
                    "reporting:\n  status:\n    endpoint: http://x\n    token: t\n")  # fmt: skip
     assert main(["preflight", "--srtslurm", str(cfg)]) == 2
     err = capsys.readouterr().err
-    assert "2 key(s)" in err and "default_container (line 7)" in err
-    assert "reporting.status.token (line 11)" in err
+    # marshmallow's words, as srt-slurm's recorded schema (schemas/srt-slurm.schema.json) has them.
+    assert "2 refusal(s) by srt-slurm v1.0.36's schema" in err
+    assert "default_container (line 7): Unknown field." in err
+    assert "reporting.status.token (line 11): Unknown field." in err
     assert f"{cfg}:7: default_container" in err and "ignore the whole file" in err
     cfg.write_text(SRTSLURM + "reporting:\n  status:\n    endpoint: http://x\n  token: t\n")
     assert main(["preflight", "--srtslurm", str(cfg), "--json"]) == 2
     error = json.loads(capsys.readouterr().out)["error"]
-    assert error["exit_code"] == 2 and error["message"].startswith("1 key(s)")
-    assert "reporting.token (line 10)" in error["message"]
+    assert error["exit_code"] == 2 and error["message"].startswith("1 refusal(s)")
+    assert "reporting.token (line 10): Unknown field." in error["message"]
     # Every key known: the aliases resolve as srt-slurm resolves them.
     cfg.write_text(SRTSLURM)
     recipe = resolved / "aliased.yaml"

@@ -48,29 +48,8 @@ OFFLOAD_DRAM_BUDGET_PERCENT = 80  # the framework's CPU-offload budget per node
 FRONTEND_ONLY_FLAGS = ("--tool-call-parser", "--enable-auto-tool-choice")
 
 # --- srt-slurm (the pinned v1.0.36 + PR #278), read from its source -----------------------------
-# The keys of srtslurm.yaml: `ClusterConfig` in src/srtctl/core/schema.py (v1.0.36 and
-# 6fd6000 = PR #278; unchanged through v1.0.68). srt-slurm's `load_cluster_config`
-# (src/srtctl/core/config.py) validates the file with that schema and, on any error, only logs
-# a warning and drops the whole file: a stale `default_container:` (srtslurm.yaml.example still
-# shows it) silently loses every default and alias beside it.
-SRT_CLUSTER_CONFIG_KEYS: tuple[str, ...] = (
-    "cluster", "default_account", "default_partition", "default_time_limit", "gpus_per_node",
-    "network_interface", "use_gpus_per_node_directive", "use_segment_sbatch_directive",
-    "use_exclusive_sbatch_directive", "use_het_jobs", "default_sbatch_directives",
-    "default_health_check", "srtctl_root", "output_dir", "model_paths", "containers", "cloud",
-    "default_mounts", "default_bash_preamble", "reporting", "telemetry", "nginx_raise_ulimit",
-)  # fmt: skip
-# `reporting:` (ReportingConfig, ReportingStatusConfig, AIAnalysisConfig, S3Config, same file).
-SRT_CLUSTER_CONFIG_NESTED: Mapping[str, tuple[str, ...]] = {
-    "reporting": ("status", "ai_analysis", "s3"),
-    "reporting.status": ("endpoint", "endpoints"),
-    "reporting.ai_analysis": ("enabled", "openrouter_api_key", "gh_token", "repos_to_search",
-                              "pr_search_days", "prompt"),
-    "reporting.s3": ("bucket", "prefix", "region", "endpoint_url", "access_key_id",
-                     "secret_access_key"),
-    # HealthCheckConfig
-    "default_health_check": ("max_attempts", "interval_seconds"),
-}  # fmt: skip
+# The keys and types of a recipe and of srtslurm.yaml are recorded from srt-slurm's own
+# loader (`k3env srt schema`, schemas/srt-slurm.schema.json; config.srtschema checks them).
 # What srt-slurm fills in for a recipe key left out (src/srtctl/core/schema.py: FrontendConfig,
 # SrtConfig.backend, DynamoConfig; src/srtctl/backends/vllm.py: VLLMProtocol.connector).
 SRT_DEFAULTS: Mapping[str, Any] = {

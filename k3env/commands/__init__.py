@@ -23,10 +23,11 @@ def all_commands() -> list[ModuleType]:
         smoke,
         srt_materialize,
         srt_recipe,
+        srt_schema,
         srt_validate,
         twin,
         verify,
     )
 
     return [lock, schema, build, matrix, twin, push, export, srt_materialize, srt_validate,
-            srt_recipe, adopt, verify, smoke, bump, outdated, preflight]  # fmt: skip
+            srt_recipe, srt_schema, adopt, verify, smoke, bump, outdated, preflight]  # fmt: skip

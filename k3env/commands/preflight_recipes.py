@@ -107,15 +107,14 @@ def _cluster_config(
     from k3env.handoff.recipe_check import check_cluster_config, containers_of
 
     doc = load_cluster_config(args.srtslurm)
-    version = lock.srt_slurm.version if lock.srt_slurm else "(unpinned)"
-    check_cluster_config(doc, version)
+    checked = check_cluster_config(doc, lock)
     aliases, model_paths = str_mapping(doc, "containers"), str_mapping(doc, "model_paths")
     entries = []
     for alias, value, image in containers_of(state, lock, args.images, aliases, cluster.platform):
         entries.append({"alias": alias, "container": value, "known": image.known, "how": image.how})
         lines.append(f"{args.srtslurm}: containers.{alias}: {value}: {image.how}")
-    said = {"file": str(args.srtslurm), "containers": entries}
-    lines.append(f"{args.srtslurm}: every key is one srt-slurm {version} takes")
+    said = {"file": str(args.srtslurm), "containers": entries, "keys": checked}
+    lines.append(f"{args.srtslurm}: {checked}")
     return aliases, model_paths, said
 
 

@@ -443,9 +443,20 @@ def srt_slurm_pin(t: Table, unresolved: list[Unresolved]) -> SrtSlurmPin:
                 hint=f"k3env lock --update-hashes ({requirements})",
             )
         )
+    # srt-slurm's recipe and cluster-config schema, recorded from its own loader
+    # (`k3env srt schema`): what preflight checks keys and types against without it.
+    schema = t.relative_path("schema") if t.has("schema") else None
+    schema_sha = t.matching(
+        "schema_sha256", SHA256_RE, _SHA_FIX, required=False, allow_unresolved=True
+    )
+    if schema is not None and schema_sha is None:
+        unresolved.append(
+            Unresolved(key="srt_slurm.schema_sha256", hint=f"k3env lock --update-hashes ({schema})")
+        )
     t.done()
     return SrtSlurmPin(git=git, version=version, commit=commit, patches=tuple(patches),
-                       requirements=requirements, requirements_sha256=req_sha)  # fmt: skip
+                       requirements=requirements, requirements_sha256=req_sha,
+                       schema=schema, schema_sha256=schema_sha)  # fmt: skip
 
 
 def _check_target_path(t: Table, path: str, roots: tuple[str, ...]) -> None:

@@ -39,6 +39,9 @@ def pinned_files(lock: Lock) -> list[tuple[str, str, str | None]]:
         if lock.srt_slurm.requirements:
             out.append(("srt_slurm.requirements_sha256", lock.srt_slurm.requirements,
                         lock.srt_slurm.requirements_sha256))  # fmt: skip
+        if lock.srt_slurm.schema:
+            out.append(("srt_slurm.schema_sha256", lock.srt_slurm.schema,
+                        lock.srt_slurm.schema_sha256))  # fmt: skip
     if lock.twin:
         for twin in (lock.twin, *lock.twin.platforms.values()):
             out.append(

@@ -249,6 +249,9 @@ class SrtSlurmPin:
     # --require-hashes; None: not pinned (pip resolves srt-slurm's ranges that day)
     requirements: str | None = None
     requirements_sha256: str | None = None
+    # Its recipe and cluster-config schema as its own loader reads them (`k3env srt schema`).
+    schema: str | None = None
+    schema_sha256: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

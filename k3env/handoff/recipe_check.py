@@ -16,14 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from k3env.checks.known import SRT_CLUSTER_CONFIG_KEYS, SRT_CLUSTER_CONFIG_NESTED
 from k3env.checks.preflight import ERROR, WARNING, Rule, run_rules
 from k3env.checks.recipe_map import EnvEntry, ImageOf, Mapped, map_recipe, recipe_key
 from k3env.config.cluster import Cluster
 from k3env.config.pins import Lock
 from k3env.config.spec import ImageSpec, load_spec
 from k3env.config.srtrecipe import Recipe
-from k3env.config.yamlread import YamlDoc
+from k3env.config.srtschema import SrtSchema, check, load_srt_schema
+from k3env.config.yamlread import YamlDoc, load_yaml
 from k3env.errors import ConfigError
 from k3env.handoff.srt_validate import RecipeError
 from k3env.image.records import last_build
@@ -216,33 +216,44 @@ def _spec_of(
     return spec if build.get("image_id") == image_id else None
 
 
+# --- srt-slurm's recorded schema --------------------------------------------------------------
+def recorded_schema(lock: Lock) -> tuple[SrtSchema | None, str]:
+    """The schema the lock pins for its srt-slurm (hash-checked), or why there is none to
+    check against."""
+    from k3env.config.pinned_files import verify_pinned_file
+
+    srt = lock.srt_slurm
+    if srt is None or srt.schema is None:
+        return None, f"the lock records no srt-slurm schema ({lock.path} [srt_slurm] schema)"
+    path = verify_pinned_file(lock, srt.schema, srt.schema_sha256, key="srt_slurm.schema",
+                              label="", what="srt-slurm schema",
+                              sha_key="srt_slurm.schema_sha256")  # fmt: skip
+    schema = load_srt_schema(path)
+    if not schema.of(srt):
+        return None, (
+            f"{srt.schema} was recorded from srt-slurm {schema.version} ({schema.commit[:12]}), "
+            f"not the pinned {srt.version} and its patches: run `k3env srt schema`"
+        )
+    return schema, ""
+
+
 # --- srtslurm.yaml -----------------------------------------------------------------------------
-def unknown_cluster_keys(doc: YamlDoc) -> list[str]:
-    """Keys of a cluster config srt-slurm's ``ClusterConfig`` does not take (dotted)."""
-    data = doc.data if isinstance(doc.data, dict) else {}
-    out = [str(k) for k in data if k not in SRT_CLUSTER_CONFIG_KEYS]
-    for parent, keys in SRT_CLUSTER_CONFIG_NESTED.items():
-        node: Any = data
-        for part in parent.split("."):
-            node = node.get(part) if isinstance(node, dict) else None
-        if isinstance(node, dict):
-            out += [f"{parent}.{k}" for k in node if k not in keys]
-    return out
-
-
-def check_cluster_config(doc: YamlDoc, version: str) -> None:
-    """Refuse a key srt-slurm's cluster config does not take (srt-slurm only warns, then
-    drops the whole file: every default and alias in it)."""
-    unknown = unknown_cluster_keys(doc)
-    if not unknown:
-        return
-    shown = ", ".join(f"{k} (line {doc.line(k)})" if doc.line(k) else k for k in unknown)
+def check_cluster_config(doc: YamlDoc, lock: Lock) -> str:
+    """Refuse what srt-slurm's cluster config does not take (an unknown key, a wrong type):
+    srt-slurm only warns, then drops the whole file. Returns what was checked."""
+    schema, why = recorded_schema(lock)
+    if schema is None:
+        return f"keys not checked: {why}"
+    errors = check(doc.data, schema.cluster, schema)
+    if not errors:
+        return f"every key and type is one {schema.said()} takes"
+    shown = ", ".join(f"{k} (line {doc.line(k)}): {m}" if doc.line(k) else f"{k}: {m}"
+                      for k, m in errors)  # fmt: skip
     raise ConfigError(
-        f"{len(unknown)} key(s) srt-slurm {version}'s cluster config does not take: {shown}. "
-        "srt-slurm would only log a warning and then ignore the whole file (every default "
-        "and alias in it)",
-        where=doc.where(unknown[0]),
-        fix="remove or rename each; the keys it takes: " + ", ".join(SRT_CLUSTER_CONFIG_KEYS),
+        f"{len(errors)} refusal(s) by {schema.said()}: {shown}. srt-slurm would only log a "
+        "warning and then ignore the whole file (every default and alias in it)",
+        where=doc.where(errors[0][0]),
+        fix="remove or fix each; the keys it takes: " + ", ".join(sorted(schema.cluster["fields"])),
     )
 
 
@@ -268,7 +279,10 @@ def srt_loader(lock: Lock, state: State, log: Log, recipes: Sequence[Path]) -> d
             "(run `k3env srt materialize`)"
         )
     if why is not None:
-        return {r: Loader(verdict=NOT_CHECKED, detail=why) for r in recipes}
+        schema, unrecorded = recorded_schema(lock)
+        if schema is None:
+            return {r: Loader(verdict=NOT_CHECKED, detail=f"{why}; {unrecorded}") for r in recipes}
+        return {r: _by_schema(r, schema, why) for r in recipes}
     m = materialize(lock, state, log)
     result = validate(m, list(recipes), log)
     what = f"srt-slurm {m.version} + {list(m.patches)}"
@@ -279,6 +293,20 @@ def srt_loader(lock: Lock, state: State, log: Log, recipes: Sequence[Path]) -> d
         verdict = "failed" if errs else "passed"
         out[r] = Loader(verdict=verdict, detail=what + extra, errors=errs)
     return out
+
+
+def _by_schema(recipe: Path, schema: SrtSchema, why: str) -> Loader:
+    """A recipe's keys and types against srt-slurm's recorded schema: a refusal is the
+    loader's (failed); none is not a pass (its loader, lookups and dry-run did not run)."""
+    errors = check(load_yaml(recipe).data, schema.recipe, schema)
+    if errors:
+        return Loader(verdict="failed", detail=f"{schema.said()}; {why}",
+                      errors=tuple((k, m, "schema") for k, m in errors))  # fmt: skip
+    return Loader(
+        verdict=NOT_CHECKED,
+        detail=f"keys and types as {schema.said()}; its loader's own checks, lookups and "
+        f"dry-run not run: {why}",
+    )
 
 
 def errors_of(recipe: Path, errors: Sequence[RecipeError]) -> tuple[tuple[str, str, str], ...]:

@@ -17,6 +17,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from k3env.errors import ToolError
 from k3env.handoff.srt import Materialized
@@ -127,3 +128,24 @@ def _dry_run_message(output: str, path: str) -> str:
             message = line.strip().removeprefix("Error:").strip()
             return message.removeprefix(f"Invalid config in {path}: ")
     return output.strip()[-1500:] or "srtctl dry-run failed and printed nothing"
+
+
+def record_schema(m: Materialized, log: Log) -> dict[str, Any]:
+    """srt-slurm's recipe and cluster-config schema, read from the materialized srt-slurm's
+    own classes (``probes/srt_schema.py``)."""
+    with (
+        resources.as_file(resources.files("k3env.probes") / "srt_schema.py") as script,
+        tempfile.TemporaryDirectory(prefix="k3env-srt-schema-") as tmp,
+    ):
+        code, out = attempt([str(m.python), str(script)], log, cwd=Path(tmp), env=_validation_env())
+    try:
+        doc = json.loads(out.strip().splitlines()[-1])
+        if not isinstance(doc, dict) or not {"recipe", "cluster", "messages"} <= set(doc):
+            raise ValueError("no recipe, cluster or messages")
+    except (ValueError, IndexError) as e:
+        raise ToolError(
+            f"srt-slurm's schema probe printed no schema (exit {code}): {out[-2000:]}",
+            where=str(m.path),
+            fix="check that the materialized srt-slurm has srtctl.core.schema.SrtConfig",
+        ) from e
+    return doc

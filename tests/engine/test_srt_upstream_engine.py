@@ -43,7 +43,7 @@ def _mirrored() -> None:
 @pytest.fixture
 def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     _mirrored()
-    for d in ("pins", "images", "patches", "clusters"):
+    for d in ("pins", "images", "patches", "clusters", "schemas"):
         shutil.copytree(REPO / d, tmp_path / d)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("K3ENV_STATE_DIR", str(tmp_path / "state"))
@@ -70,6 +70,38 @@ def test_the_pinned_srt_slurm_judges_the_bring_up_recipes_in_its_own_words(
     assert main(["preflight", "--recipe", str(RECIPES / "f.yaml"), "--json", "-q"]) == 0
     (f,) = json.loads(capsys.readouterr().out)["recipes"]
     assert f["srt_slurm_loader"]["verdict"] == "passed"
+    _the_recorded_schema_agrees(project, capsys)
+
+
+def _the_recorded_schema_agrees(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The committed schema is what this srt-slurm's loader reads; a typo, an unknown key and
+    a wrong type are refused by both, at the same keys, in the same words."""
+    import yaml  # type: ignore[import-untyped]
+
+    from k3env.config.srtschema import check, load_srt_schema
+
+    assert main(["srt", "schema", "--check", "--json", "-q"]) == 0, capsys.readouterr()
+    capsys.readouterr()
+    recipe = yaml.safe_load((RECIPES / "f.yaml").read_text())
+    backend = recipe["backend"]
+    backend["aggregated_enviroment"] = backend.pop("aggregated_environment", {"A": "1"})
+    recipe["benchmark"]["type_"] = "aiperf"
+    recipe["name"] = 123
+    bad = project / "typos.yaml"
+    bad.write_text(yaml.safe_dump(recipe))
+    assert main(["srt", "validate", "--json", "-q", str(bad)]) == 4
+    loader = {(e["key"], e["message"]) for e in json.loads(capsys.readouterr().out)["errors"]}
+    schema = load_srt_schema(REPO / "schemas/srt-slurm.schema.json")
+    recorded = set(check(recipe, schema.recipe, schema))
+    assert (
+        recorded
+        == loader
+        == {
+            ("backend.aggregated_enviroment", UNKNOWN_FIELD),
+            ("benchmark.type_", UNKNOWN_FIELD),
+            ("name", "Not a valid string."),
+        }
+    )
 
 
 def test_without_the_multi_node_back_port_the_2_node_recipe_is_refused(
