@@ -111,16 +111,27 @@ def test_findings_name_the_recipes_own_keys_and_lines(
          "backend.vllm_config.aggregated.enable-cumem-allocator", "enable-cumem-allocator:"),
         ("a1-fork.yaml", "K3-PARSER-FLAGS",
          "backend.vllm_config.aggregated.enable-auto-tool-choice", "enable-auto-tool-choice:"),
+        # Where srt-slurm's benchmark step reads it: the top-level `environment` (the recipe
+        # has none yet, so no line).
         ("a3-session-control.yaml", "K3-AIPERF-SESSION-CONTROL",
-         "backend.aggregated_environment.AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING",
-         "aggregated_environment:"),
+         "environment.AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING", None),
     ]  # fmt: skip
     for name, rule, key, text in cases:
         path = RECIPES / name
         _, out = preflight(capsys, "--recipe", str(path))
         hits = [f for f in out["recipes"][0]["findings"] if f["rule"] == rule and f["key"] == key]
         assert hits, (name, out["recipes"][0]["findings"])
-        assert hits[0]["file"] == str(path) and hits[0]["line"] == line_of(path, text)
+        line = None if text is None else line_of(path, text)
+        assert hits[0]["file"] == str(path) and hits[0]["line"] == line
+    # The fix put where only the engine reads it: aiperf still sends session_control.
+    engine_only = resolved / "a3-engine-only.yaml"
+    engine_only.write_text((RECIPES / "a3-session-control.yaml").read_text().replace(
+        "  aggregated_environment:\n",
+        '  aggregated_environment:\n    AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING: "0"\n'))  # fmt: skip
+    _, out = preflight(capsys, "--recipe", str(engine_only))
+    (hit,) = [f for f in out["recipes"][0]["findings"] if f["rule"] == "K3-AIPERF-SESSION-CONTROL"]
+    assert hit["key"] == "environment.AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING"
+    assert "is set for the engine only" in hit["message"]
     # The human form is a linter's: FILE:LINE: KEY: RULE severity.
     path = RECIPES / "d1-mem-095.yaml"
     assert main(["preflight", "--recipe", str(path)]) == 4

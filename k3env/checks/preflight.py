@@ -40,6 +40,18 @@ class Context:
     # Where a command's findings point, when the profile was read from a file other than a
     # spec (an srt-slurm recipe: its engine flags' key); default: the spec's argv key.
     command_key: Callable[[ParsedCommand], str] | None = None
+    # The environment the benchmark client runs with, where it is not the engine's (an
+    # srt-slurm recipe: the image's env and the top-level `environment` only), and the key
+    # that sets a variable of it; default: the engine's env, a spec's `env.NAME`.
+    client_env: Mapping[str, str] | None = None
+    client_env_key: Callable[[str], str] | None = None
+
+    @property
+    def bench_env(self) -> Mapping[str, str]:
+        return self.env if self.client_env is None else self.client_env
+
+    def bench_key(self, name: str) -> str:
+        return f"env.{name}" if self.client_env_key is None else self.client_env_key(name)
 
     def engine_commands(self) -> list[ParsedCommand]:
         return [c for c in self.commands if c.role in ENGINE_ROLES]

@@ -9,7 +9,8 @@ connector srt-slurm turns into ``--kv-transfer-config`` (``nixl`` unless the rec
 otherwise), then ``vllm_config.aggregated`` as flags (sorted, ``_`` -> ``-``, ``true`` a bare
 flag, ``false`` dropped). The environment is the image's baked env, then
 ``backend.aggregated_environment``, then ``environment`` (srt-slurm exports both inside the
-container, after it starts: they win). When srt-slurm installs Dynamo at job start, the rules
+container, after it starts: they win); the benchmark client's is the image's and the top-level
+``environment`` only. When srt-slurm installs Dynamo at job start, the rules
 judge that Dynamo, and the image's facts about its own Dynamo are dropped, and said.
 """
 
@@ -28,7 +29,7 @@ from k3env.checks.preflight import Context, Finding
 from k3env.config.cluster import Cluster
 from k3env.config.pins import Lock
 from k3env.config.spec import Command, ImageSpec, ServeProfile
-from k3env.config.srtrecipe import ENGINE_KEY, Recipe
+from k3env.config.srtrecipe import ENGINE_KEY, ENV_KEY, Recipe
 from k3env.errors import ConfigError
 from k3env.image.envpolicy import merged_env
 from k3env.versions import in_range
@@ -297,20 +298,7 @@ def map_recipe(
         allow_credentials=(),
         profiles={PROFILE: profile},
     )
-    facts = dict(image.facts) if image.facts is not None else None
-    if frontend_type(recipe) == "dynamo":
-        version = _dynamo_version(recipe, notes)
-        if version is not None:
-            if facts and facts.get("dynamo"):
-                notes.append(
-                    "verify's facts about the image's own Dynamo (its tokenizer model "
-                    "types, parsers) no longer hold: the job installs another"
-                )
-                facts.pop("dynamo")
-            facts = {
-                **(facts or {}),
-                "versions": {**(facts or {}).get("versions", {}), "dynamo": version},
-            }
+    facts = _job_facts(recipe, image, notes)
     ctx = Context(
         spec=spec,
         profile=profile,
@@ -324,8 +312,30 @@ def map_recipe(
         ),
         facts_source=image.facts_source,
         command_key=lambda c: "frontend" if c.role == "dynamo-frontend" else ENGINE_KEY,
+        # srt-slurm's benchmark step gets the top-level `environment` (v1.0.36 + PR #278
+        # src/srtctl/cli/mixins/benchmark_stage.py `_get_benchmark_env`), not the backend's.
+        client_env={**baked, **recipe.environment},
+        client_env_key=lambda name: f"{ENV_KEY}.{name}",
     )
     return Mapped(context=ctx, env=env, notes=tuple(notes), model_type_key=mtype_key)
+
+
+def _job_facts(recipe: Recipe, image: ImageOf, notes: list[str]) -> dict[str, Any] | None:
+    """verify's facts about the image, as the job will run it: a Dynamo the job installs
+    replaces the image's own (said)."""
+    facts = dict(image.facts) if image.facts is not None else None
+    if frontend_type(recipe) != "dynamo":
+        return facts
+    version = _dynamo_version(recipe, notes)
+    if version is None:
+        return facts
+    if facts and facts.get("dynamo"):
+        notes.append(
+            "verify's facts about the image's own Dynamo (its tokenizer model "
+            "types, parsers) no longer hold: the job installs another"
+        )
+        facts.pop("dynamo")
+    return {**(facts or {}), "versions": {**(facts or {}).get("versions", {}), "dynamo": version}}
 
 
 def recipe_key(recipe: Recipe, mapped: Mapped, finding: Finding) -> str:

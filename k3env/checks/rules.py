@@ -185,14 +185,21 @@ def tokenizer_model_type(ctx: Context) -> Iterable[Hit]:
 def aiperf_session_control(ctx: Context) -> Iterable[Hit]:
     if "dynamo-frontend" not in ctx.roles() or ctx.lock.aiperf is None:
         return
-    if ctx.env.get("AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING") == "0":
+    name = "AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING"
+    if ctx.bench_env.get(name) == "0":
         return
+    where = ""
+    if ctx.env.get(name) == "0":  # set, but where only the engine reads it
+        where = (
+            f" ({name}=0 is set for the engine only: the benchmark client's environment "
+            "does not carry it)"
+        )
     yield Hit(
-        key="env.AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING",
+        key=ctx.bench_key(name),
         message=(
             f"aiperf {ctx.lock.aiperf.version} sends nvext.session_control (conversation-aware "
             f"routing); the pinned Dynamo ({component_version(ctx, 'dynamo')}) removed that POC "
-            "field: every warmup request gets 400"
+            f"field: every warmup request gets 400{where}"
         ),
     )
 
