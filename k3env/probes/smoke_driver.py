@@ -295,6 +295,22 @@ def environ(pid: int) -> dict[str, str]:
     return {k: v for k, v in pairs}
 
 
+def _live_environ(role: Role, wait: float = 10.0) -> dict[str, str]:
+    """The environment of ``role``'s running process. Empty is no evidence: a process still
+    inside exec (Popen returns once the new image is mapped, before its environment is laid
+    out) and a zombie both show none; read again until it shows one, or say why not."""
+    deadline = time.monotonic() + wait
+    while True:
+        if role.proc is None or role.exited() is not None:
+            raise OSError("the process has exited")
+        env = environ(role.proc.pid)
+        if env and role.exited() is None:
+            return env
+        if time.monotonic() > deadline:
+            raise OSError(f"its environ stayed empty for {wait:.0f} s")
+        time.sleep(0.1)
+
+
 def env_gate(want: dict[str, str], roles: list[Role]) -> str:
     """Every baked env var at its baked value in each role's process, as the kernel shows
     that process's environment (the runtime's precedence applied: docker's, pyxis's)."""
@@ -303,9 +319,7 @@ def env_gate(want: dict[str, str], roles: list[Role]) -> str:
     wrong, seen = [], []
     for role in roles:
         try:
-            if role.proc is None or role.exited() is not None:
-                raise OSError("the process has exited")
-            env = environ(role.proc.pid)
+            env = _live_environ(role)
         except OSError as e:
             # Gone before it could be read: the next gate reports its own words.
             raise NotCheckable(f"{role.name}: its environment could not be read ({e})") from e
