@@ -265,13 +265,13 @@ def test_the_node_count_comes_from_the_profile(repo_with_clusters: Path) -> None
     assert "K3-SRT-FRONTEND" not in findings(D)
 
 
-def test_a_dropped_container_patch_is_a_warning_naming_why(repo_with_clusters: Path) -> None:
+def test_a_dropped_container_patch_is_an_error_naming_why(repo_with_clusters: Path) -> None:
     assert "K3-DROPPED-PATCH" not in findings(F)
     replace_in(F, 'patches = ["mamba-hybrid-index-int64"]', "patches = []")
     lock = load_lock(LOCK)
     report = run_rules(contexts(lock, [load_spec(F, lock)], load_cluster(CLUSTER), None), RULES)
     (hit,) = [f for f in report.findings if f.rule == "K3-DROPPED-PATCH"]
-    assert hit.severity == "warning" and "mamba-hybrid-index-int64" in hit.message
+    assert hit.severity == "error" and "mamba-hybrid-index-int64" in hit.message
     assert lock.container_patches["mamba-hybrid-index-int64"].why in hit.message
 
 

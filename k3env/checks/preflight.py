@@ -45,6 +45,9 @@ class Context:
     # that sets a variable of it; default: the engine's env, a spec's `env.NAME`.
     client_env: Mapping[str, str] | None = None
     client_env_key: Callable[[str], str] | None = None
+    # A script the job runs at every start that k3env cannot see into (an srt-slurm
+    # recipe's setup_script): what it may change is said, never assumed either way.
+    setup_script: str | None = None
 
     @property
     def bench_env(self) -> Mapping[str, str]:

@@ -316,6 +316,7 @@ def map_recipe(
         # src/srtctl/cli/mixins/benchmark_stage.py `_get_benchmark_env`), not the backend's.
         client_env={**baked, **recipe.environment},
         client_env_key=lambda name: f"{ENV_KEY}.{name}",
+        setup_script=recipe.setup_script,
     )
     return Mapped(context=ctx, env=env, notes=tuple(notes), model_type_key=mtype_key)
 

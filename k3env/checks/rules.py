@@ -254,15 +254,24 @@ def gpu_memory_headroom(ctx: Context) -> Iterable[Hit]:
 def allocator_fragmentation(ctx: Context) -> Iterable[Hit]:
     if not _model(ctx).get("mla") or _expandable(ctx):
         return
+    # As the bring-up saw it: the Dynamo worker (#2355/#2358, 2.92 GiB at 0.90) and SimpleCPU
+    # offload (#2370, 2.36 GiB) died of it; direct `vllm serve` with no connector served 24
+    # minutes without it (#2359): a warning there, an error where it crashed.
     for cmd in ctx.engine_commands():
         connector = _connector(cmd)
+        seen = (
+            f" (seen with {connector}, #2370)"
+            if connector
+            else " (seen with the Dynamo worker at 0.90: a 2.92 GiB transient, #2355/#2358)"
+            if cmd.role == "dynamo-worker"
+            else ""
+        )
         yield Hit(
             key="env.PYTORCH_CUDA_ALLOC_CONF",
-            severity=ERROR if connector else WARNING,
+            severity=ERROR if seen else WARNING,
             message=(
                 "no PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True: long-context MLA prefill "
-                "transients (2-3 GiB) can OOM with as much reserved-but-unallocated memory"
-                + (f" (seen with {connector}, #2370)" if connector else "")
+                f"transients (2-3 GiB) can OOM with as much reserved-but-unallocated memory{seen}"
             ),
         )
         return
@@ -448,15 +457,23 @@ def srt_frontend(ctx: Context) -> Iterable[Hit]:
 
 
 def dropped_patch(ctx: Context) -> Iterable[Hit]:
-    """A container patch the lock pins for this image's base that the spec does not carry:
-    the fix it made is gone from the image (the bring-up's first-decode crash came back so)."""
+    """A container patch the lock pins for this image's base that the image does not carry:
+    the code it fixes runs unfixed, so the crash is certain (the bring-up's first-decode crash
+    came back so); a warning only where a job-start script k3env cannot see may apply it."""
     for name, pin in ctx.lock.container_patches.items():
         if ctx.spec.base in pin.bases and name not in ctx.spec.patches:
+            unseen = ""
+            if ctx.setup_script:
+                unseen = (
+                    f" (unless the job's setup_script {ctx.setup_script}, run at every job "
+                    "start, applies it: k3env cannot see what it does)"
+                )
             yield Hit(
                 key="patches",
+                severity=WARNING if ctx.setup_script else None,
                 message=(
                     f"container patch {name} is pinned for base {ctx.spec.base} but this image "
-                    f"does not carry it: {pin.why}"
+                    f"does not carry it: {pin.why}{unseen}"
                 ),
                 fix=f'add "{name}" to patches in {ctx.spec.path}, or drop the patch from the '
                 "lock if the base no longer needs it",
@@ -660,7 +677,7 @@ RULES: tuple[Rule, ...] = (
         title="every container patch pinned for the base is carried by the image",
         symptom="a fixed crash comes back: the first decode step dies in mamba_hybrid postprocess_state (IndexError: index_fill_ expects int64)",
         components="container patches (lock), image spec",
-        severity=WARNING,
+        severity=ERROR,
         fix="list the patch in the spec's patches, or drop it from the lock when the base has the fix",
         source="variant F (#2372), sixth sweep (the int64 index fix)",
         check=dropped_patch,

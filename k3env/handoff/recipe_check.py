@@ -361,11 +361,6 @@ def _finding(recipe: Recipe, mapped: Mapped, f: Any) -> RecipeFinding:
     on_recipe = f.file == str(recipe.path)
     message, fix = f.message, f.fix
     if on_recipe and f.key == "patches":  # the image is the recipe's container, not a spec
-        if recipe.setup_script:
-            message += (
-                f" (the recipe's setup_script {recipe.setup_script} runs at every job "
-                "start; k3env cannot see what it does)"
-            )
         fix = (
             f"run an image that carries it: `k3env adopt {recipe.path}` (the spec bakes the "
             "lock's patches), build and push it, and name its digest in model.container"

@@ -295,7 +295,7 @@ def environ(pid: int) -> dict[str, str]:
     return {k: v for k, v in pairs}
 
 
-def _live_environ(role: Role, wait: float = 10.0) -> dict[str, str]:
+def _live_environ(role: Role, wait: float = 10.0) -> tuple[int, dict[str, str]]:
     """The environment of ``role``'s running process. Empty is no evidence: a process still
     inside exec (Popen returns once the new image is mapped, before its environment is laid
     out) and a zombie both show none; read again until it shows one, or say why not."""
@@ -305,7 +305,7 @@ def _live_environ(role: Role, wait: float = 10.0) -> dict[str, str]:
             raise OSError("the process has exited")
         env = environ(role.proc.pid)
         if env and role.exited() is None:
-            return env
+            return role.proc.pid, env
         if time.monotonic() > deadline:
             raise OSError(f"its environ stayed empty for {wait:.0f} s")
         time.sleep(0.1)
@@ -319,11 +319,11 @@ def env_gate(want: dict[str, str], roles: list[Role]) -> str:
     wrong, seen = [], []
     for role in roles:
         try:
-            env = _live_environ(role)
+            pid, env = _live_environ(role)
         except OSError as e:
             # Gone before it could be read: the next gate reports its own words.
             raise NotCheckable(f"{role.name}: its environment could not be read ({e})") from e
-        seen.append(f"{role.name} (pid {role.proc.pid})")
+        seen.append(f"{role.name} (pid {pid})")
         for name, value in sorted(want.items()):
             if name not in role.unset and env.get(name) != value:
                 got = "unset" if name not in env else repr(env[name][:200])
