@@ -337,7 +337,12 @@ def test_the_b200_recipe_does_not_fit_a_gb200_rack(resolved_srt: Path) -> None:
         "error: cpu_bytes_to_use_per_rank 299,875,000,000 x 4 ranks/node = 1,200 GB of pinned "
         "DRAM; the node has 960 GB (budget 80% = 768 GB)"
     ]
-    assert found["K3-TOPOLOGY"] == ["error: --nnodes 2, but the cluster profile has 4 nodes"]
+    # What differs is named: the GPUs a node has, not the node count.
+    assert found["K3-TOPOLOGY"] == [
+        "error: --nnodes 2 puts TP x PP = 16 ranks 8 to a node, but a gb200-nvl72 node has 4 "
+        "GB200 GPUs: the profile is sized for nodes of 8 GPUs (on gb200-nvl72: --nnodes 4, 4 "
+        "ranks a node)"
+    ]
     (headroom,) = found["K3-GPU-MEM-HEADROOM"]
     assert headroom.startswith("warning: no measured out-of-pool workspace for mxfp4 MoE on GB200")
     # TP8 over two 4-GPU trays stays inside the rack's 72-GPU NVLink domain.

@@ -230,15 +230,26 @@ def test_a_container_k3env_pushed_is_its_image_with_its_patches_and_facts(
     assert "k3env export --check" in image["how"]
 
 
-def test_an_unknown_container_is_taken_as_a_lock_base_and_said(
+def test_an_unknown_container_is_said_and_what_it_carries_not_checked(
     resolved: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     recipe = resolved / "other.yaml"
     recipe.write_text((RECIPES / "d.yaml").read_text().replace(
         "vllm/vllm-openai:kimi-k3", "/shared/containers/someones.sqsh"))  # fmt: skip
-    image = preflight(capsys, "--recipe", str(recipe))[1]["recipes"][0]["image"]
-    assert image["base"] == "vllm-kimi-k3" and not image["known"]
-    assert "taken as lock base vllm-kimi-k3 (`--base NAME` to choose)" in image["how"]
+    code, out = preflight(capsys, "--recipe", str(recipe))
+    (result,) = out["recipes"]
+    image = result["image"]
+    assert not image["known"] and "an image k3env cannot place" in image["how"]
+    # No guess: the lock base's patches and env are not judged as this image's.
+    assert "K3-DROPPED-PATCH" not in {f["rule"] for f in result["findings"]}
+    assert any(n.startswith("not checked: what /shared/containers/someones.sqsh carries")
+               for n in result["notes"])  # fmt: skip
+    assert code == 0
+    # Named as a lock base, it is judged as that base, and said.
+    code, out = preflight(capsys, "--recipe", str(recipe), "--base", "vllm-kimi-k3")
+    (result,) = out["recipes"]
+    assert "judged as lock base vllm-kimi-k3 (--base)" in result["image"]["how"]
+    assert "K3-DROPPED-PATCH" in {f["rule"] for f in result["findings"]}
 
 
 def test_srt_slurm_defaults_are_applied_and_said(
@@ -307,6 +318,11 @@ def test_an_unknown_srtslurm_yaml_key_fails_naming_it(
     error = json.loads(capsys.readouterr().out)["error"]
     assert error["exit_code"] == 2 and error["message"].startswith("1 refusal(s)")
     assert "reporting.token (line 10): Unknown field." in error["message"]
+    # Given as a recipe, it is named for what it is.
+    assert main(["preflight", "--recipe", str(cfg)]) == 2
+    err = capsys.readouterr().err
+    assert "this is srt-slurm's cluster config, not a recipe (named srtslurm.yaml" in err
+    assert f"--srtslurm {cfg}" in err
     # Every key known: the aliases resolve as srt-slurm resolves them.
     cfg.write_text(SRTSLURM)
     recipe = resolved / "aliased.yaml"

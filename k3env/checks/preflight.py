@@ -48,6 +48,9 @@ class Context:
     # A script the job runs at every start that k3env cannot see into (an srt-slurm
     # recipe's setup_script): what it may change is said, never assumed either way.
     setup_script: str | None = None
+    # False: the image's base is not known (an image k3env cannot place): no rule judges
+    # what the base carries.
+    base_known: bool = True
 
     @property
     def bench_env(self) -> Mapping[str, str]:

@@ -59,6 +59,9 @@ class ImageOf:
     image_id: str | None = None
     facts: Mapping[str, Any] | None = None
     facts_source: str | None = None
+    # False: neither an image k3env knows nor a lock base; its base is a stand-in for the
+    # mapping, and the rules that need its contents (patches, baked env) are not checked.
+    placed: bool = True
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -282,7 +285,12 @@ def map_recipe(
         commands=cmds,
         benchmark=dict(recipe.benchmark),
     )
-    baked = baked_env(lock, image)
+    baked = baked_env(lock, image) if image.placed else {}
+    if not image.placed:
+        notes.append(
+            f"not checked: what {image.container} carries (its container patches, its baked "
+            "env): k3env cannot place it (`--base NAME` to judge it as that lock base)"
+        )
     env = effective_env(recipe, baked)
     spec = ImageSpec(
         name=recipe.name,
@@ -317,6 +325,7 @@ def map_recipe(
         client_env={**baked, **recipe.environment},
         client_env_key=lambda name: f"{ENV_KEY}.{name}",
         setup_script=recipe.setup_script,
+        base_known=image.placed,
     )
     return Mapped(context=ctx, env=env, notes=tuple(notes), model_type_key=mtype_key)
 

@@ -460,6 +460,8 @@ def dropped_patch(ctx: Context) -> Iterable[Hit]:
     """A container patch the lock pins for this image's base that the image does not carry:
     the code it fixes runs unfixed, so the crash is certain (the bring-up's first-decode crash
     came back so); a warning only where a job-start script k3env cannot see may apply it."""
+    if not ctx.base_known:
+        return
     for name, pin in ctx.lock.container_patches.items():
         if ctx.spec.base in pin.bases and name not in ctx.spec.patches:
             unseen = ""
@@ -503,11 +505,24 @@ def topology(ctx: Context) -> Iterable[Hit]:
                 key=ctx.key(cmd),
                 message=f"TP x PP = {ranks} ranks, but {ctx.cluster.name} has {gpus} GPUs",
             )
-        if isinstance(nnodes, str) and _int(nnodes, 0) != ctx.cluster.nodes:
-            yield Hit(
-                key=ctx.key(cmd),
-                message=f"--nnodes {nnodes}, but the cluster profile has {ctx.cluster.nodes} nodes",
-            )
+        n = _int(nnodes, 0) if isinstance(nnodes, str) else 0
+        if n and n != ctx.cluster.nodes:
+            yield Hit(key=ctx.key(cmd), message=_nodes_differ(ctx, ranks, n))
+
+
+def _nodes_differ(ctx: Context, ranks: int, nnodes: int) -> str:
+    """What differs when ``--nnodes`` is not the cluster's node count: the ranks each node
+    must hold against its GPUs (a profile sized for another node), else the node count."""
+    c = ctx.cluster
+    per_node = math.ceil(ranks / nnodes)
+    if per_node != c.gpus_per_node:
+        need = math.ceil(ranks / max(c.gpus_per_node, 1))
+        return (
+            f"--nnodes {nnodes} puts TP x PP = {ranks} ranks {per_node} to a node, but a "
+            f"{c.name} node has {c.gpus_per_node} {c.gpu} GPUs: the profile is sized for nodes "
+            f"of {per_node} GPUs (on {c.name}: --nnodes {need}, {c.gpus_per_node} ranks a node)"
+        )
+    return f"--nnodes {nnodes}, but the cluster profile has {c.nodes} nodes of {c.gpus_per_node} {c.gpu} GPUs"
 
 
 def image_platform(ctx: Context) -> Iterable[Hit]:

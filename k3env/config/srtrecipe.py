@@ -22,6 +22,7 @@ from k3env.errors import ConfigError
 ENGINE_KEY = "backend.vllm_config.aggregated"
 AGG_ENV_KEY = "backend.aggregated_environment"
 ENV_KEY = "environment"
+CLUSTER_CONFIG = "srtslurm.yaml"  # the cluster config's file name, as srt-slurm looks for it
 _MISSING: Any = object()
 
 
@@ -65,6 +66,17 @@ class Recipe:
         return ConfigError(message, where=self.doc.where(key), fix=fix)
 
 
+def _not_a_cluster_config(path: Path, data: Mapping[str, Any]) -> None:
+    """Refuse srt-slurm's cluster config given as a recipe, naming it."""
+    if "name" not in data and (path.name == CLUSTER_CONFIG or "model_paths" in data):
+        why = f"named {CLUSTER_CONFIG}" if path.name == CLUSTER_CONFIG else "it has model_paths"
+        raise ConfigError(
+            f"this is srt-slurm's cluster config, not a recipe ({why}, and no name)",
+            where=str(path),
+            fix=f"pass it with --srtslurm {path}, and the recipe with --recipe",
+        )
+
+
 def load_recipe(
     path: Path,
     *,
@@ -81,6 +93,7 @@ def load_recipe(
             fix="pass a recipe file (name:, model:, resources:, backend:, ...)",
         )
     data: dict[str, Any] = doc.data
+    _not_a_cluster_config(path, data)
 
     def section(key: str, required: bool = False) -> dict[str, Any]:
         node: Any = data

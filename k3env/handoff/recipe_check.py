@@ -173,15 +173,20 @@ def find_image(
     if found is None:
         name, matched = _default_base(lock, container)
         chosen = base or name
-        how = (
-            matched
-            if matched and chosen == name
-            else (
-                f"not an image k3env pushed or exported (no record on this host): taken as lock "
-                f"base {chosen}" + ("" if base else " (`--base NAME` to choose)")
+        if matched and chosen == name:
+            return ImageOf(container=container, base=chosen, how=matched, known=False)
+        if base:
+            how = (
+                f"not an image k3env pushed or exported (no record on this host): judged as "
+                f"lock base {base} (--base)"
             )
+            return ImageOf(container=container, base=base, how=how, known=False)
+        how = (
+            "an image k3env cannot place: not pushed or exported by k3env (no record on this "
+            "host) and not a lock base; what it carries is not checked (`--base NAME` to "
+            "judge it as that base)"
         )
-        return ImageOf(container=container, base=chosen, how=how, known=False)
+        return ImageOf(container=container, base=name, how=how, known=False, placed=False)
     record, how = found
     image_id = str(record["image_id"])
     spec = _spec_of(lock, images, str(record.get("image", "")), image_id, state, platform)
