@@ -337,11 +337,11 @@ def test_an_unknown_srtslurm_yaml_key_fails_naming_it(
 
 # --- adopt ---------------------------------------------------------------------------------------
 def adopt_and_regenerate(
-    name: str, capsys: pytest.CaptureFixture[str], tmp: Path
+    name: str, capsys: pytest.CaptureFixture[str], tmp: Path, path: Path | None = None
 ) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """`k3env adopt` a recipe, then `k3env srt recipe` of the spec it wrote: (adopt's JSON,
     the original, the regenerated recipe)."""
-    path = RECIPES / name
+    path = path or RECIPES / name
     original = yaml.safe_load(path.read_text())
     capsys.readouterr()
     assert main(["adopt", str(path), "--json", "-q"]) == 0
@@ -370,6 +370,27 @@ def test_adopt_then_srt_recipe_gives_the_recipe_back_key_for_key(
     assert 'patches = ["mamba-hybrid-index-int64"]' in text
     # The adopted spec passes preflight as the recipe did, without the dropped patch.
     assert main(["preflight", adopted["spec"]]) == (0 if name != "e.yaml" else 4)
+
+
+def test_adopt_keeps_the_jobs_own_keys(resolved: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Slurm's time limit, the health check and the /traces mount a trace-replay benchmark
+    reads are the job's, not the image's: kept in the spec's [job] and written back."""
+    recipe = yaml.safe_load((RECIPES / "f.yaml").read_text())
+    recipe["slurm"] = {"time_limit": "04:00:00"}
+    recipe["health_check"] = {"max_attempts": 360, "interval_seconds": 10}
+    recipe["extra_mount"] = ["/lustre/traces:/traces"]
+    path = resolved / "f-traces.yaml"
+    path.write_text(yaml.safe_dump(recipe, sort_keys=False))
+    adopted, original, regenerated = adopt_and_regenerate("", capsys, resolved, path)
+    assert [d.key for d in recipe_diff(original, regenerated)] == ["setup_script"]
+    assert "[profiles.agg.job]" in Path(adopted["out"]).read_text()
+    # A key k3env writes from the spec is refused in [job], naming it.
+    spec = Path(adopted["out"])
+    spec.write_text(
+        spec.read_text().replace("[profiles.agg.job]\n", '[profiles.agg.job]\nname = "x"\n')
+    )
+    assert main(["preflight", adopted["spec"]]) == 2
+    assert "job.name is a recipe key k3env writes" in capsys.readouterr().err
 
 
 def test_adopt_of_a_dynamo_recipe_lists_what_it_bakes_instead(

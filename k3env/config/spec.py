@@ -40,6 +40,9 @@ class ServeProfile:
     commands: tuple[Command, ...]
     # srt-slurm's benchmark: section for this profile (its field names; its loader checks them)
     benchmark: Mapping[str, Any] = field(default_factory=dict)
+    # srt-slurm recipe keys the image does not decide (its Slurm limits, health check, mounts):
+    # copied into the recipe as written; srt-slurm's recorded schema and loader judge them.
+    job: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -244,6 +247,49 @@ def _profile(name: str, t: Table) -> ServeProfile:
         reasoning_parser=t.string("reasoning_parser", required=False),
         commands=tuple(commands),
         benchmark=_benchmark(t),
+        job=_job(t),
     )
     t.done()
     return profile
+
+
+# The recipe keys `k3env srt recipe` writes from the spec and the lock (a `[job]` key may not
+# set them: the image decides them), and the ones it never writes (baked instead).
+RECIPE_WRITTEN = ("name", "model", "resources", "frontend", "backend", "dynamo", "benchmark")
+RECIPE_REPLACED = ("setup_script", "environment")
+
+
+def _job(t: Table) -> dict[str, Any]:
+    """The profile's ``[job]``: srt-slurm recipe keys the image does not decide, as written."""
+    if not t.has("job"):
+        return {}
+    job = t.table("job")
+    data = free_table(job, "job")
+    for key, value in data.items():
+        if key in RECIPE_WRITTEN or key in RECIPE_REPLACED:
+            raise job.fail(
+                key,
+                f"job.{key} is a recipe key k3env writes from the spec and the lock (or bakes "
+                "into the image instead)",
+                "set it in the spec itself (its env, its commands, its benchmark)",
+            )
+        for s in _strings(value):
+            if bad := control_character(s):
+                raise job.fail(
+                    key,
+                    f"job.{key} holds a control character ({bad}): it would reach a line of "
+                    "the generated recipe",
+                    "write it on one line, without control characters",
+                )
+    return data
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string in a TOML value (keys of its tables too)."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    if isinstance(value, dict):
+        return [s for k, v in value.items() for s in (str(k), *_strings(v))]
+    return []

@@ -19,6 +19,7 @@ from typing import Any
 
 from k3env.checks.recipe_map import FRONTEND_ARGV, frontend_type, model_type
 from k3env.config.pins import Lock
+from k3env.config.spec import RECIPE_REPLACED, RECIPE_WRITTEN
 from k3env.config.srtrecipe import Recipe
 from k3env.quoting import one_line, toml_key, toml_string, toml_value
 
@@ -191,6 +192,16 @@ def spec_text(
         out += [f"{toml_key(k)} = {toml_string(v)}" for k, v in env.items()]
     p = f"profiles.{toml_key(names.profile)}"
     out += _profile_lines(recipe, p, mtype, topology, notes, direct=direct)
+    job = {k: v for k, v in recipe.data.items() if k not in (*RECIPE_WRITTEN, *RECIPE_REPLACED)}
+    job.pop("lock", None)  # a lockfile's record of a run, not a key of the job
+    if job:
+        out += [
+            "",
+            "# The recipe's job keys the image does not decide, as written: `k3env srt "
+            "recipe` copies them back.",
+            f"[{p}.job]",
+        ]
+        out += [f"{toml_key(str(k))} = {toml_value(v)}" for k, v in job.items()]
     if bench:
         out += [
             "",

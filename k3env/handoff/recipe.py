@@ -96,6 +96,7 @@ def recipe(
         out["backend"]["connector"] = None
     if profile.benchmark:
         out["benchmark"] = _benchmark(spec, profile, aiperf_version)
+    out.update(profile.job)  # keys k3env writes are refused in [job] when the spec loads
     return out
 
 
