@@ -1,11 +1,12 @@
 """Check serve profiles, specs, the lock and a cluster profile against the rules drawn from the
 bring-up's failures (`--list-rules`), with no engine (~10 ms). With `--recipe FILE.yaml`: an
 srt-slurm recipe people already have, mapped as srt-slurm will start it (its defaults applied,
-its image found by `model.container` in k3env's push and export records, else taken as a lock
-base), with the same rules; findings on the recipe's keys and lines, each baked env value the
-recipe changes, and srt-slurm's own loader and dry-run where the pinned srt-slurm is
-materialized (else said: not checked). `--srtslurm FILE`: a key srt-slurm's cluster config does
-not take is an error (srt-slurm only warns, then drops the file)
+its image found by `model.container` in k3env's push and export records or as a lock base,
+else said as an image k3env cannot place), with the same rules; findings on the recipe's keys
+and lines, each baked env value the recipe changes, and srt-slurm's own loader and dry-run
+where the pinned srt-slurm is materialized (else its recorded schema's keys and types, and the
+rest said: not checked). `--srtslurm FILE`: what srt-slurm's cluster config does not take is an
+error (srt-slurm only warns, then drops the file)
 """
 
 from __future__ import annotations
