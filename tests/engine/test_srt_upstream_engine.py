@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import yaml  # type: ignore[import-untyped]
 
 from k3env.cli import main
 
@@ -70,14 +71,39 @@ def test_the_pinned_srt_slurm_judges_the_bring_up_recipes_in_its_own_words(
     assert main(["preflight", "--recipe", str(RECIPES / "f.yaml"), "--json", "-q"]) == 0
     (f,) = json.loads(capsys.readouterr().out)["recipes"]
     assert f["srt_slurm_loader"]["verdict"] == "passed"
+    _what_k3env_writes_loads(project, capsys)
     _the_recorded_schema_agrees(project, capsys)
+
+
+def _what_k3env_writes_loads(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The recipes k3env writes (`srt recipe` of each committed direct spec, and the one
+    `adopt` regenerates from the served recipe F with the job's own keys) load and dry-run
+    in the pinned srt-slurm."""
+    container = "reg.example/k3env/x@sha256:" + "ab" * 32
+    written = []
+    for spec in ("kimi-k3-direct-d", "kimi-k3-direct-f"):
+        out = project / f"{spec}.yaml"
+        assert main(["srt", "recipe", spec, "--container", container, "--out", str(out),
+                     "-q"]) == 0  # fmt: skip
+        written.append(out)
+    f = yaml.safe_load((RECIPES / "f.yaml").read_text())
+    f["slurm"] = {"time_limit": "04:00:00"}
+    f["extra_mount"] = ["/lustre/traces:/traces"]
+    source = project / "f-traces.yaml"
+    source.write_text(yaml.safe_dump(f, sort_keys=False))
+    assert main(["adopt", str(source), "--out", str(project / "images/adopted.toml"), "-q"]) == 0
+    regenerated = project / "adopted.yaml"
+    assert main(["srt", "recipe", "adopted", "--container", container, "--out",
+                 str(regenerated), "-q"]) == 0  # fmt: skip
+    written.append(regenerated)
+    capsys.readouterr()
+    assert main(["srt", "validate", "--json", "-q", *map(str, written)]) == 0
+    assert json.loads(capsys.readouterr().out)["errors"] == []
 
 
 def _the_recorded_schema_agrees(project: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The committed schema is what this srt-slurm's loader reads; a typo, an unknown key and
     a wrong type are refused by both, at the same keys, in the same words."""
-    import yaml  # type: ignore[import-untyped]
-
     from k3env.config.srtschema import check, load_srt_schema
 
     assert main(["srt", "schema", "--check", "--json", "-q"]) == 0, capsys.readouterr()
