@@ -25,9 +25,11 @@ def all_commands() -> list[ModuleType]:
         srt_recipe,
         srt_schema,
         srt_validate,
+        stage,
         twin,
         verify,
     )
 
     return [lock, schema, build, matrix, twin, push, export, srt_materialize, srt_validate,
-            srt_recipe, srt_schema, adopt, verify, smoke, bump, outdated, preflight]  # fmt: skip
+            srt_recipe, srt_schema, adopt, verify, smoke, stage, bump, outdated,
+            preflight]  # fmt: skip

@@ -9,10 +9,12 @@ the job's unless the job names it with `--container-env`).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,11 +39,16 @@ def pyxis_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
     """A local Slurm whose steps run containers through pyxis and enroot (squashfuse: the
     `.sqsh` is mounted, not unpacked). enroot keeps its paths under this Slurm's directory
     (pyxis passes only PATH from slurmd to enroot: a wrapper first on it sets them)."""
+    with _pyxis(Path(tmp_path_factory.mktemp("pyxis"))) as env:
+        yield env
+
+
+@contextlib.contextmanager
+def _pyxis(root: Path, importer: Path | None = None) -> Iterator[dict[str, str]]:
     if not (PYXIS.is_file() and (ENROOT / "enroot").is_file()):
         _require(f"pyxis and enroot in {PREFIX} (scripts/host-setup.sh builds them)")
-    root = Path(tmp_path_factory.mktemp("pyxis"))
     wrapper = root / "bin/enroot"
-    wrapper.parent.mkdir()
+    wrapper.parent.mkdir(exist_ok=True)
     paths = {k: root / "enroot" / k.lower() for k in ("RUNTIME", "DATA", "CACHE", "TEMP")}
     for p in paths.values():
         p.mkdir(parents=True)
@@ -49,7 +56,8 @@ def pyxis_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
     wrapper.write_text(f'#!/bin/sh\n{exports}exec {ENROOT}/enroot "$@"\n')
     wrapper.chmod(0o755)
     (root / "pyxis-run").mkdir()
-    plugstack = f"required {PYXIS} runtime_path={root}/pyxis-run use_squashfuse=1\n"
+    plugstack = f"required {PYXIS} runtime_path={root}/pyxis-run use_squashfuse=1"
+    plugstack += f" importer={importer}\n" if importer else "\n"
     path = f"{root}/bin:{ENROOT}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     with running_slurm(root, plugstack=plugstack, slurmd_path=path) as env:
         yield env
@@ -234,3 +242,61 @@ def _job_env(
     assert env_gate["detail"].startswith("1 baked env value(s) not what")  # not `kept`
     assert _gates(wrong)["listed"]["status"] == "not run"
     return time.monotonic() - started
+
+
+@pytest.fixture
+def staged_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], Path]]:
+    """pyxis with k3env's importer in plugstack.conf (README's admin setup: a wrapper that
+    names the cache), and that cache."""
+    root = Path(tmp_path_factory.mktemp("staged"))
+    cache = root / "cache"
+    importer = root / "k3env-importer"
+    importer.write_text(f"#!/bin/sh\nexport K3ENV_STAGE_CACHE={cache}\n"
+                        f'exec {sys.executable} -m k3env.handoff.importer "$@"\n')  # fmt: skip
+    importer.chmod(0o755)
+    with _pyxis(root, importer) as env:
+        yield env, cache
+
+
+def _srun_fails(env: dict[str, str], *argv: str) -> str:
+    done = subprocess.run(["srun", "--nodes=1", "--ntasks=1", *argv], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, **env})  # fmt: skip
+    assert done.returncode != 0, done.stdout
+    return done.stdout + done.stderr
+
+
+def test_a_staged_image_starts_from_the_cache_and_a_tampered_one_never(
+    project: Path,
+    staged_slurm: tuple[dict[str, str], Path],
+    capsys: pytest.CaptureFixture[str],
+    clean_probe_images: None,
+) -> None:
+    env, cache = staged_slurm
+    pushed = run_json(capsys, "push")["images"][0]
+    run_json(capsys, "export", "--out", "sqsh")
+    (entry,) = run_json(capsys, "stage", "--cache", str(cache))["staged"]
+    assert entry["copied"] and entry["digest"] == pushed["digest"]
+    again = run_json(capsys, "stage", "--cache", str(cache))["staged"]
+    assert not again[0]["copied"]  # staged once
+    image = "--container-image=" + pushed["enroot_uri"].removeprefix("docker://")
+    started = time.monotonic()
+    out = _srun(env, image, "cat", "/etc/k3env/provenance.json")
+    staged_start = time.monotonic() - started
+    assert f'"image": "{entry["image"]}"' in out
+    # Started from the staged file: enroot imported nothing, and the job's hold is released.
+    enroot_cache = cache.parent / "enroot/cache"
+    assert not any(enroot_cache.iterdir()), list(enroot_cache.iterdir())
+    holds = Path(entry["path"]).parent / "holds"
+    assert list(holds.iterdir()) == []
+    # A byte changed in place: the importer refuses it, the container never starts.
+    staged_file = Path(entry["path"])
+    data = bytearray(staged_file.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    staged_file.write_bytes(bytes(data))
+    words = _srun_fails(env, image, "true")
+    assert "refusing to start it" in words, words
+    # Not staged (mode required): the step fails before anything starts, naming the fix.
+    shutil.rmtree(staged_file.parent)
+    words = _srun_fails(env, image, "true")
+    assert "is not staged for" in words and "k3env stage" in words, words
+    print(f"\nstaged start through pyxis's importer: {staged_start:.1f} s")
