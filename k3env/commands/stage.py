@@ -81,6 +81,17 @@ def _line(s: object) -> str:
     )
 
 
+def _provenance(sqsh: Path, app: App) -> bytes | None:
+    """k3env's provenance file, read from the export (no mount)."""
+    import tempfile
+
+    from k3env.handoff.squashfs_check import Squashfs
+    from k3env.image.build import PROVENANCE_PATH
+
+    with tempfile.TemporaryDirectory(prefix="k3env-stage-") as work:
+        return Squashfs(sqsh, app.log, Path(work)).read(PROVENANCE_PATH)
+
+
 def _stage(args: argparse.Namespace, app: App, cache: Path) -> int:
     from k3env.handoff.enroot import Exported
     from k3env.handoff.push import last_push
@@ -106,6 +117,7 @@ def _stage(args: argparse.Namespace, app: App, cache: Path) -> int:
                 fix=f"k3env push{on} {spec.name}",
             )
         exported = Exported(**{k: record[k] for k in Exported.__dataclass_fields__ if k in record})
+        provenance = _provenance(Path(exported.path), app)
         with app.log.step(f"stage {spec.name} {pushed.digest[:19]} -> {cache}"):
             done.append(
                 stage(
@@ -120,6 +132,7 @@ def _stage(args: argparse.Namespace, app: App, cache: Path) -> int:
                         "lock": lock.sha256,
                         "uri": pushed.enroot_uri,
                     },
+                    provenance=provenance,
                 )
             )
     app.emit(

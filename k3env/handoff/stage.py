@@ -6,6 +6,7 @@ Layout (``CACHE``: e.g. a Lustre directory; made world-readable, files 0644, dir
 
     CACHE/linux_amd64/<manifest hex>/image.sqsh    the export, byte for byte
     CACHE/linux_amd64/<manifest hex>/entry.json    digest, sha256, size, image, image id, lock
+    CACHE/linux_amd64/<manifest hex>/provenance.json   k3env's provenance, read from the image
     CACHE/linux_amd64/<manifest hex>/holds/J.S     job J step S uses it (importer get .. release)
     CACHE/.locks/<manifest hex>.lock               one stager per digest (flock)
 
@@ -37,6 +38,7 @@ from k3env.hashing import HashingWriter, digest_hex
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 SQSH = "image.sqsh"
 ENTRY = "entry.json"
+PROVENANCE = "provenance.json"  # the image's own /etc/k3env/provenance.json
 HOLDS = "holds"
 LOCKS = ".locks"
 CHUNK = 1 << 20
@@ -120,8 +122,10 @@ def stage(
     sqsh: Path,
     sha256: str,
     meta: dict[str, str],
+    provenance: bytes | None = None,
 ) -> Staged:
-    """``sqsh`` (whose export recorded ``sha256``) staged under ``digest``: copied once."""
+    """``sqsh`` (whose export recorded ``sha256``) staged under ``digest``: copied once, its
+    provenance (k3env's, read from the image) beside it."""
     where = entry_dir(cache, platform, digest)
     with _digest_lock(cache, digest):
         entry = read_entry(where)
@@ -143,6 +147,8 @@ def stage(
             "staged_at": time.time(),
             **meta,
         }
+        if provenance is not None:
+            _write(where / PROVENANCE, provenance.decode(errors="replace"))
         _write(where / ENTRY, json.dumps(entry, indent=1, sort_keys=True) + "\n")
         return _staged(where, entry, copied=True)
 

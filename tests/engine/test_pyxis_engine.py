@@ -278,6 +278,8 @@ def test_a_staged_image_starts_from_the_cache_and_a_tampered_one_never(
     assert entry["copied"] and entry["digest"] == pushed["digest"]
     again = run_json(capsys, "stage", "--cache", str(cache))["staged"]
     assert not again[0]["copied"]  # staged once
+    provenance = json.loads((Path(entry["path"]).parent / "provenance.json").read_text())
+    assert provenance["image"] == entry["image"]  # k3env's own, read from the image, beside it
     image = "--container-image=" + pushed["enroot_uri"].removeprefix("docker://")
     started = time.monotonic()
     out = _srun(env, image, "cat", "/etc/k3env/provenance.json")
