@@ -84,3 +84,22 @@ def test_a_schema_file_k3env_did_not_write_is_refused(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"srt_slurm": {}, "recipe": []}))
     with pytest.raises(LockError, match="not one k3env wrote"):
         load_srt_schema(bad)
+
+
+def test_lock_check_names_a_schema_recorded_from_another_srt_slurm(
+    repo: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from k3env.cli import main
+
+    from .conftest import replace_in
+
+    # A bump moved srt-slurm and not its recorded schema.
+    replace_in(Path("pins/k3.lock.toml"), 'version = "v1.0.36"', 'version = "v1.0.68"')
+    replace_in(Path("pins/k3.lock.toml"), "cb651682117df129162cd276cf567ec70dc57b36",
+               "c88ef731636890ff6385a783e152c1790e15b194")  # fmt: skip
+    assert main(["lock", "--check", "--json", "-q"]) == 4
+    out = json.loads(capsys.readouterr().out)
+    assert out["srt_schema_stale"].startswith(
+        "schemas/srt-slurm.schema.json was recorded from srt-slurm v1.0.36 (cb651682117d"
+    )
+    assert "the lock pins v1.0.68 (c88ef7316368" in out["srt_schema_stale"]

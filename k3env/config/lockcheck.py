@@ -11,6 +11,7 @@ from typing import Any
 
 from k3env.config.pinned_files import FileCheck, check_files
 from k3env.config.pins import Lock
+from k3env.config.srtschema import load_srt_schema
 from k3env.config.twinreq import twin_disagreements
 from k3env.errors import CheckFailed
 
@@ -22,6 +23,8 @@ class LockReport:
     files: tuple[FileCheck, ...]
     disagree: tuple[str, ...]
     require_resolved: bool
+    # srt-slurm's recorded schema read from another srt-slurm than the lock pins (None: not so)
+    schema_stale: str | None = None
 
     @property
     def stale(self) -> list[FileCheck]:
@@ -30,7 +33,7 @@ class LockReport:
     @property
     def ok(self) -> bool:
         unresolved = self.require_resolved and bool(self.lock.unresolved)
-        return not self.stale and not self.disagree and not unresolved
+        return not self.stale and not self.disagree and not unresolved and not self.schema_stale
 
     def as_json(self) -> dict[str, Any]:
         lock = self.lock
@@ -52,6 +55,7 @@ class LockReport:
             ],
             "stale": [f.key for f in self.stale],
             "twin_disagreements": list(self.disagree),
+            "srt_schema_stale": self.schema_stale,
             "ok": self.ok,
         }
 
@@ -65,6 +69,7 @@ class LockReport:
                 state = "ok" if f.ok else ("MISSING" if f.actual is None else "SHA256 DIFFERS")
                 out.append(f"  {state:14} {f.file}  ({f.key})")
         out += [f"  TWIN DISAGREES {d}" for d in self.disagree]
+        out += [f"  SRT SCHEMA STALE {self.schema_stale}"] if self.schema_stale else []
         out.append(
             f"{len(lock.unresolved)} unresolved pin(s), {len(self.stale)} stale file hash(es)"
         )
@@ -87,6 +92,13 @@ class LockReport:
                 where=where,
                 fix="regenerate them from the lock with `k3env twin --resolve`",
             )
+        if self.schema_stale:
+            raise CheckFailed(
+                self.schema_stale,
+                where=where,
+                fix="record it from the pinned srt-slurm: `k3env srt schema`, then "
+                "`k3env lock --update-hashes`",
+            )
         unresolved = self.lock.unresolved
         if self.require_resolved and unresolved:
             raise CheckFailed(
@@ -97,6 +109,25 @@ class LockReport:
 
 
 def check_lock(lock: Lock, path: Path, *, require_resolved: bool) -> LockReport:
-    return LockReport(path=path, lock=lock, files=tuple(check_files(lock)),
+    files = tuple(check_files(lock))
+    return LockReport(path=path, lock=lock, files=files,
                       disagree=tuple(twin_disagreements(lock)),
-                      require_resolved=require_resolved)  # fmt: skip
+                      require_resolved=require_resolved,
+                      schema_stale=_schema_stale(lock, files))  # fmt: skip
+
+
+def _schema_stale(lock: Lock, files: tuple[FileCheck, ...]) -> str | None:
+    """Whether srt-slurm's recorded schema (its file as pinned) was read from another
+    srt-slurm than the lock pins: a bump moved srt-slurm and not the schema."""
+    srt = lock.srt_slurm
+    pinned = {f.key: f for f in files}.get("srt_slurm.schema_sha256")
+    if srt is None or srt.schema is None or pinned is None or not pinned.ok:
+        return None  # none, or its file is stale already (said as such)
+    schema = load_srt_schema(lock.resolve_path(srt.schema, key="srt_slurm.schema"))
+    if schema.of(srt):
+        return None
+    return (
+        f"{srt.schema} was recorded from srt-slurm {schema.version} ({schema.commit[:12]}, "
+        f"{len(schema.patches)} patch(es)); the lock pins {srt.version} ({srt.commit[:12]}, "
+        f"{len(srt.patches)} patch(es))"
+    )
