@@ -58,6 +58,9 @@ def test_a_stage_is_written_once_whole_and_world_readable(
     with pytest.raises(StateError, match="its export recorded"):
         _stage(cache, (sqsh[0], "0" * 64), "sha256:" + "cd" * 32)
     assert not list(cache.rglob("*.partial")) and len(staged(cache)) == 1
+    # A staged file whose bytes changed is replaced by staging again (the importer's fix).
+    entry.path.write_bytes(b"\0" * entry.size)
+    assert _stage(cache, sqsh).copied and entry.path.read_bytes() == sqsh[0].read_bytes()
 
 
 @pytest.mark.skipif(not PLATFORM, reason="the importer knows x86_64 and aarch64 nodes")

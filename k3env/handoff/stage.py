@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from k3env.errors import ConfigError, StateError
-from k3env.hashing import HashingWriter, digest_hex
+from k3env.hashing import HashingWriter, digest_hex, file_sha256
 
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 SQSH = "image.sqsh"
@@ -130,7 +130,12 @@ def stage(
     with _digest_lock(cache, digest):
         entry = read_entry(where)
         target = where / SQSH
-        if entry and entry["sha256"] == sha256 and _size(target) == entry["size"]:
+        if (
+            entry
+            and entry["sha256"] == sha256
+            and _size(target) == entry["size"]
+            and file_sha256(target) == sha256  # a staged file whose bytes changed is replaced
+        ):
             return _staged(where, entry, copied=False)
         where.mkdir(parents=True, exist_ok=True, mode=0o755)
         for d in (where.parent, where):
