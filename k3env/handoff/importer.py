@@ -11,7 +11,9 @@ stderr (pyxis shows it when the importer fails).
 
 A miss, in mode ``required`` (the default), fails the step before its engine starts: "not
 staged: run `k3env stage ...`"; a tag without a digest is refused. Mode ``auto`` imports the
-image with enroot for this step instead (not staged; said).
+image with enroot and stages it (under the digest's lock: of jobs that miss at once, one
+imports, the others find it staged; the cache must then be writable by the jobs' users); a
+tag is imported for its step only.
 
 Configured by the environment slurmd gives it (a wrapper named in plugstack.conf exports them):
 ``K3ENV_STAGE_CACHE`` (the cache directory), ``K3ENV_STAGE_MODE`` (required | auto),
@@ -29,7 +31,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from k3env.handoff.stage import HOLDS, SQSH, entry_dir, lock_path, read_entry
+from k3env.handoff.stage import (
+    HOLDS,
+    SQSH,
+    digest_lock,
+    entry_dir,
+    lock_path,
+    read_entry,
+    stage_locked,
+)
 from k3env.hashing import file_sha256
 from k3env.log import Log
 from k3env.runner import attempt
@@ -119,8 +129,14 @@ def get(uri: str, cache: Path, mode: str, policy: str) -> str:
                     f"{digest} is not staged for {plat} in {cache}: run `k3env stage IMAGE "
                     f"--cache {cache}` on the build host (mode required: no import here)"
                 )
-            return _enroot_import(uri, "not staged")
-        evidence = verify(where, entry, policy)
+            if fd is not None:  # the import takes the digest's lock itself
+                os.close(fd)
+                fd = None
+            entry, evidence = _import_and_stage(uri, cache, plat, digest, policy)
+            fd = os.open(lock, os.O_RDONLY)
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        else:
+            evidence = verify(where, entry, policy)
         try:
             (where / HOLDS / _job()).write_text(f"{entry['image']}\n")
         except OSError as e:
@@ -132,12 +148,44 @@ def get(uri: str, cache: Path, mode: str, policy: str) -> str:
     return str(where / SQSH)
 
 
-def _enroot_import(uri: str, why: str) -> str:
-    out = Path(os.environ.get("PYXIS_RUNTIME_PATH") or "/tmp") / f"k3env-import-{_job()}.sqsh"
-    say(f"{uri}: {why}; importing with enroot for this step (mode auto)")
+def _import_and_stage(
+    uri: str, cache: Path, plat: str, digest: str, policy: str
+) -> tuple[dict[str, Any], str]:
+    """Mode auto, on a miss: enroot imports the image and it is staged for the next job
+    (under the digest's lock: of two jobs that miss at once, one imports, the other waits and
+    finds it staged)."""
+    where = entry_dir(cache, plat, digest)
+    with digest_lock(cache, digest):
+        entry = read_entry(where)
+        if entry is not None:
+            return entry, "staged by another job meanwhile, " + verify(where, entry, policy)
+        where.parent.mkdir(parents=True, exist_ok=True)
+        tmp = where.parent / f".{where.name}.{_job()}.import.sqsh"
+        try:
+            _enroot_run(uri, tmp, "not staged")
+            m = URI_RE.match(uri)
+            staged = stage_locked(
+                cache, platform=plat, digest=digest, sqsh=tmp, sha256=file_sha256(tmp),
+                meta={"image": m.group("repo") if m else uri, "image_id": "",
+                      "lock": "", "uri": uri, "imported_on": platform.node()},
+            )  # fmt: skip
+        finally:
+            tmp.unlink(missing_ok=True)
+    entry = read_entry(where) or {}
+    return entry, f"imported by enroot and staged ({staged.size} bytes)"
+
+
+def _enroot_run(uri: str, out: Path, why: str) -> None:
+    say(f"{uri}: {why}; importing with enroot (mode auto)")
     code, words = attempt(["enroot", "import", "--output", str(out), uri], Log(quiet=True))
     if code != 0:
         raise Refused(f"enroot import of {uri} failed (exit {code}): {words[-2000:]}")
+
+
+def _enroot_import(uri: str, why: str) -> str:
+    """Mode auto, a tag: imported for this step only (a tag is not a stage's key)."""
+    out = Path(os.environ.get("PYXIS_RUNTIME_PATH") or "/tmp") / f"k3env-import-{_job()}.sqsh"
+    _enroot_run(uri, out, why)
     return str(out)
 
 

@@ -87,7 +87,7 @@ def lock_path(cache: Path, digest: str) -> Path:
 
 
 @contextmanager
-def _digest_lock(cache: Path, digest: str) -> Iterator[None]:
+def digest_lock(cache: Path, digest: str) -> Iterator[None]:
     locks = cache / LOCKS
     locks.mkdir(parents=True, exist_ok=True, mode=0o755)
     path = lock_path(cache, digest)
@@ -126,36 +126,51 @@ def stage(
 ) -> Staged:
     """``sqsh`` (whose export recorded ``sha256``) staged under ``digest``: copied once, its
     provenance (k3env's, read from the image) beside it."""
+    with digest_lock(cache, digest):
+        return stage_locked(cache, platform=platform, digest=digest, sqsh=sqsh, sha256=sha256,
+                            meta=meta, provenance=provenance)  # fmt: skip
+
+
+def stage_locked(
+    cache: Path,
+    *,
+    platform: str,
+    digest: str,
+    sqsh: Path,
+    sha256: str,
+    meta: dict[str, str],
+    provenance: bytes | None = None,
+) -> Staged:
+    """``stage``, its caller holding the digest's lock (``digest_lock``)."""
     where = entry_dir(cache, platform, digest)
-    with _digest_lock(cache, digest):
-        entry = read_entry(where)
-        target = where / SQSH
-        if (
-            entry
-            and entry["sha256"] == sha256
-            and _size(target) == entry["size"]
-            and file_sha256(target) == sha256  # a staged file whose bytes changed is replaced
-        ):
-            return _staged(where, entry, copied=False)
-        where.mkdir(parents=True, exist_ok=True, mode=0o755)
-        for d in (where.parent, where):
-            d.chmod(0o755)
-        # Jobs run as their users: any may leave its hold, none may remove another's.
-        (where / HOLDS).mkdir(exist_ok=True)
-        (where / HOLDS).chmod(0o1777)
-        size = _copy_checked(sqsh, where, sha256)
-        entry = {
-            "digest": digest,
-            "platform": platform,
-            "sha256": sha256,
-            "size": size,
-            "staged_at": time.time(),
-            **meta,
-        }
-        if provenance is not None:
-            _write(where / PROVENANCE, provenance.decode(errors="replace"))
-        _write(where / ENTRY, json.dumps(entry, indent=1, sort_keys=True) + "\n")
-        return _staged(where, entry, copied=True)
+    entry = read_entry(where)
+    target = where / SQSH
+    if (
+        entry
+        and entry["sha256"] == sha256
+        and _size(target) == entry["size"]
+        and file_sha256(target) == sha256  # a staged file whose bytes changed is replaced
+    ):
+        return _staged(where, entry, copied=False)
+    where.mkdir(parents=True, exist_ok=True, mode=0o755)
+    for d in (where.parent, where):
+        d.chmod(0o755)
+    # Jobs run as their users: any may leave its hold, none may remove another's.
+    (where / HOLDS).mkdir(exist_ok=True)
+    (where / HOLDS).chmod(0o1777)
+    size = _copy_checked(sqsh, where, sha256)
+    entry = {
+        "digest": digest,
+        "platform": platform,
+        "sha256": sha256,
+        "size": size,
+        "staged_at": time.time(),
+        **meta,
+    }
+    if provenance is not None:
+        _write(where / PROVENANCE, provenance.decode(errors="replace"))
+    _write(where / ENTRY, json.dumps(entry, indent=1, sort_keys=True) + "\n")
+    return _staged(where, entry, copied=True)
 
 
 def _size(path: Path) -> int | None:
@@ -246,7 +261,7 @@ def collect_garbage(
         big = max_bytes is not None and total > max_bytes
         if not (old or big):
             continue
-        with _digest_lock(cache, s.digest):  # an importer holds it shared while it hands out
+        with digest_lock(cache, s.digest):  # an importer holds it shared while it hands out
             holds = s.path.parent / HOLDS
             if holds.is_dir() and any(holds.iterdir()):
                 held.append(s)
