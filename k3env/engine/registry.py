@@ -411,6 +411,19 @@ def tagged_config(repository: str, tag: str) -> str | None:
     return config if isinstance(config, str) and DIGEST.fullmatch(config) else None
 
 
+def enroot_probe(repository: str, digest: str) -> int:
+    """The status enroot's permission probe gets for ``repository@digest``: enroot (4.1.2
+    src/docker.sh ``docker::_authenticate``) sends a HEAD of the manifest with no Accept
+    header and takes 200 or a 401 challenge; anything else ends its import there."""
+    if not DIGEST.fullmatch(digest):
+        raise LockError(f"{one_line(digest)[:80]!r} is not a digest", where=repository,
+                        fix="probe a manifest digest")  # fmt: skip
+    host, repo = split_repository(repository)
+    url = f"{_scheme(host)}://{host}/v2/{repo}/manifests/{digest}"
+    reply = _exchange(url, "HEAD", {}, limit=MAX_MANIFEST, into=None, deadline=_deadline())
+    return reply.status
+
+
 def manifest_exists(repository: str, digest: str) -> bool:
     """Whether the registry still serves ``repository@digest`` (a registry can be wiped)."""
     try:
