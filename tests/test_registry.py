@@ -97,3 +97,18 @@ def test_a_missing_tag_and_a_missing_repository_say_so(
     assert tagged_config(repository, "9") is None
     with pytest.raises(EngineError, match=r"cannot list tags \(HTTP 404\)"):
         list_tags(repository.replace("app", "nope"))
+
+
+def test_enroots_probe_is_a_head_with_no_accept_and_no_credentials(
+    registry: tuple[str, list[str]],
+) -> None:
+    """enroot 4.1.2 (src/docker.sh `docker::_authenticate`) HEADs the manifest with no
+    Accept header and takes a 401 challenge as the way on: k3env asks the same, once."""
+    from k3env.engine.registry import enroot_probe
+
+    repository, seen = registry
+    assert enroot_probe(repository, DIGEST) == 401  # this registry wants a token: enroot goes on
+    (asked,) = seen
+    assert asked == f"HEAD /v2/team/app/manifests/{DIGEST} None"
+    with pytest.raises(LockError, match="is not a digest"):
+        enroot_probe(repository, "latest")
