@@ -37,6 +37,16 @@ from k3env.smoke.collect import MANIFEST
 from k3env.smoke.plan import battery_gates
 
 RUNTIMES = ("pyxis", "none")
+# The end of every smoke job script: no result, or a gate failed or not run, is a failed job.
+VERDICT_LINES = (
+    'if [ ! -f "$JOB_DIR/result.json" ]; then',
+    '  say "the battery wrote no result"; status=1',
+    'elif grep -qE \'"status": "(failed|not run)"\' "$JOB_DIR/result.json"; then',
+    '  say "a gate of the battery failed or never ran"; status=1',
+    "fi",
+    'say "done (status $status): k3env smoke --collect $JOB_DIR"',
+    'exit "$status"',
+)
 SRT_OUT = "/logs/k3env-smoke"  # srt-slurm mounts its log directory at /logs
 STOP_SECONDS = 60
 
@@ -235,13 +245,7 @@ def _serve_and_battery(engine: str) -> list[str]:
         "  sleep 1",
         "done",
         'for pid in "${serve[@]}"; do kill -KILL "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; done',
-        'if [ ! -f "$JOB_DIR/result.json" ]; then',
-        '  say "the battery wrote no result"; status=1',
-        'elif grep -qE \'"status": "(failed|not run)"\' "$JOB_DIR/result.json"; then',
-        '  say "a gate of the battery failed or never ran"; status=1',
-        "fi",
-        'say "done (status $status): k3env smoke --collect $JOB_DIR"',
-        'exit "$status"',
+        *VERDICT_LINES,
     ]
 
 

@@ -103,7 +103,7 @@ def cpu_sbatch_script(
 ) -> str:
     """The plain sbatch script of the CPU partition mode: one step, the driver in the image
     (pyxis: ``--container-image``), the engine, model and driver mounted read-only."""
-    from k3env.handoff.cluster_smoke import pyxis_image, time_limit
+    from k3env.handoff.cluster_smoke import VERDICT_LINES, pyxis_image, time_limit
 
     q = shell_word
     d = str(out_dir)
@@ -141,13 +141,7 @@ def cpu_sbatch_script(
                 f"  --container-mounts={q(mounts)} --no-container-entrypoint \\",
                 f'  python3 {q(DRIVER)} >"$JOB_DIR/logs/driver.log" 2>&1 \\',
                 '  || { say "the battery exited with status $?"; status=1; }',
-                'if [ ! -f "$JOB_DIR/result.json" ]; then',
-                '  say "the battery wrote no result"; status=1',
-                'elif grep -qE \'"status": "(failed|not run)"\' "$JOB_DIR/result.json"; then',
-                '  say "a gate of the battery failed or never ran"; status=1',
-                "fi",
-                'say "done (status $status): k3env smoke --collect $JOB_DIR"',
-                'exit "$status"',
+                *VERDICT_LINES,
             ]
         )
         + "\n"
