@@ -94,7 +94,7 @@ def _provenance(sqsh: Path, app: App) -> bytes | None:
 
 
 def _stage(args: argparse.Namespace, app: App, cache: Path) -> int:
-    from k3env.handoff.enroot import Exported
+    from k3env.handoff.enroot_export import last_export
     from k3env.handoff.push import last_push
     from k3env.handoff.stage import stage
 
@@ -102,9 +102,9 @@ def _stage(args: argparse.Namespace, app: App, cache: Path) -> int:
     done = []
     for spec, build in zip(specs, builds, strict=True):
         on = f" --platform {build.platform}"
-        record = state.read_record("exports", build.image_id)
+        exported = last_export(state, build.image_id)
         pushed = last_push(state, build.image_id)
-        if not isinstance(record, dict) or not record.get("path"):
+        if exported is None:
             raise StateError(
                 f"{spec.name} ({build.platform}) has no export on this host",
                 where=spec.name,
@@ -117,7 +117,6 @@ def _stage(args: argparse.Namespace, app: App, cache: Path) -> int:
                 where=spec.name,
                 fix=f"k3env push{on} {spec.name}",
             )
-        exported = Exported(**{k: record[k] for k in Exported.__dataclass_fields__ if k in record})
         provenance = _provenance(Path(exported.path), app)
         with app.log.step(f"stage {spec.name} {pushed.digest[:19]} -> {cache}"):
             done.append(

@@ -53,11 +53,8 @@ class SrtSchema:
 
     def of(self, srt: SrtSlurmPin) -> bool:
         """Recorded from the srt-slurm ``srt`` pins (version, commit, patches)."""
-        return (self.version, self.commit, self.patches) == (
-            srt.version,
-            srt.commit,
-            tuple(p.sha256 or "" for p in srt.patches),
-        )
+        mine = {"version": self.version, "commit": self.commit, "patches": list(self.patches)}
+        return mine == identity(srt)
 
     def said(self) -> str:
         return f"srt-slurm {self.version}'s schema as its loader reads it ({self.path})"

@@ -194,23 +194,27 @@ def spec_text(
     out += _profile_lines(recipe, p, mtype, topology, notes, direct=direct)
     job = {k: v for k, v in recipe.data.items() if k not in (*RECIPE_WRITTEN, *RECIPE_REPLACED)}
     job.pop("lock", None)  # a lockfile's record of a run, not a key of the job
-    if job:
-        out += [
-            "",
-            "# The recipe's job keys the image does not decide, as written: `k3env srt "
-            "recipe` copies them back.",
-            f"[{p}.job]",
-        ]
-        out += [f"{toml_key(str(k))} = {toml_value(v)}" for k, v in job.items()]
-    if bench:
-        out += [
-            "",
-            "# The recipe's benchmark, in srt-slurm's field names; `k3env srt recipe` adds "
-            "the lock's aiperf as aiperf_package.",
-            f"[{p}.benchmark]",
-        ]
-        out += [f"{toml_key(str(k))} = {toml_value(v)}" for k, v in bench.items()]
+    out += _table(
+        f"{p}.job",
+        "# The recipe's job keys the image does not decide, as written: `k3env srt "
+        "recipe` copies them back.",
+        job,
+    )
+    out += _table(
+        f"{p}.benchmark",
+        "# The recipe's benchmark, in srt-slurm's field names; `k3env srt recipe` adds "
+        "the lock's aiperf as aiperf_package.",
+        bench,
+    )
     return "\n".join(out) + "\n"
+
+
+def _table(name: str, comment: str, items: Mapping[str, Any]) -> list[str]:
+    """A ``[name]`` table of the spec, its comment first (no lines when it is empty)."""
+    if not items:
+        return []
+    return ["", comment, f"[{name}]", *(f"{toml_key(str(k))} = {toml_value(v)}"
+                                        for k, v in items.items())]  # fmt: skip
 
 
 # --- the round trip ----------------------------------------------------------------------------

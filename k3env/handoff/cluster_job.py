@@ -21,7 +21,7 @@ from k3env.engine.protocol import Engine
 from k3env.errors import CheckFailed, ConfigError, StateError
 from k3env.files import read_input, write_atomic
 from k3env.handoff.cluster_smoke import manifest, plan_json, sbatch_script, smoke_recipe
-from k3env.handoff.enroot import Exported
+from k3env.handoff.enroot_export import last_export
 from k3env.handoff.push import last_push
 from k3env.handoff.recipe import precision_of, to_yaml
 from k3env.handoff.recipe_check import srt_loader
@@ -98,11 +98,13 @@ def resolve_image(
         return Image(
             container=pushed.by_digest, digest=pushed.digest, image_id=image_id, how="pushed"
         )
-    exported = state.read_record("exports", image_id) if image_id else None
-    if isinstance(exported, dict) and exported.get("path"):
-        e = Exported(**{k: exported[k] for k in Exported.__dataclass_fields__ if k in exported})
+    exported = last_export(state, image_id)
+    if exported is not None:
         return Image(
-            container=e.path, digest=f"sha256:{e.sha256}", image_id=image_id, how="exported"
+            container=exported.path,
+            digest=f"sha256:{exported.sha256}",
+            image_id=image_id,
+            how="exported",
         )
     on = platform_option(cluster.platform)
     raise ConfigError(

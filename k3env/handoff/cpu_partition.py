@@ -151,6 +151,12 @@ def cpu_sbatch_script(
 def place_tree(source: Path, target: Path, *, link: bool) -> None:
     """``source``'s files at ``target`` (replaced whole): made beside it, renamed into place.
     ``link``: hard links where the file system allows (the prepared engine is large)."""
+    if target.is_symlink() or target.is_file():
+        raise ConfigError(
+            f"{target} is not a directory k3env wrote",
+            where=str(target),
+            fix="remove it, or choose another --out",
+        )
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{target.name}.", suffix=".partial"))
     try:
@@ -167,16 +173,8 @@ def place_tree(source: Path, target: Path, *, link: bool) -> None:
             return shutil.copy2(src, dst)
 
         shutil.copytree(source, made, symlinks=True, copy_function=copy)
-        if target.is_symlink() or target.is_file():
-            raise ConfigError(
-                f"{target} is not a directory k3env wrote",
-                where=str(target),
-                fix="remove it, or choose another --out",
-            )
-        old = None
-        if target.exists():
-            old = tmp / "old"
-            target.rename(old)
+        if target.exists():  # the old tree goes with the temporary directory
+            target.rename(tmp / "old")
         made.rename(target)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -110,6 +110,15 @@ def export_image(
     return exported
 
 
+def last_export(state: State, image_id: str) -> Exported | None:
+    """The recorded export of ``image_id`` (where its ``.sqsh`` was written, its sha256), if
+    any."""
+    record = state.read_record("exports", image_id) if image_id else None
+    if not isinstance(record, dict) or not record.get("path"):
+        return None
+    return Exported(**{k: record[k] for k in Exported.__dataclass_fields__ if k in record})
+
+
 def _exported(
     build: BuildResult, final: Path, sha256: str, version: str, options: tuple[str, ...]
 ) -> Exported:

@@ -65,10 +65,14 @@ def _job() -> str:
     return re.sub(r"[^0-9A-Za-z_.-]", "_", f"{job}.{step}")[:64]
 
 
+def _runtime() -> Path:
+    """pyxis's runtime path (it sets ``PYXIS_RUNTIME_PATH``; /run/pyxis is its default)."""
+    return Path(os.environ.get("PYXIS_RUNTIME_PATH") or "/run/pyxis")
+
+
 def _state_dir() -> Path:
     """This node's record of what it checked (under pyxis's runtime path)."""
-    root = Path(os.environ.get("PYXIS_RUNTIME_PATH") or "/run/pyxis")
-    return root / "k3env-checked"
+    return _runtime() / "k3env-checked"
 
 
 def verify(where: Path, entry: dict[str, Any], policy: str) -> str:
@@ -132,7 +136,7 @@ def get(uri: str, cache: Path, mode: str, policy: str) -> str:
             if fd is not None:  # the import takes the digest's lock itself
                 os.close(fd)
                 fd = None
-            entry, evidence = _import_and_stage(uri, cache, plat, digest, policy)
+            entry, evidence = _import_and_stage(uri, m.group("repo"), cache, plat, digest, policy)
             fd = os.open(lock, os.O_RDONLY)
             fcntl.flock(fd, fcntl.LOCK_SH)
         else:
@@ -149,7 +153,7 @@ def get(uri: str, cache: Path, mode: str, policy: str) -> str:
 
 
 def _import_and_stage(
-    uri: str, cache: Path, plat: str, digest: str, policy: str
+    uri: str, repo: str, cache: Path, plat: str, digest: str, policy: str
 ) -> tuple[dict[str, Any], str]:
     """Mode auto, on a miss: enroot imports the image and it is staged for the next job
     (under the digest's lock: of two jobs that miss at once, one imports, the other waits and
@@ -163,10 +167,9 @@ def _import_and_stage(
         tmp = where.parent / f".{where.name}.{_job()}.import.sqsh"
         try:
             _enroot_run(uri, tmp, "not staged")
-            m = URI_RE.match(uri)
             staged = stage_locked(
                 cache, platform=plat, digest=digest, sqsh=tmp, sha256=file_sha256(tmp),
-                meta={"image": m.group("repo") if m else uri, "image_id": "",
+                meta={"image": repo, "image_id": "",
                       "lock": "", "uri": uri, "imported_on": platform.node()},
             )  # fmt: skip
         finally:
@@ -184,7 +187,7 @@ def _enroot_run(uri: str, out: Path, why: str) -> None:
 
 def _enroot_import(uri: str, why: str) -> str:
     """Mode auto, a tag: imported for this step only (a tag is not a stage's key)."""
-    out = Path(os.environ.get("PYXIS_RUNTIME_PATH") or "/tmp") / f"k3env-import-{_job()}.sqsh"
+    out = _runtime() / f"k3env-import-{_job()}.sqsh"
     _enroot_run(uri, out, why)
     return str(out)
 
@@ -194,8 +197,7 @@ def release(cache: Path) -> None:
     job = _job()
     for hold in cache.glob(f"*_*/*/{HOLDS}/{job}"):
         hold.unlink(missing_ok=True)
-    runtime = Path(os.environ.get("PYXIS_RUNTIME_PATH") or "/tmp")
-    (runtime / f"k3env-import-{job}.sqsh").unlink(missing_ok=True)
+    (_runtime() / f"k3env-import-{job}.sqsh").unlink(missing_ok=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -207,6 +207,8 @@ def _copy_checked(sqsh: Path, where: Path, sha256: str) -> int:
 
 
 def _write(path: Path, text: str) -> None:
+    """``text`` renamed over ``path`` itself: in a shared cache a link at ``path`` is replaced,
+    never followed (``files.write_atomic`` writes through a link to its target)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
     try:
         with os.fdopen(fd, "w") as f:

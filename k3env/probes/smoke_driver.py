@@ -75,9 +75,9 @@ class Role:
         for key, value in spec.get("prepend", {}).items():
             old = os.environ.get(key)
             self.env[key] = f"{value}:{old}" if old else value
-        for key in spec.get("unset", []):
-            self.env.pop(key, None)
         self.unset = set(spec.get("unset", []))
+        for key in self.unset:
+            self.env.pop(key, None)
         self.log = logs / f"{self.name}.log"
         self.proc: subprocess.Popen[bytes] | None = None
 
