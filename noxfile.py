@@ -181,6 +181,7 @@ def bench(session: nox.Session) -> None:
 # unmutated. The unit suite is the test selection; mutmut runs, per mutant, the tests that
 # reached the mutated function.
 MUTATED = (
+    "k3env/verdict.py",
     "k3env/smoke/collect.py",
     "k3env/checks/matrix.py",
     "k3env/handoff/recipe_check.py",

@@ -184,7 +184,7 @@ def test_a_passing_battery_and_an_unknown_error(tmp_path: Path) -> None:
     (root / "result.json").write_text(json.dumps({"gates": gates}))
     (root / "logs/vllm-serve-0.log").write_text("INFO Starting vLLM API server 0 on :8000\n")
     ok = collect_mod.collect(root)
-    assert ok.ok and not ok.failures and [g["gate"] for g in ok.gates] == ["listed", "chat", "stop"]
+    assert ok.ok and not ok.failures and [g.name for g in ok.gates] == ["listed", "chat", "stop"]
     # An error no fact knows: its line, at the stage the log had reached.
     (root / "result.json").unlink()
     (root / "logs/vllm-serve-0.log").write_text(
@@ -216,8 +216,9 @@ def test_a_battery_with_gates_missing_is_not_a_pass(tmp_path: Path) -> None:
     planned = {"gates": ["listed", "chat", "benchmark", "stop"], "digest": "sha256:" + "1" * 64}
     verdict = collect_mod.collect(root, manifest=planned)
     assert not verdict.ok and not verdict.battery_ok
-    assert [(g["gate"], g["status"]) for g in verdict.gates] == [
-        ("listed", "passed"), ("stop", "passed"), ("chat", "not run"), ("benchmark", "not run"),
+    # In the plan's order, each as reported or not run.
+    assert [(g.name, g.status) for g in verdict.gates] == [
+        ("listed", "passed"), ("chat", "not run"), ("benchmark", "not run"), ("stop", "passed"),
     ]  # fmt: skip
     # With no plan in the manifest (an older job), what every battery runs is still required.
     assert not collect_mod.collect(root).ok
@@ -237,7 +238,7 @@ def test_a_battery_with_gates_missing_is_not_a_pass(tmp_path: Path) -> None:
         )
     )
     verdict = collect_mod.collect(root, manifest=planned)
-    assert ("chat", "not run") in [(g["gate"], g["status"]) for g in verdict.gates]
+    assert ("chat", "not run") in [(g.name, g.status) for g in verdict.gates]
     assert not verdict.ok
 
 

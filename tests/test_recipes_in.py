@@ -93,7 +93,7 @@ def test_each_recipe_gets_the_verdict_its_run_recorded(
     assert code == (4 if E in VERDICTS[name].values() else 0)
     # srt-slurm is not materialized here: its recorded schema refuses, it never passes.
     loader = result["srt_slurm_loader"]
-    assert loader["verdict"] == ("failed" if "SRT-LOADER" in VERDICTS[name] else "not checked")
+    assert loader["status"] == ("failed" if "SRT-LOADER" in VERDICTS[name] else "not checked")
     assert (
         "not materialized" in loader["detail"] and "srt-slurm v1.0.36's schema" in loader["detail"]
     )
@@ -156,7 +156,7 @@ def test_the_committed_lock_is_judged_on_its_own_keys(
     (result,) = out["recipes"]
     assert not [f for f in result["findings"] if f["rule"] == "K3-SRT-FRONTEND"]
     loader = result["srt_slurm_loader"]
-    assert loader["verdict"] == "not checked" and "not materialized" in loader["detail"]
+    assert loader["status"] == "not checked" and "not materialized" in loader["detail"]
     assert main(["preflight", "--recipe", str(RECIPES / "f.yaml")]) == 0
     assert "srt-slurm's loader and dry-run: not checked (" in capsys.readouterr().out
     text = LOCK.read_text()

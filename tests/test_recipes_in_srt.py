@@ -30,8 +30,8 @@ def test_srt_slurms_own_loader_runs_where_it_is_materialized(
     assert loader["key"] == "benchmark.aiperf_server_metrics"
     assert loader["line"] == line_of(fork, "aiperf_server_metrics:")
     assert "Unknown field." in loader["message"] and "srt-slurm's load" in loader["message"]
-    assert a1["srt_slurm_loader"]["verdict"] == "failed"
+    assert a1["srt_slurm_loader"]["status"] == "failed"
     # The final recipe loads, passes the job-time lookups and dry-runs.
-    assert f["srt_slurm_loader"]["verdict"] == "passed"
+    assert f["srt_slurm_loader"]["status"] == "passed"
     assert "srt-slurm v1.0.36 + ['PR #278'" in f["srt_slurm_loader"]["detail"]
     assert not [x for x in f["findings"] if x["rule"] == "SRT-LOADER"]

@@ -106,6 +106,9 @@ class Rule(Protocol):
 
 @dataclass(frozen=True, kw_only=True)
 class Finding:
+    """One rule's finding, on a spec's key or a recipe's (``line``: where the file says it,
+    when k3env read the file itself). The one finding type of preflight and of recipes."""
+
     rule: str
     severity: str
     image: str
@@ -114,14 +117,13 @@ class Finding:
     key: str
     message: str
     fix: str
+    line: int | None = None
 
-    def line(self) -> str:
-        return (
-            f"{self.file}: {self.key}: {self.rule} {self.severity}: {self.message}\n"
-            f"    fix: {self.fix}"
-        )
+    def text(self) -> str:
+        at = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{at}: {self.key}: {self.rule} {self.severity}: {self.message}\n    fix: {self.fix}"
 
-    def as_json(self) -> dict[str, str]:
+    def as_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
 
 

@@ -83,7 +83,7 @@ def run(args: argparse.Namespace, app: App) -> int:
 
     def human() -> None:
         for f in report.findings:
-            print(f.line())
+            print(f.text())
         for name, source in report.facts_from.items():
             print(f"{name}: facts from {source}")
         on = platform_option(cluster.platform)

@@ -35,6 +35,7 @@ from k3env.smoke.cluster_plan import ClusterSmoke, plan_cluster
 from k3env.smoke.collect import MANIFEST, ClusterVerdict, collect, record
 from k3env.state import State
 from k3env.untrusted import read_tail
+from k3env.verdict import FAILED, PASSED
 
 DRIVER = resources.files("k3env.probes") / "smoke_driver.py"
 RECIPE = "recipe.yaml"
@@ -123,14 +124,14 @@ def _validate(lock: Lock, state: State, log: Log, text: str) -> dict[str, str]:
         path = Path(tmp) / RECIPE
         path.write_text(text)
         loader = srt_loader(lock, state, log, [path])[path]
-    if loader.verdict == "failed":
+    if loader.verdict == FAILED:
         raise CheckFailed(
             "the smoke recipe does not validate: "
             + "; ".join(f"{k or '(recipe)'}: {m} [{s}]" for k, m, s in loader.errors),
             where=loader.detail,
             fix="the serve profile or the pinned srt-slurm must change (srt-slurm's words)",
         )
-    verdict = "validated" if loader.verdict == "passed" else "not validated"
+    verdict = "validated" if loader.verdict == PASSED else "not validated"
     return {"verdict": verdict, "detail": loader.detail}
 
 

@@ -12,11 +12,11 @@ passed) -> findings on the recipe's own keys and lines.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from k3env.checks.preflight import ERROR, WARNING, Rule, run_rules
+from k3env.checks.preflight import ERROR, WARNING, Finding, Rule, run_rules
 from k3env.checks.recipe_map import EnvEntry, ImageOf, Mapped, map_recipe, recipe_key
 from k3env.config.cluster import Cluster
 from k3env.config.pins import Lock
@@ -29,44 +29,38 @@ from k3env.handoff.srt_validate import RecipeError
 from k3env.image.records import last_build
 from k3env.log import Log
 from k3env.state import State
+from k3env.verdict import FAILED, NOT_CHECKED, PASSED, Gate
 
-NOT_CHECKED = "not checked"
 LOADER_RULE = "SRT-LOADER"
-
-
-@dataclass(frozen=True, kw_only=True)
-class RecipeFinding:
-    rule: str
-    severity: str
-    file: str
-    line: int | None
-    key: str
-    message: str
-    fix: str
-
-    def text(self) -> str:
-        at = f"{self.file}:{self.line}" if self.line else self.file
-        return f"{at}: {self.key}: {self.rule} {self.severity}: {self.message}\n    fix: {self.fix}"
-
-    def as_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
+LOADER_GATE = "srt-slurm"
 
 
 @dataclass(frozen=True, kw_only=True)
 class Loader:
-    """What srt-slurm's own loader, job-time lookups and dry-run said: ``passed``,
-    ``failed`` or ``not checked`` (with why)."""
+    """What srt-slurm's own loader, job-time lookups and dry-run said of a recipe, as one
+    gate (``passed``, ``failed``, or ``not checked`` with why), and the loader's errors."""
 
-    verdict: str
-    detail: str
+    gate: Gate
     errors: tuple[tuple[str, str, str], ...] = ()  # (key, message, stage)
+
+    @classmethod
+    def of(cls, status: str, detail: str, errors: tuple[tuple[str, str, str], ...] = ()) -> Loader:
+        return cls(gate=Gate(name=LOADER_GATE, status=status, detail=detail), errors=errors)
+
+    @property
+    def verdict(self) -> str:
+        return self.gate.status
+
+    @property
+    def detail(self) -> str:
+        return self.gate.detail
 
 
 @dataclass(frozen=True, kw_only=True)
 class RecipeResult:
     recipe: Recipe
     image: ImageOf
-    findings: tuple[RecipeFinding, ...]
+    findings: tuple[Finding, ...]
     env: tuple[EnvEntry, ...]
     notes: tuple[str, ...]
     loader: Loader
@@ -90,7 +84,7 @@ class RecipeResult:
             "env": [e.as_json() for e in self.env],
             "env_changed": [e.name for e in self.env if e.changed],
             "notes": list(self.notes),
-            "srt_slurm_loader": {"verdict": self.loader.verdict, "detail": self.loader.detail},
+            "srt_slurm_loader": self.loader.gate.as_json(),
             "lacked_facts": list(self.lacked),
             "errors": self.errors,
             "warnings": self.warnings,
@@ -286,7 +280,7 @@ def srt_loader(lock: Lock, state: State, log: Log, recipes: Sequence[Path]) -> d
     if why is not None:
         schema, unrecorded = recorded_schema(lock)
         if schema is None:
-            return {r: Loader(verdict=NOT_CHECKED, detail=f"{why}; {unrecorded}") for r in recipes}
+            return {r: Loader.of(NOT_CHECKED, f"{why}; {unrecorded}") for r in recipes}
         return {r: _by_schema(r, schema, why) for r in recipes}
     m = materialize(lock, state, log)
     result = validate(m, list(recipes), log)
@@ -295,8 +289,7 @@ def srt_loader(lock: Lock, state: State, log: Log, recipes: Sequence[Path]) -> d
     out = {}
     for r in recipes:
         errs = errors_of(r, result.errors)
-        verdict = "failed" if errs else "passed"
-        out[r] = Loader(verdict=verdict, detail=what + extra, errors=errs)
+        out[r] = Loader.of(FAILED if errs else PASSED, what + extra, errs)
     return out
 
 
@@ -305,12 +298,12 @@ def _by_schema(recipe: Path, schema: SrtSchema, why: str) -> Loader:
     loader's (failed); none is not a pass (its loader, lookups and dry-run did not run)."""
     errors = check(load_yaml(recipe).data, schema.recipe, schema)
     if errors:
-        return Loader(verdict="failed", detail=f"{schema.said()}; {why}",
-                      errors=tuple((k, m, "schema") for k, m in errors))  # fmt: skip
-    return Loader(
-        verdict=NOT_CHECKED,
-        detail=f"keys and types as {schema.said()}; its loader's own checks, lookups and "
-        f"dry-run not run: {why}",
+        return Loader.of(FAILED, f"{schema.said()}; {why}",
+                         tuple((k, m, "schema") for k, m in errors))  # fmt: skip
+    return Loader.of(
+        NOT_CHECKED,
+        f"keys and types as {schema.said()}; its loader's own checks, lookups and dry-run "
+        f"not run: {why}",
     )
 
 
@@ -338,9 +331,11 @@ def check_recipe(
     for key, message, stage in loader.errors:
         where = key or "(recipe)"
         findings.append(
-            RecipeFinding(
+            Finding(
                 rule=LOADER_RULE,
                 severity=ERROR,
+                image=image.container,
+                profile=recipe.name,
                 file=str(recipe.path),
                 line=recipe.doc.line(key) if key else None,
                 key=where,
@@ -361,24 +356,16 @@ def check_recipe(
     )
 
 
-def _finding(recipe: Recipe, mapped: Mapped, f: Any) -> RecipeFinding:
+def _finding(recipe: Recipe, mapped: Mapped, f: Finding) -> Finding:
     key = recipe_key(recipe, mapped, f)
     on_recipe = f.file == str(recipe.path)
-    message, fix = f.message, f.fix
+    fix = f.fix
     if on_recipe and f.key == "patches":  # the image is the recipe's container, not a spec
         fix = (
             f"run an image that carries it: `k3env adopt {recipe.path}` (the spec bakes the "
             "lock's patches), build and push it, and name its digest in model.container"
         )
-    return RecipeFinding(
-        rule=f.rule,
-        severity=f.severity,
-        file=f.file,
-        line=recipe.doc.line(key) if on_recipe else None,
-        key=key,
-        message=message,
-        fix=fix,
-    )
+    return replace(f, line=recipe.doc.line(key) if on_recipe else None, key=key, fix=fix)
 
 
 def containers_of(

@@ -29,6 +29,7 @@ from k3env.quoting import one_line
 from k3env.smoke import stages
 from k3env.state import State
 from k3env.untrusted import read_tail
+from k3env.verdict import Gate, ok, planned
 
 MANIFEST = "k3env-smoke.json"  # what the job ran: written by `k3env smoke --cluster`
 RESULT = "result.json"  # the driver's gates
@@ -80,7 +81,7 @@ class JobState:
 class ClusterVerdict:
     directory: str
     manifest: Mapping[str, Any]
-    gates: tuple[Mapping[str, Any], ...]
+    gates: tuple[Gate, ...]  # the plan's, each as the battery reported it or `not run`
     failures: tuple[Failure, ...]
     reached: str  # the stage the engine's logs reached
     job: JobState | None = None
@@ -90,14 +91,9 @@ class ClusterVerdict:
 
     @property
     def battery_ok(self) -> bool:
-        """Every gate the job was planned to run reported, and passed or could not be
-        checked here (said why); a gate missing from the result is ``not run``."""
-        names = {g.get("gate") for g in self.gates}
-        return (
-            bool(self.gates)
-            and all(n in names for n in planned_gates(self.manifest))
-            and all(g.get("status") in ("passed", "not checked") for g in self.gates)
-        )
+        """Every planned gate reported (a missing one is ``not run``), and passed or could
+        not be checked here (said why), and at least one passed."""
+        return ok(self.gates)
 
     @property
     def ok(self) -> bool:
@@ -114,7 +110,7 @@ class ClusterVerdict:
             "layers": self.manifest.get("layers"),
             "mode": self.manifest.get("mode") or "gpu",
             "job": None if self.job is None else dict(self.job.__dict__),
-            "gates": [dict(g) for g in self.gates],
+            "gates": [g.as_json() for g in self.gates],
             "failures": [f.as_json() for f in self.failures],
             "reached": self.reached,
             "skipped": list(self.skipped),
@@ -173,24 +169,13 @@ def _json(root: Path, rel: str) -> dict[str, Any] | None:
     return data if isinstance(data, dict) else None
 
 
-def _gates(result: Mapping[str, Any] | None) -> tuple[dict[str, Any], ...]:
-    """The driver's gates, each reduced to the fields it writes (bounded strings)."""
-    out = []
-    for g in (result or {}).get("gates") or []:
-        if isinstance(g, dict):
-            out.append(
-                {
-                    "gate": one_line(str(g.get("gate", "?")))[:40],
-                    "status": str(g.get("status"))
-                    if g.get("status") in ("passed", "failed", "not checked", "not run")
-                    else "failed",
-                    "seconds": float(g.get("seconds") or 0.0)
-                    if isinstance(g.get("seconds"), (int, float))
-                    else 0.0,
-                    "detail": one_line(str(g.get("detail") or ""))[:1000],
-                }
-            )
-    return tuple(out)
+def _gates(result: Mapping[str, Any] | None) -> tuple[Gate, ...]:
+    """The driver's gates, bounded (its output is the job's logs, read apart)."""
+    got = (result or {}).get("gates")
+    if not isinstance(got, list):
+        return ()
+    reported = (Gate.read(g, detail=1000, output=0) for g in got[: 5 * MAX_GATES])
+    return tuple(g for g in reported if g is not None)
 
 
 def planned_gates(manifest: Mapping[str, Any]) -> tuple[str, ...]:
@@ -200,20 +185,6 @@ def planned_gates(manifest: Mapping[str, Any]) -> tuple[str, ...]:
     if isinstance(got, list) and got and all(isinstance(g, str) for g in got[:MAX_GATES]):
         return tuple(one_line(g)[:40] for g in got[:MAX_GATES])
     return MINIMUM_GATES
-
-
-def with_not_run(
-    gates: tuple[dict[str, Any], ...], planned: tuple[str, ...]
-) -> tuple[dict[str, Any], ...]:
-    """``gates`` and, for each planned gate the battery did not report, a gate ``not run``: a
-    gate that did not run is never read as passed."""
-    have = {g["gate"] for g in gates}
-    missing = tuple(
-        {"gate": name, "status": "not run", "seconds": 0.0,
-         "detail": "planned, and the battery reported no verdict for it"}
-        for name in planned if name not in have
-    )  # fmt: skip
-    return gates + missing
 
 
 def _scan(rel: str, text: str, whole: bool) -> tuple[list[Failure], list[str], str | None]:
@@ -281,12 +252,9 @@ def collect(
         if error:
             last_error = (rel, error)
     # The plan k3env wrote for the job (the caller's) wins over the directory's copy.
-    planned = planned_gates(given or manifest)
-    gates = with_not_run(_gates(result), planned)
+    gates = planned(planned_gates(given or manifest), _gates(result))
     reached = stages.reached(all_lines)
-    failed_job = (job is not None and not job.ok) or any(
-        g["status"] in ("failed", "not run") for g in gates
-    )
+    failed_job = (job is not None and not job.ok) or any(g.bad for g in gates)
     if job is not None and job.tail:
         found, lines, error = _scan("slurm job output", job.tail, False)
         for f in found:
@@ -369,7 +337,7 @@ def table(verdict: ClusterVerdict) -> str:
         j = verdict.job
         lines.append(f"  slurm job {j.job_id}: {j.state} (exit {j.exit_code}, {j.elapsed})")
     for g in verdict.gates:
-        lines.append(f"  {g['status']:<11} {g['gate']:<11} {g['seconds']:6.1f} s  {g['detail']}")
+        lines.append(f"  {g.row()}")
     for f in verdict.failures:
         lines.append(f"  failed at {f.stage}: {f.meaning or 'an error no fact names'}")
         lines.append(f"    | {f.cited()}")

@@ -33,32 +33,14 @@ from k3env.smoke.model import SmokeModel, write_model
 from k3env.smoke.plan import BIN, ENGINE, MODEL, OUT, SmokePlan, behind_dynamo, plan_profile
 from k3env.smoke.prefix import ensure_prefix, smoke_pin
 from k3env.state import State
+from k3env.verdict import FAILED, Gate, bad, ok, planned, unchecked
 
 # In-container scripts (stdlib only, in k3env.probes): the driver, and the roles'
 # sitecustomize that stands in for what the twin omits.
 DRIVER = Path(str(resources.files("k3env.probes") / "smoke_driver.py"))
 ABSENT = Path(str(resources.files("k3env.probes") / "smoke_site.py"))
-STATUSES = ("passed", "failed", "not checked", "not run")
 STAND_IN_VERSION = "0+k3env.stand.in"
 SHM = 1 << 30  # vLLM's CPU engine shares its inputs through /dev/shm (160 MiB and up)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Gate:
-    name: str
-    status: str  # passed | failed | not checked (the server cannot be asked) | not run
-    seconds: float = 0.0
-    detail: str = ""
-    output: str = ""
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "gate": self.name,
-            "status": self.status,
-            "seconds": self.seconds,
-            "detail": self.detail,
-            **({"output": self.output} if self.output else {}),
-        }
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -77,11 +59,12 @@ class SmokeReport:
 
     @property
     def ok(self) -> bool:
-        return bool(self.gates) and all(g.status in ("passed", "not checked") for g in self.gates)
+        return ok(self.gates)
 
     @property
     def failed(self) -> list[Gate]:
-        return [g for g in self.gates if g.status == "failed"]
+        """The gates that failed or never ran."""
+        return bad(self.gates)
 
     @property
     def first_verdict(self) -> float:
@@ -92,8 +75,7 @@ class SmokeReport:
     @property
     def unchecked(self) -> list[str]:
         """What this host could not see: the plan's list, then each gate it could not ask."""
-        return [*self.not_checked, *(f"{g.name}: {g.detail}" for g in self.gates
-                                     if g.status == "not checked")]  # fmt: skip
+        return [*self.not_checked, *unchecked(self.gates)]
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -113,25 +95,11 @@ class SmokeReport:
 
 
 def _gates(plan: SmokePlan, result: dict[str, Any] | None, run_words: str) -> tuple[Gate, ...]:
-    got = {g["gate"]: g for g in (result or {}).get("gates", []) if isinstance(g, dict)}
-    out = []
-    for name in plan.gates:
-        g = got.get(name)
-        if g is None:
-            out.append(Gate(name=name, status="not run"))
-            continue
-        out.append(
-            Gate(
-                name=name,
-                status=str(g.get("status")) if g.get("status") in STATUSES else "failed",
-                seconds=float(g.get("seconds") or 0.0),
-                detail=str(g.get("detail") or "")[:2000],
-                output=str(g.get("output") or "")[-16000:],
-            )
-        )
+    reported = (Gate.read(g) for g in (result or {}).get("gates") or [])
+    gates = planned(plan.gates, (g for g in reported if g is not None))
     if result is None:
-        out.insert(0, Gate(name="driver", status="failed", detail=run_words[-2000:]))
-    return tuple(out)
+        return (Gate(name="driver", status=FAILED, detail=run_words[-2000:]), *gates)
+    return gates
 
 
 def _read_result(out: Path) -> dict[str, Any] | None:
@@ -291,16 +259,7 @@ def _report(data: dict[str, Any], *, cached: bool) -> SmokeReport:
         profile=str(data["profile"]),
         platform=str(data["platform"]),
         stand_in=str(data["stand_in"]),
-        gates=tuple(
-            Gate(
-                name=str(g["gate"]),
-                status=str(g["status"]),
-                seconds=float(g.get("seconds", 0.0)),
-                detail=str(g.get("detail", "")),
-                output=str(g.get("output", "")),
-            )
-            for g in data["gates"]
-        ),
+        gates=tuple(g for g in map(Gate.read, data["gates"]) if g is not None),
         reductions=tuple(data["reductions"]),
         not_checked=tuple(data["not_checked"]),
         seconds=float(data["seconds"]),
@@ -375,8 +334,8 @@ def table(reports: Sequence[SmokeReport]) -> str:
             f"{r.image} / {r.profile}: {verdict} ({r.seconds:.0f} s{cached}; {r.stand_in})"
         )
         for g in r.gates:
-            lines.append(f"  {g.status:<11} {g.name:<11} {g.seconds:6.1f} s  {g.detail}")
-            if g.status == "failed" and g.output:
+            lines.append(f"  {g.row()}")
+            if g.status == FAILED and g.output:
                 lines += [f"           | {x}" for x in shown_output(g.output)]
         lines.append("  reduced for this host:")
         lines += [f"    - {x}" for x in r.reductions]

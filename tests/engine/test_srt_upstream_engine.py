@@ -70,7 +70,7 @@ def test_the_pinned_srt_slurm_judges_the_bring_up_recipes_in_its_own_words(
     # The recipe that served (2-node direct vLLM, TP8 x PP2): preflight's exit is usable.
     assert main(["preflight", "--recipe", str(RECIPES / "f.yaml"), "--json", "-q"]) == 0
     (f,) = json.loads(capsys.readouterr().out)["recipes"]
-    assert f["srt_slurm_loader"]["verdict"] == "passed"
+    assert f["srt_slurm_loader"]["status"] == "passed"
     _what_k3env_writes_loads(project, capsys)
     _the_recorded_schema_agrees(project, capsys)
 
