@@ -210,9 +210,9 @@ def test_export_streams_the_image_into_a_squashfs_that_passes_its_check(
     assert ("export", (build.image_id,)) in fake_engine.calls
     lock = fake_project.lock()
     items = check_squashfs(Path(exported.path), lock, {"probe": fake_project.spec(lock)}, QUIET)
-    assert [(i.what, i.detail) for i in items if not i.ok] == []
+    assert [(i.name, i.detail) for i in items if i.status != "passed"] == []
     assert {"etc/rc", "etc/environment", "provenance.lock", "env A", "patch int64"} <= {
-        i.what for i in items
+        i.name for i in items
     }
     listing = subprocess.run(
         ["unsquashfs", "-l", "-d", "", exported.path], capture_output=True, text=True, check=True
@@ -256,3 +256,24 @@ def test_an_export_already_on_disk_is_not_written_again_unless_its_bytes_differ(
     fixed = export_image(fake_engine, fake_project.state, build, tmp_path / "out", QUIET)
     assert "export" in fake_engine.verbs_since(mark)
     assert fixed.sha256 == first.sha256 == file_sha256(path)
+
+
+def test_export_check_passes_only_on_evidence(fake_project: Project) -> None:
+    """A patch the build did not apply is not checked (never passed); a check with nothing
+    passed, or with a failure, refuses the file; a not-checked gate beside passes does not."""
+    from k3env.errors import CheckFailed
+    from k3env.handoff.squashfs_check import _patch_item, require_ok
+    from k3env.verdict import Gate
+
+    skipped = _patch_item(None, {"name": "int64", "status": "skipped"}, fake_project.lock())  # type: ignore[arg-type]
+    assert skipped == Gate(
+        name="patch int64", status="not checked", detail="not applied by the build (skipped)"
+    )
+    passed = Gate(name="provenance", status="passed", detail="as built")
+    require_ok(Path("x.sqsh"), [passed, skipped])
+    for items in ([], [skipped]):
+        with pytest.raises(CheckFailed, match="check\\(s\\) failed"):
+            require_ok(Path("x.sqsh"), items)
+    failed = Gate(name="file /a", status="failed", detail="missing")
+    with pytest.raises(CheckFailed, match=r"1 check\(s\) failed: file /a: missing"):
+        require_ok(Path("x.sqsh"), [passed, skipped, failed])

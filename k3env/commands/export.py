@@ -47,10 +47,8 @@ def run(args: argparse.Namespace, app: App) -> int:
         by_name = {s.name: s for s in load_specs(args.images, lock)}
         items = check_squashfs(args.check, lock, by_name, log)
         app.emit(
-            {"file": str(args.check), "checks": [i.__dict__ for i in items]},
-            lambda: print(
-                "\n".join(f"{'ok  ' if i.ok else 'FAIL'} {i.what}: {i.detail}" for i in items)
-            ),
+            {"file": str(args.check), "checks": [i.as_json() for i in items]},
+            lambda: print("\n".join(f"{i.status:<11} {i.name}: {i.detail}" for i in items)),
         )
         require_ok(args.check, items)
         return 0

@@ -40,14 +40,13 @@ from k3env.image.patches import ALREADY_PRESENT, APPLIED, missing_edits
 from k3env.log import Log
 from k3env.quoting import one_line
 from k3env.runner import attempt, output_or_none, require_tool, run
+from k3env.verdict import FAILED, NOT_CHECKED, PASSED, Gate, ok
 
 
 # --- check a squashfs ---------------------------------------------------------------------------
-@dataclass(frozen=True, kw_only=True)
-class CheckItem:
-    what: str
-    ok: bool
-    detail: str
+def _item(*, what: str, ok: bool, detail: str) -> Gate:
+    """One check of the squashfs, as a gate: passed with its evidence, or failed."""
+    return Gate(name=what, status=PASSED if ok else FAILED, detail=detail)
 
 
 class Squashfs:
@@ -266,25 +265,25 @@ def _misshapen(doc: Mapping[str, Any]) -> str | None:
         value = doc.get(key)
         fields.append((key, value, value is None or (
             isinstance(value, dict) and isinstance(value.get(inner), str | None))))  # fmt: skip
-    for name, value, ok in fields:
-        if not ok:
+    for name, value, fits in fields:
+        if not fits:
             shown = json.dumps(value, default=str)[:60]
             return f"its {name} is {type(value).__name__} {shown}, not as k3env writes it"
     return None
 
 
-def _lines_diff(what: str, expected: list[str], actual: list[str]) -> list[CheckItem]:
+def _lines_diff(what: str, expected: list[str], actual: list[str]) -> list[Gate]:
     if expected == actual:
-        return [CheckItem(what=what, ok=True, detail=f"{len(actual)} line(s) as the config says")]
+        return [_item(what=what, ok=True, detail=f"{len(actual)} line(s) as the config says")]
     items = []
     exp_keys = {line.split("=", 1)[0]: line for line in expected}
     act_keys = {line.split("=", 1)[0]: line for line in actual}
     for key, line in act_keys.items():
         if key not in exp_keys:
-            items.append(CheckItem(what=what, ok=False, detail=f"extra line {line!r}"))
+            items.append(_item(what=what, ok=False, detail=f"extra line {line!r}"))
         elif exp_keys[key] != line:
             items.append(
-                CheckItem(
+                _item(
                     what=what,
                     ok=False,
                     detail=f"changed: {line!r} (image config: {exp_keys[key]!r})",
@@ -292,9 +291,9 @@ def _lines_diff(what: str, expected: list[str], actual: list[str]) -> list[Check
             )
     for key, line in exp_keys.items():
         if key not in act_keys:
-            items.append(CheckItem(what=what, ok=False, detail=f"missing line {line!r}"))
+            items.append(_item(what=what, ok=False, detail=f"missing line {line!r}"))
     if not items:
-        items.append(CheckItem(what=what, ok=False, detail="lines reordered or repeated"))
+        items.append(_item(what=what, ok=False, detail="lines reordered or repeated"))
     return items
 
 
@@ -302,24 +301,24 @@ def _short(match: re.Match[bytes] | None) -> str:
     return match.group(1).decode()[:16] if match else "absent"
 
 
-def _rc_items(expected: str, actual: bytes | None) -> list[CheckItem]:
+def _rc_items(expected: str, actual: bytes | None) -> list[Gate]:
     if actual is None:
-        return [CheckItem(what="etc/rc", ok=False, detail="missing")]
+        return [_item(what="etc/rc", ok=False, detail="missing")]
     text = actual.decode(errors="replace")
     if text == expected:
-        return [CheckItem(what="etc/rc", ok=True, detail="labels and command as the config says")]
+        return [_item(what="etc/rc", ok=True, detail="labels and command as the config says")]
     exp, act = expected.splitlines(), text.splitlines()
     items = [
-        CheckItem(what="etc/rc", ok=False, detail=f"unexpected line {line!r}")
+        _item(what="etc/rc", ok=False, detail=f"unexpected line {line!r}")
         for line in act
         if line not in exp
     ]
     items += [
-        CheckItem(what="etc/rc", ok=False, detail=f"missing line {line!r}")
+        _item(what="etc/rc", ok=False, detail=f"missing line {line!r}")
         for line in exp
         if line not in act
     ]
-    return items or [CheckItem(what="etc/rc", ok=False, detail="lines reordered")]
+    return items or [_item(what="etc/rc", ok=False, detail="lines reordered")]
 
 
 def _read(fs: Squashfs, path: str) -> tuple[bytes | None, str | None]:
@@ -330,12 +329,12 @@ def _read(fs: Squashfs, path: str) -> tuple[bytes | None, str | None]:
         return None, e.message
 
 
-def _record_items(fs: Squashfs, listing: list[str], patched: set[str], log: Log) -> list[CheckItem]:
+def _record_items(fs: Squashfs, listing: list[str], patched: set[str], log: Log) -> list[Gate]:
     """Every installed distribution's files against the sha256 in its own RECORD; files
     k3env's layer replaced (patched) are checked against the provenance instead."""
     records = _installed_records(listing)
     if not records:
-        return [CheckItem(what="python", ok=True, detail="no installed distributions")]
+        return [_item(what="python", ok=True, detail="no installed distributions")]
     refused = {r: e for r in records if (e := fs.refusal(r))}
     dest = fs.fresh()
     fs.extract(dest, [r for r in records if r not in refused])
@@ -428,9 +427,9 @@ def _record_differences(fs: Squashfs, dest: Path, wanted: list[Recorded]) -> dic
     return bad
 
 
-def _record_verdict(bad: Mapping[str, list[str]], files: int, records: int) -> list[CheckItem]:
+def _record_verdict(bad: Mapping[str, list[str]], files: int, records: int) -> list[Gate]:
     items = [
-        CheckItem(
+        _item(
             what=f"python {dist}",
             ok=False,
             detail="; ".join(problems[:5])
@@ -440,7 +439,7 @@ def _record_verdict(bad: Mapping[str, list[str]], files: int, records: int) -> l
     ]
     if not bad:
         items.append(
-            CheckItem(
+            _item(
                 what="python",
                 ok=True,
                 detail=f"{files} file(s) of {records} distribution(s) match their RECORD",
@@ -449,9 +448,7 @@ def _record_verdict(bad: Mapping[str, list[str]], files: int, records: int) -> l
     return items
 
 
-def check_squashfs(
-    sqsh: Path, lock: Lock, specs: Mapping[str, ImageSpec], log: Log
-) -> list[CheckItem]:
+def check_squashfs(sqsh: Path, lock: Lock, specs: Mapping[str, ImageSpec], log: Log) -> list[Gate]:
     """Every difference between ``sqsh`` and what its image and this lock say it holds:
     first against the image (its provenance, /etc/rc, /etc/environment, k3env's files, every
     RECORD), then against this checkout (lock, spec, env, patches)."""
@@ -459,7 +456,7 @@ def check_squashfs(
         return _check(Squashfs(sqsh, log, Path(work)), lock, specs, log)
 
 
-def _check(fs: Squashfs, lock: Lock, specs: Mapping[str, ImageSpec], log: Log) -> list[CheckItem]:
+def _check(fs: Squashfs, lock: Lock, specs: Mapping[str, ImageSpec], log: Log) -> list[Gate]:
     prov, raw = _provenance(fs)
     config = prov["config"]
     # The provenance file against its hash in the image's labels (/etc/rc carries them).
@@ -467,18 +464,18 @@ def _check(fs: Squashfs, lock: Lock, specs: Mapping[str, ImageSpec], log: Log) -
     try:
         expected_rc = _expected_rc(config, digest)
     except ConfigError as e:
-        return [CheckItem(what="config", ok=False, detail=e.message)]
+        return [_item(what="config", ok=False, detail=e.message)]
     rc, rc_refused = _read(fs, "etc/rc")
     items = [_provenance_item(rc, digest)]
     items += (
-        [CheckItem(what="etc/rc", ok=False, detail=rc_refused)]
+        [_item(what="etc/rc", ok=False, detail=rc_refused)]
         if rc_refused
         else _rc_items(expected_rc, rc)
     )
     env, env_refused = _read(fs, "etc/environment")
     env_actual = (env or b"").decode(errors="replace").splitlines()
     items += (
-        [CheckItem(what="etc/environment", ok=False, detail=env_refused)]
+        [_item(what="etc/environment", ok=False, detail=env_refused)]
         if env_refused
         else _lines_diff("etc/environment", list(config.get("Env") or []), env_actual)
     )
@@ -499,12 +496,12 @@ def _expected_rc(config: Mapping[str, Any], digest: str) -> str:
     return expected["etc/rc"].decode()
 
 
-def _provenance_item(rc: bytes | None, digest: str) -> CheckItem:
+def _provenance_item(rc: bytes | None, digest: str) -> Gate:
     carried = re.search(
         rb"^# " + re.escape(PROVENANCE_LABEL.encode()) + rb" ([0-9a-f]{64})$", rc or b"", re.M
     )
     ok = carried is not None and carried.group(1).decode() == digest
-    return CheckItem(
+    return _item(
         what="provenance",
         ok=ok,
         detail=f"{PROVENANCE_PATH} has the sha256 the image's config names"
@@ -514,17 +511,17 @@ def _provenance_item(rc: bytes | None, digest: str) -> CheckItem:
     )
 
 
-def _file_items(fs: Squashfs, files: Mapping[str, str]) -> list[CheckItem]:
+def _file_items(fs: Squashfs, files: Mapping[str, str]) -> list[Gate]:
     """Every file of k3env's layer, by sha256."""
     items = []
     for path, sha in sorted(files.items()):
         try:
             got = fs.sha256(path)
         except UntrustedFileError as e:
-            items.append(CheckItem(what=f"file {path}", ok=False, detail=e.message))
+            items.append(_item(what=f"file {path}", ok=False, detail=e.message))
             continue
         items.append(
-            CheckItem(
+            _item(
                 what=f"file {path}",
                 ok=got == sha,
                 detail="sha256 as built"
@@ -541,35 +538,39 @@ def _checkout_items(
     lock: Lock,
     specs: Mapping[str, ImageSpec],
     env_lines: set[str],
-) -> list[CheckItem]:
+) -> list[Gate]:
     """The image against this checkout: the lock and spec it was built from, its env, and
     each patch it applied still present."""
     spec = specs.get(str(prov.get("image", "")))
     lock_sha = str((prov.get("lock") or {}).get("sha256"))
     items = [
-        CheckItem(
+        _item(
             what="provenance.lock",
             ok=lock_sha == lock.sha256,
             detail=f"image built from lock {lock_sha[:16]}, this lock is {lock.sha256[:16]}",
         )
     ]
     if spec is None:
-        return [*items, CheckItem(what="provenance.spec", ok=False,
+        return [*items, _item(what="provenance.spec", ok=False,
                                   detail=f"no spec named {prov.get('image')!r} here")]  # fmt: skip
     spec_sha = str((prov.get("spec") or {}).get("sha256"))
     items.append(
-        CheckItem(
+        _item(
             what="provenance.spec",
             ok=spec_sha == spec.sha256,
             detail=f"image built from spec {spec_sha[:16]}, {spec.path} is {spec.sha256[:16]}",
         )
     )
     base_pin = lock.bases.get(str((prov.get("base") or {}).get("pin", "")))
-    if base_pin is not None:
+    if base_pin is None:
+        items.append(Gate(name="env", status=NOT_CHECKED, detail=(
+            f"the image's base pin {one_line(str((prov.get('base') or {}).get('pin')))[:100]!r} "
+            "is not in this lock: the env it bakes is not known here")))  # fmt: skip
+    else:
         for name, value in sorted(merged_env(lock, spec, base_pin).items()):
             ok = f"{name}={value}" in env_lines
             items.append(
-                CheckItem(
+                _item(
                     what=f"env {name}",
                     ok=ok,
                     detail=f"/etc/environment {'has' if ok else 'lacks'} {name}={value}",
@@ -578,19 +579,21 @@ def _checkout_items(
     return items + [_patch_item(fs, p, lock) for p in prov.get("patches", [])]
 
 
-def _patch_item(fs: Squashfs, p: Mapping[str, Any], lock: Lock) -> CheckItem:
-    if p.get("status") not in (APPLIED, ALREADY_PRESENT):
-        return CheckItem(what=f"patch {p.get('name')}", ok=True, detail=str(p.get("status")))
+def _patch_item(fs: Squashfs, p: Mapping[str, Any], lock: Lock) -> Gate:
+    if p.get("status") not in (APPLIED, ALREADY_PRESENT):  # the build did not apply it
+        status = one_line(str(p.get("status")))[:200]
+        return Gate(name=f"patch {p.get('name')}", status=NOT_CHECKED,
+                    detail=f"not applied by the build ({status})")  # fmt: skip
     pin = lock.container_patches.get(str(p.get("name")))
     if pin is None:
-        return CheckItem(what=f"patch {p.get('name')}", ok=False, detail="not in this lock")
+        return _item(what=f"patch {p.get('name')}", ok=False, detail="not in this lock")
     patch = load_patch_file(pin, verify_patch_file(lock, pin))
     data, refused = _read(fs, str(p["target"]))
     if refused:
-        return CheckItem(what=f"patch {p['name']}", ok=False, detail=refused)
+        return _item(what=f"patch {p['name']}", ok=False, detail=refused)
     text = (data or b"").decode(errors="replace")
     missing = missing_edits(patch, text)
-    return CheckItem(
+    return _item(
         what=f"patch {p['name']}",
         ok=not missing,
         detail=f"{p['target']}: "
@@ -598,11 +601,11 @@ def _patch_item(fs: Squashfs, p: Mapping[str, Any], lock: Lock) -> CheckItem:
     )
 
 
-def require_ok(sqsh: Path, items: list[CheckItem]) -> None:
-    bad = [i for i in items if not i.ok]
-    if bad:
+def require_ok(sqsh: Path, items: list[Gate]) -> None:
+    if not ok(items):
+        bad = [i for i in items if i.bad] or list(items)
         raise CheckFailed(
-            f"{len(bad)} check(s) failed: " + "; ".join(f"{i.what}: {i.detail}" for i in bad),
+            f"{len(bad)} check(s) failed: " + "; ".join(f"{i.name}: {i.detail}" for i in bad),
             where=str(sqsh),
             fix="re-import the image by the digest k3env push printed (or re-export it); a "
             "difference you did not make is tampering",
