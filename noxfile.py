@@ -158,7 +158,7 @@ def grace(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Benchmarks: build vs `docker build` over the twin, no-op rebuild, preflight, verify,
-    export, publish (registry API) vs `docker push`, components, a vLLM variant (resolve, its
+    export, export --check's RECORD check vs unsquashfs + sha256sum, publish (registry API) vs `docker push`, components, a vLLM variant (resolve, its
     layer cold / warm / hit and size, its matrix cell), smoke (cold and warm).
     `-- --quick`: each path once
     (CI: a broken benchmark fails, its figures are no verdict); the full run is for people
@@ -169,7 +169,7 @@ def bench(session: nox.Session) -> None:
     _install(session, "resolve", editable=False)
     every = [a for a in session.posargs if a in ("--quick", "--json")]
     took = []
-    for name in ("build", "verify", "export", "publish", "components", "variant", "smoke"):
+    for name in ("build", "verify", "export", "check", "publish", "components", "variant", "smoke"):
         args = session.posargs if name in ("build", "components", "variant") else every
         start = time.monotonic()
         session.run("python", f"benchmarks/bench_{name}.py", *args)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from k3env.errors import UntrustedFileError
@@ -70,6 +70,32 @@ def parts(rel: str, shown_as: str = "") -> list[str]:
     return names
 
 
+def _step(fd: int, name: str, here: str, last: bool) -> int | None:
+    """A descriptor of ``name`` in the directory ``fd`` (the caller closes both): a directory
+    on the way, or the regular file at the end (``last``); None when it is missing; anything
+    else is refused as what it is. ``here``: the path as messages show it."""
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    if stat.S_ISREG(st.st_mode) and not last:
+        return None  # a/b where a is a file: b is not there
+    if not (stat.S_ISREG(st.st_mode) if last else stat.S_ISDIR(st.st_mode)):
+        target = os.readlink(name, dir_fd=fd) if stat.S_ISLNK(st.st_mode) else None
+        raise not_regular(here, st.st_mode, target)
+    try:
+        nxt = os.open(name, _FILE_FLAGS if last else _DIR_FLAGS, dir_fd=fd)
+    except OSError as e:  # ELOOP: swapped for a link since the lstat
+        raise UntrustedFileError(
+            f"{shown(here)} cannot be opened as it was listed ({e.strerror}); not read"
+        ) from e
+    if last and not stat.S_ISREG(os.fstat(nxt).st_mode):
+        mode = os.fstat(nxt).st_mode
+        os.close(nxt)
+        raise not_regular(here, mode)
+    return nxt
+
+
 def _open_regular(root: Path, rel: str, shown_as: str) -> int | None:
     """A descriptor of the regular file ``rel`` under ``root`` (caller closes), None when it
     is missing; anything else on the way is refused as what it is."""
@@ -77,28 +103,11 @@ def _open_regular(root: Path, rel: str, shown_as: str) -> int | None:
     fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         for i, name in enumerate(names):
-            here = shown_as + "/".join(names[: i + 1])
-            last = i == len(names) - 1
-            try:
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            except (FileNotFoundError, NotADirectoryError):
-                return None
-            if stat.S_ISREG(st.st_mode) and not last:
-                return None  # a/b where a is a file: b is not there
-            if not (stat.S_ISREG(st.st_mode) if last else stat.S_ISDIR(st.st_mode)):
-                target = os.readlink(name, dir_fd=fd) if stat.S_ISLNK(st.st_mode) else None
-                raise not_regular(here, st.st_mode, target)
-            try:
-                nxt = os.open(name, _FILE_FLAGS if last else _DIR_FLAGS, dir_fd=fd)
-            except OSError as e:  # ELOOP: swapped for a link since the lstat
-                raise UntrustedFileError(
-                    f"{shown(here)} cannot be opened as it was listed ({e.strerror}); not read"
-                ) from e
+            nxt = _step(fd, name, shown_as + "/".join(names[: i + 1]), i == len(names) - 1)
             os.close(fd)
-            fd = nxt
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise not_regular(shown_as + rel.lstrip("/"), st.st_mode)
+            fd = -1 if nxt is None else nxt
+            if nxt is None:
+                return None
         out, fd = fd, -1
         return out
     finally:
@@ -185,6 +194,60 @@ def file_sha256(
         return sha256_stream(counted()), size
     finally:
         os.close(fd)
+
+
+def files_sha256(
+    root: Path, rels: Iterable[str], *, limit: int | None = None, shown_as: str = ""
+) -> Iterator[tuple[str, tuple[bytes, int] | UntrustedFileError | None]]:
+    """``file_sha256`` of each of ``rels``, in their order: each path is walked and refused
+    exactly as there, but the directories consecutive paths share stay open between them
+    (sorted paths: each directory is opened once), so a tree of N files costs N opens."""
+    limit = HASH_LIMIT if limit is None else limit
+    chain: list[tuple[str, int]] = [
+        ("", os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC))
+    ]
+    try:
+        for rel in rels:
+            try:
+                yield rel, _hash_in_chain(chain, parts(rel, shown_as), rel, limit, shown_as)
+            except UntrustedFileError as e:
+                yield rel, e
+    finally:
+        for _, fd in chain:
+            os.close(fd)
+
+
+def _hash_in_chain(
+    chain: list[tuple[str, int]], names: list[str], rel: str, limit: int, shown_as: str
+) -> tuple[bytes, int] | None:
+    """(sha256, size) of ``names`` walked from ``chain`` (the root, then the open directories
+    of the previous path), the chain left at the path's directory."""
+    keep = 1
+    while keep < len(chain) and keep - 1 < len(names) - 1 and chain[keep][0] == names[keep - 1]:
+        keep += 1
+    while len(chain) > keep:
+        os.close(chain.pop()[1])
+    for i in range(len(chain) - 1, len(names)):
+        last = i == len(names) - 1
+        fd = _step(chain[-1][1], names[i], shown_as + "/".join(names[: i + 1]), last)
+        if fd is None:
+            return None
+        if not last:
+            chain.append((names[i], fd))
+            continue
+        try:
+            size = 0
+
+            def counted(fd: int = fd) -> Iterator[bytes]:
+                nonlocal size
+                for block in _blocks(fd, shown_as + rel.lstrip("/"), limit):
+                    size += len(block)
+                    yield block
+
+            return sha256_stream(counted()), size
+        finally:
+            os.close(fd)
+    return None
 
 
 def entry_size(root: Path, rel: str, *, shown_as: str = "") -> int | None:

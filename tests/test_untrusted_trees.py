@@ -461,3 +461,80 @@ def test_cluster_commands_quote_names_as_shell_words_and_yaml_scalars() -> None:
     assert yaml.safe_load("\n".join(mapping)) == {
         "containers": {pushed.by_digest: f"/path/to/{name}"}
     }
+
+
+@SQUASHFS_TOOLS
+def test_a_directory_of_many_wanted_files_is_extracted_whole_without_its_links(
+    tmp_path: Path, host_file: Path
+) -> None:
+    """unsquashfs matches a directory's entries against the extract list one by one: a
+    directory of WHOLE_DIR or more wanted files is named whole (linear in files), and its
+    link, FIFO and the link in its subdirectory are excluded by name: never created."""
+    from k3env.handoff.squashfs_check import WHOLE_DIR, Squashfs, _extract_lists
+
+    tree = tmp_path / "tree"
+    flat = tree / "site" / "flat"
+    (flat / "sub").mkdir(parents=True)
+    for i in range(WHOLE_DIR):
+        (flat / f"f{i}[1].py").write_text(str(i))
+    (flat / "sub" / "x.py").write_text("x")
+    (flat / "link").symlink_to(host_file)
+    (flat / "sub" / "link").symlink_to(host_file)
+    os.mkfifo(flat / "fifo")
+    (tree / "site" / "few.py").write_text("few")
+    fs = Squashfs(sqsh_of(tree, tmp_path / "t.sqsh"), QUIET, tmp_path / "work")
+    wanted = [f"site/flat/f{i}[1].py" for i in range(WHOLE_DIR)] + ["site/few.py"]
+    extract, exclude = _extract_lists(fs.entries(), sorted(wanted))
+    assert extract == ["site/few.py", "site/flat"]
+    assert exclude == ["site/flat/fifo", "site/flat/link", "site/flat/sub/link"]
+    (tmp_path / "work").mkdir()
+    dest = fs.fresh()
+    fs.extract(dest, wanted)
+    assert (dest / "site/flat/f7[1].py").read_text() == "7"
+    assert (dest / "site/few.py").read_text() == "few"
+    assert (dest / "site/flat/sub/x.py").is_file()  # the subtree comes along
+    made = {p.name for p in dest.rglob("*")}
+    assert not {"link", "fifo"} & made
+    # One file fewer is named file by file; a directory crowded with links never whole.
+    assert _extract_lists(fs.entries(), sorted(wanted[1:])) == (sorted(wanted[1:]), [])
+    crowded = {**fs.entries()}
+    crowded.update({f"site/flat/sub/l{i}": crowded["site/flat/link"] for i in range(WHOLE_DIR)})
+    assert _extract_lists(crowded, sorted(wanted)) == (sorted(wanted), [])
+
+
+def test_hashing_many_files_walks_each_path_as_one_file_is_walked(
+    tmp_path: Path, host_file: Path
+) -> None:
+    """files_sha256 keeps the directories it shares between paths open, and answers each path
+    exactly as file_sha256 does: its hash, None when missing, the same refusal."""
+    from k3env import untrusted
+
+    tree = tmp_path / "tree"
+    (tree / "a" / "b").mkdir(parents=True)
+    (tree / "a" / "b" / "one").write_text("1")
+    (tree / "a" / "two").write_text("22")
+    (tree / "c").mkdir()
+    (tree / "c" / "three").write_text("333")
+    (tree / "a" / "link").symlink_to(host_file)
+    (tree / "dirlink").symlink_to(tree / "c")
+    os.mkfifo(tree / "a" / "fifo")
+    rels = ["a/b/one", "a/b/gone", "a/fifo", "a/link", "a/two", "a/two/under", "c/three",
+            "dirlink/three", "a/b/one", "/c/./three"]  # fmt: skip
+    got = list(untrusted.files_sha256(tree, rels, shown_as="/"))
+    assert [r for r, _ in got] == rels
+    for rel, answer in got:
+        try:
+            alone: object = untrusted.file_sha256(tree, rel, shown_as="/")
+        except UntrustedFileError as e:
+            alone = e
+        if isinstance(alone, UntrustedFileError):
+            assert isinstance(answer, UntrustedFileError) and answer.message == alone.message
+        else:
+            assert answer == alone, rel
+    answers = dict(got)
+    assert answers["a/b/gone"] is None and answers["a/two/under"] is None
+    assert answers["c/three"] == (hashlib.sha256(b"333").digest(), 3)
+    assert "symlink" in str(answers["dirlink/three"]) and "FIFO" in str(answers["a/fifo"])
+    with pytest.raises(UntrustedFileError, match="not a path inside"):
+        untrusted.file_sha256(tree, "../x")
+    assert isinstance(dict(untrusted.files_sha256(tree, ["../x"]))["../x"], UntrustedFileError)

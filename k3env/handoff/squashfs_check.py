@@ -21,7 +21,7 @@ import os
 import re
 import stat
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,9 @@ class Squashfs:
         self.log = log
         self.work = work
         self._entries: dict[str, Entry] | None = None
+        # False: a name in the listing was not read exactly (it holds a newline, or a link's
+        # " -> "), so no directory is extracted whole (its odd entries could not be named).
+        self.exact = True
         self._extracted = 0
         self.unsquashfs = require_tool("unsquashfs", "squashfs-tools")
         if path.is_dir():
@@ -89,15 +92,18 @@ class Squashfs:
                 )
             self._entries = {}
             for line in out.split(b"\n"):
-                if m := _LISTED.match(os.fsdecode(line)):
-                    path, target = m["path"], None
-                    if m["type"] == "l":  # a name holding " -> " is split at its first
-                        path, _, target = path.partition(" -> ")
-                    self._entries[path] = Entry(
-                        mode=_MODES[m["type"]],
-                        size=int(m["size"]) if m["size"].isdigit() else 0,
-                        target=target,
-                    )
+                if not (m := _LISTED.match(os.fsdecode(line))):
+                    self.exact = self.exact and not line  # a name holding a newline
+                    continue
+                path, target = m["path"], None
+                if m["type"] == "l":  # a name holding " -> " is split at its first
+                    self.exact = self.exact and path.count(" -> ") == 1
+                    path, _, target = path.partition(" -> ")
+                self._entries[path] = Entry(
+                    mode=_MODES[m["type"]],
+                    size=int(m["size"]) if m["size"].isdigit() else 0,
+                    target=target,
+                )
         return self._entries
 
     def listing(self) -> list[str]:
@@ -121,30 +127,33 @@ class Squashfs:
     def extract(self, dest: Path, paths: Iterable[str]) -> None:
         """Extract the regular files among ``paths`` under ``dest``: links, devices and FIFOs
         are never created (exact names: unsquashfs reads an extract list as globs, so ``[`` in
-        a vLLM config file name is escaped)."""
+        a vLLM config file name is escaped). unsquashfs matches each directory's entries
+        against the list's names in that directory, one by one: a directory of many wanted
+        files is listed whole instead (its non-regular entries excluded by name), so the
+        work stays linear in files."""
         entries = self.entries()
-        regular = [p for p in paths if (e := entries.get(p)) and stat.S_ISREG(e.mode)]
+        regular = sorted({p for p in paths if (e := entries.get(p)) and stat.S_ISREG(e.mode)})
         if not regular:
             return
+        extract, exclude = _extract_lists(entries, regular) if self.exact else (regular, [])
         listed = dest.with_name(dest.name + ".list")
-        listed.write_bytes(b"".join(os.fsencode(_glob_escape(p)) + b"\n" for p in regular))
-        run(
-            [
-                self.unsquashfs,
-                "-q",
-                "-n",
-                "-f",
-                "-no-xattrs",
-                "-d",
-                str(dest),
-                "-ef",
-                str(listed),
-                str(self.path),
-            ],
-            self.log,
-            capture=True,
-            what="unsquashfs",
-        )
+        listed.write_bytes(b"".join(os.fsencode(_glob_escape(p)) + b"\n" for p in extract))
+        argv = [
+            self.unsquashfs,
+            "-q",
+            "-n",
+            "-f",
+            "-no-xattrs",
+            "-d",
+            str(dest),
+            "-ef",
+            str(listed),
+        ]
+        if exclude:
+            excluded = dest.with_name(dest.name + ".exclude")
+            excluded.write_bytes(b"".join(os.fsencode(_glob_escape(p)) + b"\n" for p in exclude))
+            argv += ["-excf", str(excluded)]
+        run([*argv, str(self.path)], self.log, capture=True, what="unsquashfs")
 
     def _alone(self, path: str) -> tuple[Path, str] | None:
         """``path`` extracted alone into a fresh directory: (that directory, the relative
@@ -195,6 +204,45 @@ _MODES = {
     "p": stat.S_IFIFO,
     "s": stat.S_IFSOCK,
 }
+
+
+WHOLE_DIR = 256  # wanted files in one directory from which it is extracted whole
+
+
+def _extract_lists(entries: Mapping[str, Entry], regular: list[str]) -> tuple[list[str], list[str]]:
+    """What to name to unsquashfs for ``regular`` (sorted): the files, but a directory holding
+    ``WHOLE_DIR`` or more of them named whole (its subtree comes along); and every entry that
+    is not a regular file or directory under such a directory, to exclude. A directory whose
+    subtree holds a directory of ``WHOLE_DIR`` or more such entries is never named whole:
+    the exclude list would be as slow as the files."""
+    wanted: dict[str, int] = {}
+    for p in regular:
+        parent = p.rpartition("/")[0]
+        wanted[parent] = wanted.get(parent, 0) + 1
+    odd: dict[str, list[str]] = {}  # directory -> its entries to exclude
+    for path, e in entries.items():
+        if not (stat.S_ISREG(e.mode) or stat.S_ISDIR(e.mode)):
+            odd.setdefault(path.rpartition("/")[0], []).append(path)
+    crowded = {d for d, names in odd.items() if len(names) >= WHOLE_DIR}
+
+    def ancestors(path: str) -> Iterator[str]:
+        while path:
+            path = path.rpartition("/")[0]
+            yield path
+
+    blocked = {a for d in crowded for a in (d, *ancestors(d))}
+    whole = {d for d, n in wanted.items() if n >= WHOLE_DIR and d and d not in blocked}
+    if not whole:
+        return regular, []
+
+    def inside(path: str) -> bool:
+        return any(a in whole for a in ancestors(path))
+
+    extract = sorted(
+        {*whole, *(p for p in regular if not inside(p))} - {d for d in whole if inside(d)}
+    )
+    exclude = sorted(p for names in odd.values() for p in names if inside(p))
+    return extract, exclude
 
 
 def _glob_escape(path: str) -> str:
@@ -400,28 +448,32 @@ def _recorded_files(
 def _record_differences(fs: Squashfs, dest: Path, wanted: list[Recorded]) -> dict[str, list[str]]:
     """Per distribution, each of its extracted files missing, not a regular file, or unlike
     its RECORD (its size first: a file of another size is not read)."""
-    bad: dict[str, list[str]] = {}
     entries = fs.entries()
+    problems: list[str | None] = []  # per wanted file, what its listing already shows
     for w in wanted:
         entry = entries.get(w.path)
-        try:
-            if entry is None:
-                problem: str | None = f"/{one_line(w.path)} is missing"
-            elif refused := fs.refusal(w.path):
-                problem = refused.message
-            elif w.size is not None and entry.size != w.size:
-                problem = (
-                    f"/{one_line(w.path)} differs from its RECORD: {entry.size} bytes, "
-                    f"RECORD {w.size}"
-                )
-            elif (got := untrusted.file_sha256(dest, w.path, shown_as="/")) is None:
+        if entry is None:
+            problems.append(f"/{one_line(w.path)} is missing")
+        elif refused := fs.refusal(w.path):
+            problems.append(refused.message)
+        elif w.size is not None and entry.size != w.size:
+            problems.append(
+                f"/{one_line(w.path)} differs from its RECORD: {entry.size} bytes, RECORD {w.size}"
+            )
+        else:
+            problems.append(None)
+    to_hash = sorted({w.path for w, p in zip(wanted, problems, strict=True) if p is None})
+    hashed = dict(untrusted.files_sha256(dest, to_hash, shown_as="/"))
+    bad: dict[str, list[str]] = {}
+    for w, problem in zip(wanted, problems, strict=True):
+        if problem is None:
+            got = hashed[w.path]
+            if isinstance(got, UntrustedFileError):
+                problem = got.message
+            elif got is None:
                 problem = f"/{one_line(w.path)} is missing"
             elif record_b64(got[0]) != w.sha256:
                 problem = f"/{one_line(w.path)} differs from its RECORD sha256"
-            else:
-                problem = None
-        except UntrustedFileError as e:
-            problem = e.message
         if problem:
             bad.setdefault(w.dist, []).append(problem)
     return bad
