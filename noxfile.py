@@ -158,9 +158,9 @@ def grace(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def bench(session: nox.Session) -> None:
     """Benchmarks: build vs `docker build` over the twin, no-op rebuild, preflight, verify,
-    export, export --check's RECORD check vs unsquashfs + sha256sum, publish (registry API) vs `docker push`, components, a vLLM variant (resolve, its
-    layer cold / warm / hit and size, its matrix cell), smoke (cold and warm).
-    `-- --quick`: each path once
+    export, export --check's RECORD check vs unsquashfs + sha256sum, publish (registry API)
+    vs `docker push`, components, a vLLM variant (resolve, its layer cold / warm / hit and
+    size, its matrix cell), smoke (cold and warm). `-- --quick`: each path once
     (CI: a broken benchmark fails, its figures are no verdict); the full run is for people
     and closing notes. `--quick` and `--json` go to every benchmark, other args (`--repeat N`)
     to bench_build and bench_components."""

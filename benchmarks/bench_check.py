@@ -77,8 +77,14 @@ def run(n: int) -> dict[str, Any]:
         (t / "w2").mkdir()
         anchor = by_hand(sqsh, t / "w2")
         ours, detail = k3env_check(sqsh, t / "w1")
-    return {"entries": n, "k3env_s": round(ours, 2), "unsquashfs_sha256sum_s": round(anchor, 2),
-            "ratio": round(ours / anchor, 2), "detail": detail, "image_made_s": round(made, 1)}  # fmt: skip
+    return {
+        "entries": n,
+        "k3env_s": round(ours, 2),
+        "unsquashfs_sha256sum_s": round(anchor, 2),
+        "ratio": round(ours / anchor, 2),
+        "detail": detail,
+        "image_made_s": round(made, 1),
+    }
 
 
 def main() -> int:
@@ -92,8 +98,10 @@ def main() -> int:
         print(json.dumps(results, indent=2))
     else:
         for r in results:
-            print(f"export --check RECORD of {r['entries']:,} entries: k3env {r['k3env_s']} s, "
-                  f"unsquashfs + sha256sum {r['unsquashfs_sha256sum_s']} s ({r['ratio']}x)")  # fmt: skip
+            print(
+                f"export --check RECORD of {r['entries']:,} entries: k3env {r['k3env_s']} s, "
+                f"unsquashfs + sha256sum {r['unsquashfs_sha256sum_s']} s ({r['ratio']}x)"
+            )
     return 0
 
 
