@@ -253,6 +253,34 @@ def test_the_job_script_fails_on_the_drivers_status_and_on_a_gate_not_run() -> N
     assert "(failed|not run)" in script
 
 
+@pytest.mark.parametrize(
+    ("statuses", "code", "said"),
+    [
+        (None, 1, "the battery wrote no result"),
+        (["passed", "failed"], 1, "a gate of the battery failed or never ran"),
+        (["passed", "not run"], 1, "a gate of the battery failed or never ran"),
+        (["not checked", "not checked"], 1, "no gate of the battery passed"),
+        ([], 1, "no gate of the battery passed"),
+        (["passed", "not checked"], 0, "done (status 0)"),
+    ],
+)
+def test_the_job_scripts_verdict_follows_the_model(
+    tmp_path: Path, statuses: list[str] | None, code: int, said: str
+) -> None:
+    """The job script's last lines, run by bash over a battery's result.json: the job fails
+    unless every gate passed or was not checked and one passed (k3env.verdict.ok)."""
+    from k3env.handoff.cluster_smoke import VERDICT_LINES
+
+    if statuses is not None:
+        gates = [{"gate": f"g{i}", "status": s} for i, s in enumerate(statuses)]
+        (tmp_path / "result.json").write_text(json.dumps({"gates": gates}))
+    script = "\n".join(['say() { echo "$*"; }', "status=0", *VERDICT_LINES])
+    env = {"JOB_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    done = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True)
+    assert done.returncode == code
+    assert said in done.stdout
+
+
 def test_logs_are_untrusted(tmp_path: Path) -> None:
     """A link out of the directory is not followed; a huge log is read by its tail only."""
     outside = tmp_path / "secret.log"

@@ -37,12 +37,15 @@ from k3env.smoke.collect import MANIFEST
 from k3env.smoke.plan import battery_gates
 
 RUNTIMES = ("pyxis", "none")
-# The end of every smoke job script: no result, or a gate failed or not run, is a failed job.
+# The end of every smoke job script: no result, a gate failed or not run, or no gate passed
+# (k3env.verdict's rule), is a failed job.
 VERDICT_LINES = (
     'if [ ! -f "$JOB_DIR/result.json" ]; then',
     '  say "the battery wrote no result"; status=1',
     'elif grep -qE \'"status": "(failed|not run)"\' "$JOB_DIR/result.json"; then',
     '  say "a gate of the battery failed or never ran"; status=1',
+    'elif ! grep -q \'"status": "passed"\' "$JOB_DIR/result.json"; then',
+    '  say "no gate of the battery passed: nothing was shown to work"; status=1',
     "fi",
     'say "done (status $status): k3env smoke --collect $JOB_DIR"',
     'exit "$status"',
