@@ -37,6 +37,9 @@ OWNERS = {
     "http.client": "k3env.engine.registry",
     "urllib.request": None,  # registry.py speaks http.client (deadlines, checked redirects)
     "hashlib": "k3env.hashing",
+    "cyclonedx": "k3env.handoff.sbom",
+    "packageurl": "k3env.handoff.sbom",
+    "cryptography": "k3env.signing",
     "docker": None,  # not a dependency: k3env speaks to dockerd itself (engine/_http.py)
 }
 

@@ -7,7 +7,10 @@ FILE.sqsh`: check any squashfs (one `enroot import` made on the cluster, or an e
 what the image carries and this lock: the provenance file (its sha256 in the config labels),
 each `/etc/environment` line, the `/etc/rc` script, every file of k3env's layer, every
 installed distribution against its RECORD, env and patches (exit 4 naming each difference; exit
-2 for a file that is not a k3env image)
+2 for a file that is not a k3env image). `--sign-key KEY.pem` writes beside each export its
+CycloneDX SBOM, the SBOM's signature and a signed in-toto provenance statement
+(`handoff.attest`); `--check FILE.sqsh --key PUB.pem` makes the SBOM again from the file and
+checks both signatures (without `--key`: not checked, said)
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from typing import Any
 from k3env.commands.app import App, image_args, platform_arg
 from k3env.config.lock import load_lock
 from k3env.config.spec import load_specs
+from k3env.errors import UsageError
 
 NAME = "export"
 HELP = "write enroot squashfs images (.sqsh), or --check one against the lock"
@@ -32,6 +36,19 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--check", type=Path, metavar="FILE.sqsh", help="check a squashfs against the lock"
     )
+    p.add_argument(
+        "--sign-key",
+        type=Path,
+        metavar="KEY.pem",
+        help="write and sign each export's SBOM and provenance statement with this ECDSA "
+        "P-256 private key (PEM)",
+    )
+    p.add_argument(
+        "--key",
+        type=Path,
+        metavar="PUB.pem",
+        help="with --check: the public key the SBOM and provenance must be signed with",
+    )
     platform_arg(p, many=True)
 
 
@@ -42,10 +59,14 @@ def run(args: argparse.Namespace, app: App) -> int:
     from k3env.handoff.push import last_push
     from k3env.handoff.squashfs_check import check_squashfs, require_ok
 
+    if args.key is not None and not args.check:
+        raise UsageError("--key goes with --check FILE.sqsh (the key to verify it with)")
+    if args.sign_key is not None and args.check:
+        raise UsageError("--sign-key signs new exports; --check takes --key PUB.pem")
     if args.check:
         lock = load_lock(args.lock)
         by_name = {s.name: s for s in load_specs(args.images, lock)}
-        items = check_squashfs(args.check, lock, by_name, log)
+        items = check_squashfs(args.check, lock, by_name, log) + _attested(args, log)
         app.emit(
             {"file": str(args.check), "checks": [i.as_json() for i in items]},
             lambda: print("\n".join(f"{i.status:<11} {i.name}: {i.detail}" for i in items)),
@@ -57,6 +78,8 @@ def run(args: argparse.Namespace, app: App) -> int:
     for build in builds:
         with log.step(f"export {build.reference} -> {args.out}/ (streamed into mksquashfs)"):
             exported.append(export_image(engine, state, build, args.out, log))
+        if args.sign_key is not None:
+            _attest(Path(exported[-1].path), exported[-1].sha256, args.sign_key, log)
 
     def commands(spec: Any, build: Any, exp: Any) -> str:
         return cluster_commands(spec, last_push(state, build.image_id), exp)
@@ -71,3 +94,32 @@ def run(args: argparse.Namespace, app: App) -> int:
         ),
     )
     return 0
+
+
+def _attest(sqsh: Path, sha256: str, key_path: Path, log: Any) -> None:
+    import tempfile
+
+    from k3env.handoff.attest import attest
+    from k3env.handoff.squashfs_check import Squashfs
+    from k3env.signing import load_signing_key
+
+    key = load_signing_key(key_path)
+    with (
+        log.step(f"SBOM and provenance of {sqsh.name}, signed"),
+        tempfile.TemporaryDirectory(prefix="k3env-sbom-") as work,
+    ):
+        for path in attest(sqsh, sha256, Squashfs(sqsh, log, Path(work)), key):
+            log.info(f"    {path}")
+
+
+def _attested(args: argparse.Namespace, log: Any) -> list[Any]:
+    """The gates of the SBOM and provenance beside ``--check``'s file."""
+    import tempfile
+
+    from k3env.handoff.attest import check
+    from k3env.handoff.squashfs_check import Squashfs
+    from k3env.signing import load_verify_key
+
+    key = load_verify_key(args.key) if args.key is not None else None
+    with tempfile.TemporaryDirectory(prefix="k3env-sbom-") as work:
+        return list(check(args.check, Squashfs(args.check, log, Path(work)), key))

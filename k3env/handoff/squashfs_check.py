@@ -103,6 +103,7 @@ class Squashfs:
                     mode=_MODES[m["type"]],
                     size=int(m["size"]) if m["size"].isdigit() else 0,
                     target=target,
+                    when=m["when"],
                 )
         return self._entries
 
@@ -188,12 +189,13 @@ class Entry:
     mode: int  # the file type bits (stat.S_IFREG, S_IFLNK, ...)
     size: int  # bytes (0 for a device)
     target: str | None  # a symlink's target as listed
+    when: str = ""  # its mtime as listed (UTC, to the minute: ``2026-12-01 00:00``)
 
 
 # unsquashfs -llc: `-rw-r--r-- root/root   3 2024-01-01 00:00 /path` (a device: `1,  5` for
 # the size; a link: `/path -> target`). A name with a newline breaks its line: not matched.
 _LISTED = re.compile(
-    r"^(?P<type>[-dlcbps])\S{9} +\S+ +(?P<size>\d+|\d+, *\d+) +\S+ +\S+ /(?P<path>.+)$"
+    r"^(?P<type>[-dlcbps])\S{9} +\S+ +(?P<size>\d+|\d+, *\d+) +(?P<when>\S+ +\S+) /(?P<path>.+)$"
 )
 _MODES = {
     "-": stat.S_IFREG,

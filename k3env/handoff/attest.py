@@ -1,0 +1,183 @@
+"""An export's SBOM and signed provenance, written beside the ``.sqsh`` and checked there.
+
+Beside ``NAME.sqsh`` (the files travel with it to the cluster):
+
+- ``NAME.sqsh.cdx.json``: the image's CycloneDX SBOM (``handoff.sbom``, made from the file);
+- ``NAME.sqsh.cdx.json.sig``: its signature (base64 ECDSA P-256, as ``cosign sign-blob``
+  writes one; ``openssl dgst -sha256 -verify`` reads it decoded);
+- ``NAME.sqsh.intoto.json``: an in-toto Statement v1 with a SLSA provenance v1 predicate, in a
+  signed DSSE envelope: its subject the ``.sqsh`` by sha256, its inputs the image's own
+  provenance (lock, spec, base by digest, pinned wheels and patches by sha256), the SBOM a
+  byproduct by sha256.
+
+``check`` makes the SBOM again from the file and compares bytes (the files match the SBOM),
+and checks both signatures with the given public key; without a key they are not checked.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from k3env import __version__
+from k3env.files import write_atomic
+from k3env.handoff.sbom import sbom
+from k3env.handoff.squashfs_check import Squashfs, _provenance
+from k3env.hashing import digest_hex, file_sha256, sha256_digest
+from k3env.image.build import BUILD_FORMAT
+from k3env.signing import INTOTO, SigningKey, VerifyKey, envelope, open_envelope
+from k3env.verdict import FAILED, NOT_CHECKED, PASSED, Gate
+
+SBOM_SUFFIX = ".cdx.json"
+SIG_SUFFIX = ".cdx.json.sig"
+STATEMENT_SUFFIX = ".intoto.json"
+CYCLONEDX = "application/vnd.cyclonedx+json"
+BUILD_TYPE = f"urn:k3env:build-format:{BUILD_FORMAT}"
+
+
+def beside(sqsh: Path, suffix: str) -> Path:
+    return sqsh.with_name(sqsh.name + suffix)
+
+
+def _dependencies(prov: dict[str, Any]) -> list[dict[str, Any]]:
+    """The image's inputs by sha256, as its provenance names them."""
+    base = prov.get("base") or {}
+    out: list[dict[str, Any]] = []
+    if isinstance(base.get("digest"), str) and base["digest"].startswith("sha256:"):
+        out.append(
+            {"name": f"base {base.get('name')}", "digest": {"sha256": digest_hex(base["digest"])}}
+        )
+    for w in (prov.get("components") or {}).get("wheels") or []:
+        out.append(
+            {
+                "name": f"{w.get('name')}=={w.get('version')}",
+                "digest": {"sha256": str(w.get("sha256"))},
+            }
+        )
+    for p in prov.get("patches") or []:
+        out.append(
+            {"name": f"container patch {p.get('name')}", "digest": {"sha256": str(p.get("sha256"))}}
+        )
+    return out
+
+
+def statement(sqsh: Path, sqsh_sha256: str, prov: dict[str, Any], sbom_sha256: str) -> bytes:
+    """The in-toto statement of the export at ``sqsh`` (SLSA provenance v1)."""
+    doc = {
+        "_type": "https://in-toto.io/Statement/v1",
+        "subject": [{"name": sqsh.name, "digest": {"sha256": sqsh_sha256}}],
+        "predicateType": "https://slsa.dev/provenance/v1",
+        "predicate": {
+            "buildDefinition": {
+                "buildType": BUILD_TYPE,
+                "externalParameters": {
+                    "image": prov.get("image"),
+                    "lock": prov.get("lock"),
+                    "spec": prov.get("spec"),
+                },
+                "internalParameters": {"inputs": prov.get("inputs"), "pins": prov.get("pins")},
+                "resolvedDependencies": _dependencies(prov),
+            },
+            "runDetails": {
+                "builder": {"id": f"urn:k3env:{__version__}"},
+                "metadata": {"invocationId": str(prov.get("inputs"))},
+                "byproducts": [
+                    {
+                        "name": beside(sqsh, SBOM_SUFFIX).name,
+                        "mediaType": CYCLONEDX,
+                        "digest": {"sha256": sbom_sha256},
+                    }
+                ],
+            },
+        },
+    }
+    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+
+
+def attest(sqsh: Path, sqsh_sha256: str, fs: Squashfs, key: SigningKey) -> list[Path]:
+    """Write the SBOM, its signature and the signed statement beside ``sqsh``."""
+    document = sbom(fs)
+    prov, _raw = _provenance(fs)
+    sbom_sha = digest_hex(sha256_digest(document))
+    said = statement(sqsh, sqsh_sha256, prov, sbom_sha)
+    written = []
+    for suffix, data in (
+        (SBOM_SUFFIX, document),
+        (SIG_SUFFIX, (key.sign(document) + "\n").encode()),
+        (STATEMENT_SUFFIX, envelope(key, said, INTOTO)),
+    ):
+        write_atomic(beside(sqsh, suffix), data)
+        written.append(beside(sqsh, suffix))
+    return written
+
+
+def _read(path: Path) -> bytes | None:
+    from k3env.errors import ConfigError
+    from k3env.files import read_input
+
+    try:
+        return read_input(path, limit=256 << 20) if path.exists() or path.is_symlink() else None
+    except ConfigError:
+        return None
+
+
+def check(sqsh: Path, fs: Squashfs, key: VerifyKey | None) -> list[Gate]:
+    """The gates of the SBOM and provenance beside ``sqsh``: missing ones are not checked
+    without a key and failed with one (a key says they must be there)."""
+    absent = FAILED if key is not None else NOT_CHECKED
+    document = _read(beside(sqsh, SBOM_SUFFIX))
+    gates: list[Gate] = []
+    if document is None:
+        why = f"no SBOM beside the file ({beside(sqsh, SBOM_SUFFIX).name})"
+        return [Gate(name="sbom", status=absent, detail=why)]
+    again = sbom(fs)
+    count = len(json.loads(again).get("components") or [])
+    gates.append(
+        Gate(name="sbom", status=PASSED,
+             detail=f"made again from the file, byte-identical ({count} components)")
+        if again == document
+        else Gate(name="sbom", status=FAILED,
+                  detail="differs from the SBOM made from the file: the file or its SBOM changed")
+    )  # fmt: skip
+    gates.append(_signature(beside(sqsh, SIG_SUFFIX), document, key))
+    gates.append(_statement(sqsh, document, key, absent))
+    return gates
+
+
+def _signature(path: Path, document: bytes, key: VerifyKey | None) -> Gate:
+    if key is None:
+        return Gate(name="sbom signature", status=NOT_CHECKED, detail="no --key given")
+    sig = _read(path)
+    if sig is None:
+        return Gate(name="sbom signature", status=FAILED, detail=f"no signature ({path.name})")
+    if key.verify(document, sig.decode(errors="replace")):
+        return Gate(name="sbom signature", status=PASSED, detail="signed by the given key")
+    return Gate(name="sbom signature", status=FAILED, detail="not the given key's signature")
+
+
+def _statement(sqsh: Path, document: bytes, key: VerifyKey | None, absent: str) -> Gate:
+    name = "provenance"
+    data = _read(beside(sqsh, STATEMENT_SUFFIX))
+    if data is None:
+        return Gate(
+            name=name, status=absent, detail=f"no statement ({beside(sqsh, STATEMENT_SUFFIX).name})"
+        )
+    try:
+        said, signed = open_envelope(key, data)
+        subject = said["subject"][0]["digest"]["sha256"]
+        byproduct = said["predicate"]["runDetails"]["byproducts"][0]["digest"]["sha256"]
+    except (ValueError, KeyError, IndexError, TypeError) as e:
+        return Gate(name=name, status=FAILED, detail=f"refused: {str(e)[:200]}")
+    if subject != file_sha256(sqsh):
+        return Gate(name=name, status=FAILED, detail="its subject is another file (sha256 differs)")
+    if byproduct != digest_hex(sha256_digest(document)):
+        return Gate(name=name, status=FAILED, detail="it names another SBOM (sha256 differs)")
+    if signed != "signed":
+        return Gate(
+            name=name,
+            status=NOT_CHECKED,
+            detail="subject and SBOM match; signature not checked: no --key given",
+        )
+    detail = "signed by the given key; its subject is this file, its SBOM this one"
+    return Gate(name=name, status=PASSED, detail=detail)

@@ -1,0 +1,216 @@
+"""An export's SBOM and signed provenance (k3env.handoff.attest): written beside the .sqsh,
+made again from the file to compare, signatures checked with the given key and by openssl
+(a verifier k3env did not write); each tamper refused in words."""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from k3env.handoff.attest import SBOM_SUFFIX, SIG_SUFFIX, STATEMENT_SUFFIX, attest, beside, check
+from k3env.handoff.enroot_export import export_image
+from k3env.handoff.squashfs_check import Squashfs
+from k3env.image.build import make_builder
+from k3env.log import Log
+from k3env.signing import SigningKey, VerifyKey, load_signing_key, load_verify_key
+
+from .fake_engine import FakeEngine
+from .project import Project
+
+QUIET = Log(quiet=True)
+pytestmark = pytest.mark.skipif(
+    not all(shutil.which(t) for t in ("mksquashfs", "unsquashfs", "faketime", "openssl")),
+    reason="squashfs-tools, faketime and openssl",
+)
+
+
+def keypair(directory: Path, name: str) -> tuple[SigningKey, VerifyKey, Path]:
+    """A key pair made by openssl, as README tells a user to make one."""
+    key, pub = directory / f"{name}.key", directory / f"{name}.pub"
+    subprocess.run(
+        f"openssl ecparam -name prime256v1 -genkey -noout | openssl pkcs8 -topk8 -nocrypt "
+        f"-out {key} && openssl ec -in {key} -pubout -out {pub}",
+        shell=True,
+        check=True,
+        capture_output=True,
+    )
+    return load_signing_key(key), load_verify_key(pub), pub
+
+
+@pytest.fixture
+def exported(fake_engine: FakeEngine, fake_project: Project, tmp_path: Path) -> Iterator[Path]:
+    lock = fake_project.lock()
+    build = make_builder(lock, fake_engine, fake_project.state, QUIET, False).build(
+        fake_project.spec(lock)
+    )
+    yield Path(export_image(fake_engine, fake_project.state, build, tmp_path / "out", QUIET).path)
+
+
+def gates(sqsh: Path, key: VerifyKey | None) -> list[tuple[str, str, str]]:
+    with tempfile.TemporaryDirectory() as work:
+        return [(g.name, g.status, g.detail) for g in check(sqsh, fs(sqsh, work), key)]
+
+
+def fs(sqsh: Path, work: str) -> Squashfs:
+    return Squashfs(sqsh, QUIET, Path(work))
+
+
+def signed(sqsh: Path, key: SigningKey) -> bytes:
+    from k3env.hashing import file_sha256
+
+    with tempfile.TemporaryDirectory() as work:
+        attest(sqsh, file_sha256(sqsh), fs(sqsh, work), key)
+    return beside(sqsh, SBOM_SUFFIX).read_bytes()
+
+
+def test_a_signed_export_verifies_and_its_sbom_lists_what_the_image_holds(
+    exported: Path, tmp_path: Path
+) -> None:
+    key, pub, pub_path = keypair(tmp_path, "k3env")
+    first = signed(exported, key)
+    assert signed(exported, key) == first  # the same file, the same SBOM bytes
+    doc = json.loads(first)
+    assert doc["bomFormat"] == "CycloneDX" and doc["specVersion"] == "1.6"
+    names = {c["name"] for c in doc["components"]}
+    assert names == {"lock:base.testbase", "lock:patch.int64"}  # the fake image has no dists
+    assert doc["metadata"]["component"]["name"] == "probe"
+    assert gates(exported, pub) == [
+        ("sbom", "passed", f"made again from the file, byte-identical ({len(names)} components)"),
+        ("sbom signature", "passed", "signed by the given key"),
+        ("provenance", "passed",
+         "signed by the given key; its subject is this file, its SBOM this one"),
+    ]  # fmt: skip
+    # openssl, which k3env did not write, verifies the same signature.
+    raw = tmp_path / "sig.der"
+    raw.write_bytes(base64.b64decode(beside(exported, SIG_SUFFIX).read_text()))
+    said = subprocess.run(
+        ["openssl", "dgst", "-sha256", "-verify", str(pub_path), "-signature", str(raw),
+         str(beside(exported, SBOM_SUFFIX))],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert said.returncode == 0 and "Verified OK" in said.stdout
+    envelope = json.loads(beside(exported, STATEMENT_SUFFIX).read_text())
+    statement = json.loads(base64.b64decode(envelope["payload"]))
+    assert statement["predicateType"] == "https://slsa.dev/provenance/v1"
+    assert statement["subject"][0]["name"] == exported.name
+
+
+def test_without_a_key_signatures_are_not_checked_and_missing_files_are_said(
+    exported: Path, tmp_path: Path
+) -> None:
+    assert gates(exported, None) == [
+        ("sbom", "not checked", f"no SBOM beside the file ({exported.name}{SBOM_SUFFIX})")
+    ]
+    key, pub, _ = keypair(tmp_path, "k3env")
+    assert gates(exported, pub)[0][1] == "failed"  # a key says they must be there
+    signed(exported, key)
+    assert [(n, s) for n, s, _ in gates(exported, None)] == [
+        ("sbom", "passed"), ("sbom signature", "not checked"), ("provenance", "not checked"),
+    ]  # fmt: skip
+
+
+def test_each_tamper_is_refused_in_words(exported: Path, tmp_path: Path) -> None:
+    key, pub, _ = keypair(tmp_path, "k3env")
+    _, other, _ = keypair(tmp_path, "other")
+    document = signed(exported, key)
+    by = {n: (s, d) for n, s, d in gates(exported, other)}
+    assert by["sbom signature"] == ("failed", "not the given key's signature")
+    assert by["provenance"] == (
+        "failed",
+        "refused: no signature in the envelope is the given key's",
+    )
+    # An SBOM edited after signing: no longer the file's, nor the signed one.
+    beside(exported, SBOM_SUFFIX).write_bytes(document.replace(b'"probe"', b'"other"', 1))
+    by = {n: (s, d) for n, s, d in gates(exported, pub)}
+    assert by["sbom"][0] == "failed" and "the file or its SBOM changed" in by["sbom"][1]
+    assert by["sbom signature"][0] == "failed"
+    assert by["provenance"] == ("failed", "it names another SBOM (sha256 differs)")
+    # The signature removed.
+    beside(exported, SBOM_SUFFIX).write_bytes(document)
+    beside(exported, SIG_SUFFIX).unlink()
+    by = {n: (s, d) for n, s, d in gates(exported, pub)}
+    assert by["sbom signature"] == ("failed", f"no signature ({exported.name}{SIG_SUFFIX})")
+    # A statement of another file (its subject's sha256).
+    signed(exported, key)
+    envelope = json.loads(beside(exported, STATEMENT_SUFFIX).read_text())
+    with exported.open("ab") as f:
+        f.write(b"\0")
+    by = {n: (s, d) for n, s, d in gates(exported, pub)}
+    assert by["provenance"] == ("failed", "its subject is another file (sha256 differs)")
+    assert envelope["payloadType"] == "application/vnd.in-toto+json"
+    # Not an envelope at all.
+    beside(exported, STATEMENT_SUFFIX).write_text("{}")
+    by = {n: (s, d) for n, s, d in gates(exported, pub)}
+    assert by["provenance"][0] == "failed" and "not a DSSE envelope" in by["provenance"][1]
+
+
+def test_keys_k3env_cannot_use_are_refused_naming_the_file(tmp_path: Path) -> None:
+    from k3env.errors import ConfigError
+
+    rsa = tmp_path / "rsa.key"
+    subprocess.run(["openssl", "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:1024",
+                    "-out", str(rsa)], check=True, capture_output=True)  # fmt: skip
+    with pytest.raises(ConfigError, match="not an ECDSA P-256 private key"):
+        load_signing_key(rsa)
+    (tmp_path / "junk.pub").write_text("-----BEGIN PUBLIC KEY-----\nnope\n")
+    with pytest.raises(ConfigError, match="not a PEM public key"):
+        load_verify_key(tmp_path / "junk.pub")
+    _, pub, pub_path = keypair(tmp_path, "k3env")
+    with pytest.raises(ConfigError, match="not a PEM private key"):
+        load_signing_key(pub_path)
+    assert not pub.verify(b"x", "not base64!")
+
+
+def test_the_command_refuses_a_key_without_a_check(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from k3env.cli import main
+
+    assert main(["export", "--key", str(tmp_path / "k.pub")]) == 2
+    assert "--key goes with --check FILE.sqsh" in capsys.readouterr().err
+    assert main(["export", "--check", "x.sqsh", "--sign-key", str(tmp_path / "k.key")]) == 2
+    assert "--check takes --key PUB.pem" in capsys.readouterr().err
+
+
+def test_the_sbom_reads_dists_and_debian_packages_from_the_file_as_untrusted_text(
+    tmp_path: Path,
+) -> None:
+    from k3env.handoff.sbom import debian_packages, python_packages
+
+    site = tmp_path / "tree/usr/lib/python3/dist-packages"
+    for name, meta in (
+        ("vllm-0.31.0", "Metadata-Version: 2.1\nName: vllm\nVersion: 0.31.0\n\nName: not-me\n"),
+        ("Ai_Dynamo-1.6.1", "Name: ai_dynamo\nVersion: 1.6.1\n"),
+        ("evil-1", "Name: evil\\nInjected: 1\nVersion: 1; rm -rf /\n"),
+    ):
+        info = site / f"{name}.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text(meta)
+        (info / "RECORD").write_text("")
+    status = tmp_path / "tree/var/lib/dpkg/status"
+    status.parent.mkdir(parents=True)
+    status.write_text(
+        "Package: libc6\nStatus: install ok installed\nArchitecture: amd64\nVersion: 2.36-9\n\n"
+        "Package: gone\nStatus: deinstall ok config-files\nVersion: 1\n\n"
+        "Package: bash\nStatus: install ok installed\nVersion: 5.2-15\n"
+    )
+    subprocess.run(["mksquashfs", str(tmp_path / "tree"), str(tmp_path / "t.sqsh"), "-quiet",
+                    "-no-progress", "-noappend"], check=True, capture_output=True)  # fmt: skip
+    with tempfile.TemporaryDirectory() as work:
+        image = fs(tmp_path / "t.sqsh", work)
+        wheels = {("ai-dynamo", "1.6.1"): "ab" * 32}
+        got = [(p.name, p.version, p.sha256) for p in python_packages(image, wheels)]
+        debs = [(p.name, p.version, p.arch) for p in debian_packages(image)]
+    assert got == [
+        ("ai_dynamo", "1.6.1", "ab" * 32),  # the pinned wheel's sha256, by canonical name
+        ("unreadable:usr/lib/python3/dist-packages/evil-1.dist-info", "", ""),
+        ("vllm", "0.31.0", ""),
+    ]
+    assert debs == [("libc6", "2.36-9", "amd64"), ("bash", "5.2-15", "")]
