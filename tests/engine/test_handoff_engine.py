@@ -151,6 +151,43 @@ def test_export_is_deterministic_and_laid_out_as_enroot_does(
     assert main(["export", "--lock", LOCK, "--check", sqsh]) == 0
 
 
+def test_a_signed_export_carries_its_sbom_and_provenance_and_a_tamper_is_refused(
+    project: Path, capsys: pytest.CaptureFixture[str], clean_probe_images: None
+) -> None:
+    """build -> export --sign-key twice: the same SBOM, signature-checked statement and
+    verdicts; export --check --key passes on the real image, and refuses an edited SBOM and
+    another key, naming the gate."""
+    keys = {}
+    for name in ("k3env", "other"):
+        key, pub = project / f"{name}.key", project / f"{name}.pub"
+        subprocess.run(
+            f"openssl ecparam -name prime256v1 -genkey -noout | openssl pkcs8 -topk8 -nocrypt "
+            f"-out {key} && openssl ec -in {key} -pubout -out {pub}",
+            shell=True, check=True, capture_output=True,
+        )  # fmt: skip
+        keys[name] = (key, pub)
+    a = run_json(capsys, "export", "--out", "a", "--sign-key", str(keys["k3env"][0]))["images"][0]
+    b = run_json(capsys, "export", "--out", "b", "--sign-key", str(keys["k3env"][0]))["images"][0]
+    sbom_a = Path(a["path"] + ".cdx.json").read_bytes()
+    assert sbom_a == Path(b["path"] + ".cdx.json").read_bytes()
+    doc = json.loads(sbom_a)
+    kinds = {c.get("purl", "").split("/", 1)[0] for c in doc["components"]}
+    assert {"pkg:deb", "pkg:pypi"} <= kinds  # dpkg's packages and Python's dists, from the file
+    assert any(c["name"] == "libc6" for c in doc["components"])
+    check = run_json(capsys, "export", "--check", a["path"], "--key", str(keys["k3env"][1]))
+    by = {g["gate"]: g for g in check["checks"]}
+    assert [by[n]["status"] for n in ("sbom", "sbom signature", "provenance")] == ["passed"] * 3
+    assert (
+        main(["export", "--lock", LOCK, "--check", a["path"], "--key", str(keys["other"][1])]) == 4
+    )
+    assert "sbom signature: not the given key's signature" in capsys.readouterr().err
+    Path(a["path"] + ".cdx.json").write_bytes(sbom_a.replace(b'"libc6"', b'"libc7"', 1))
+    assert (
+        main(["export", "--lock", LOCK, "--check", a["path"], "--key", str(keys["k3env"][1])]) == 4
+    )
+    assert "sbom: differs from the SBOM made from the file" in capsys.readouterr().err
+
+
 @pytest.fixture(scope="module")
 def exported_root(
     tmp_path_factory: pytest.TempPathFactory, test_base: BaseFixture
