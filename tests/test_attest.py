@@ -214,3 +214,30 @@ def test_the_sbom_reads_dists_and_debian_packages_from_the_file_as_untrusted_tex
         ("vllm", "0.31.0", ""),
     ]
     assert debs == [("libc6", "2.36-9", "amd64"), ("bash", "5.2-15", "")]
+
+
+def test_the_fallback_referrers_index_keeps_others_entries_once_and_drops_malformed_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The registry boundary isolated (the real registry path: tests/engine/
+    test_handoff_engine.py): what the sha256-<hex> tag held is kept when well formed, ours
+    added once, nothing else tagged."""
+    from k3env.engine import registry
+    from k3env.handoff import referrers
+
+    theirs = {"mediaType": referrers.OCI_MANIFEST, "digest": "sha256:" + "a" * 64, "size": 9}
+    ours = {"mediaType": referrers.OCI_MANIFEST, "digest": "sha256:" + "b" * 64, "size": 5,
+            "artifactType": "application/vnd.cyclonedx+json"}  # fmt: skip
+    held = {"manifests": [theirs, {"digest": "../x"}, "junk", dict(ours, size=1)]}
+    put: list[tuple[str, str, bytes, str]] = []
+    monkeypatch.setattr(registry, "tagged_index", lambda repo, tag: json.dumps(held).encode())
+
+    def put_manifest(repo: str, ref: str, body: bytes, media_type: str) -> str:
+        put.append((repo, ref, body, media_type))
+        return ""
+
+    monkeypatch.setattr(registry, "put_manifest", put_manifest)
+    referrers._fallback("reg/app", "sha256:" + "c" * 64, [ours], QUIET)
+    ((repo, tag, body, media_type),) = put
+    assert (repo, tag, media_type) == ("reg/app", "sha256-" + "c" * 64, referrers.OCI_INDEX)
+    assert json.loads(body)["manifests"] == [theirs, ours]

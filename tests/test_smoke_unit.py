@@ -206,8 +206,9 @@ def test_the_baked_env_is_planned_as_a_gate_but_what_the_cpu_engine_sets(tmp_pat
 def test_verify_matrix_shows_what_smoke_recorded(tmp_path: Path) -> None:
     from k3env.checks.report import markdown
     from k3env.checks.verdicts import CheckResult, ImageReport
-    from k3env.smoke.run import Gate, SmokeReport, _index, recorded_serves
+    from k3env.smoke.run import SmokeReport, _index, recorded_serves
     from k3env.state import State
+    from k3env.verdict import Gate
 
     state = State(tmp_path)
     assert recorded_serves(state, "sha256:aa") is None
@@ -250,7 +251,7 @@ def test_a_matrix_smoke_cell_passes_only_what_passed() -> None:
     """A gate not run is never a pass, and a gate not checked is said, not counted as passed
     (the cell read only failed gates: a battery that stopped early showed green)."""
     from k3env.checks.matrix import SMOKE_MARKS, smoke_cell
-    from k3env.smoke.run import Gate
+    from k3env.verdict import Gate
 
     class R:
         def __init__(self, *gates: Gate) -> None:

@@ -75,17 +75,19 @@ def run(args: argparse.Namespace, app: App) -> int:
         return 0
     _lock, specs, engine, state, builds = app.builds(args)
     exported = []
+    signed: dict[str, dict[str, Any]] = {}
     for build in builds:
         with log.step(f"export {build.reference} -> {args.out}/ (streamed into mksquashfs)"):
             exported.append(export_image(engine, state, build, args.out, log))
         if args.sign_key is not None:
-            _attest(Path(exported[-1].path), exported[-1].sha256, args.sign_key, log)
+            pushed = last_push(state, build.image_id)
+            signed[exported[-1].path] = _attest(exported[-1], args.sign_key, pushed, log)
 
     def commands(spec: Any, build: Any, exp: Any) -> str:
         return cluster_commands(spec, last_push(state, build.image_id), exp)
 
     app.emit(
-        {"images": [e.as_json() for e in exported]},
+        {"images": [{**e.as_json(), **signed.get(e.path, {})} for e in exported]},
         lambda: print(
             "\n\n".join(
                 f"{e.path}  sha256 {e.sha256}  ({e.size / 1e9:.2f} GB)\n" + commands(s, b, e)
@@ -96,20 +98,42 @@ def run(args: argparse.Namespace, app: App) -> int:
     return 0
 
 
-def _attest(sqsh: Path, sha256: str, key_path: Path, log: Any) -> None:
+def _attest(exported: Any, key_path: Path, pushed: Any, log: Any) -> dict[str, Any]:
+    """The export's SBOM and provenance, signed, beside it; attached to its pushed manifest
+    as OCI referrers when it was pushed (else said)."""
     import tempfile
 
-    from k3env.handoff.attest import attest
+    from k3env.handoff.attest import CYCLONEDX, attest
+    from k3env.handoff.referrers import Artifact, attach
     from k3env.handoff.squashfs_check import Squashfs
     from k3env.signing import load_signing_key
 
+    sqsh = Path(exported.path)
     key = load_signing_key(key_path)
     with (
         log.step(f"SBOM and provenance of {sqsh.name}, signed"),
         tempfile.TemporaryDirectory(prefix="k3env-sbom-") as work,
     ):
-        for path in attest(sqsh, sha256, Squashfs(sqsh, log, Path(work)), key):
-            log.info(f"    {path}")
+        sbom, sig, statement = attest(sqsh, exported.sha256, Squashfs(sqsh, log, Path(work)), key)
+    said: dict[str, Any] = {
+        "sbom": str(sbom),
+        "sbom_signature": str(sig),
+        "provenance": str(statement),
+    }
+    if pushed is None:
+        said["referrers"] = None
+        log.info(f"    not attached to a registry: {exported.image} was not pushed (k3env push)")
+        return said
+    artifacts = [
+        Artifact(path=sbom, artifact_type=CYCLONEDX, media_type=CYCLONEDX),
+        Artifact(path=sig, artifact_type="application/vnd.k3env.signature.v1+base64",
+                 media_type="text/plain"),
+        Artifact(path=statement, artifact_type="application/vnd.dsse.envelope.v1+json",
+                 media_type="application/vnd.dsse.envelope.v1+json"),
+    ]  # fmt: skip
+    with log.step(f"attach them to {pushed.by_digest}"):
+        said["referrers"] = attach(pushed, artifacts, log)
+    return said
 
 
 def _attested(args: argparse.Namespace, log: Any) -> list[Any]:

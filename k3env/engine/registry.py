@@ -619,6 +619,36 @@ def put_manifest(repository: str, reference: str, body: bytes, media_type: str) 
     return expected
 
 
+def referrers(repository: str, digest: str) -> bytes | None:
+    """The OCI referrers index of manifest ``digest`` (distribution spec 1.1), or None when
+    the registry has no referrers API (then clients read the ``sha256-<hex>`` tag)."""
+    if not DIGEST.fullmatch(digest):
+        raise EngineError(f"not a sha256 digest: {one_line(digest)[:80]!r}", where=repository,
+                          fix="name the manifest by its digest")  # fmt: skip
+    base, repo = _base_url(repository)
+    url = f"{base}/v2/{repo}/referrers/{digest}"
+    reply = _request(url, headers={"Accept": INDEX_TYPES[0]})
+    if reply.status == 200 and reply.header("Content-Type").startswith(INDEX_TYPES[0]):
+        _json(reply.body, dict, url)
+        return reply.body
+    if reply.status in (200, 404, 405):  # 200 of another type: a catch-all, not the API
+        return None
+    raise EngineError(f"registry error {reply.status} asking for referrers", where=url,
+                      fix="check the registry")  # fmt: skip
+
+
+def tagged_index(repository: str, tag: str) -> bytes | None:
+    """The OCI index a tag names, or None when there is no such tag."""
+    try:
+        _digest, media_type, body = get_manifest(repository, tag)
+    except LockError:  # 404
+        return None
+    if media_type != INDEX_TYPES[0]:
+        raise EngineError(f"tag {tag} of {repository} is a {media_type or 'manifest'}, not an "
+                          "OCI index", where=repository, fix="check the registry")  # fmt: skip
+    return body
+
+
 def download(url: str, *, limit: int, timeout: float = 60) -> bytes:
     """One file over HTTP(S) from a mirror (a Debian pool file), at most ``limit`` bytes: a
     longer answer is refused, never truncated into something that might hash right. Plain

@@ -151,6 +151,18 @@ def test_export_is_deterministic_and_laid_out_as_enroot_does(
     assert main(["export", "--lock", LOCK, "--check", sqsh]) == 0
 
 
+def _registry_bytes(path: str, accept: str = "*/*") -> bytes:
+    request = urllib.request.Request(f"http://{REGISTRY}{path}", headers={"Accept": accept})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return bytes(response.read())
+
+
+def _registry_json(path: str, accept: str) -> dict[str, Any]:
+    doc = json.loads(_registry_bytes(path, accept))
+    assert isinstance(doc, dict)
+    return doc
+
+
 def test_a_signed_export_carries_its_sbom_and_provenance_and_a_tamper_is_refused(
     project: Path, capsys: pytest.CaptureFixture[str], clean_probe_images: None
 ) -> None:
@@ -166,8 +178,26 @@ def test_a_signed_export_carries_its_sbom_and_provenance_and_a_tamper_is_refused
             shell=True, check=True, capture_output=True,
         )  # fmt: skip
         keys[name] = (key, pub)
-    a = run_json(capsys, "export", "--out", "a", "--sign-key", str(keys["k3env"][0]))["images"][0]
     b = run_json(capsys, "export", "--out", "b", "--sign-key", str(keys["k3env"][0]))["images"][0]
+    assert b["referrers"] is None  # not pushed yet: nothing attached, said
+    pushed = run_json(capsys, "push")["images"][0]
+    a = run_json(capsys, "export", "--out", "a", "--sign-key", str(keys["k3env"][0]))["images"][0]
+    # Attached to the pushed manifest as OCI referrers; distribution 2.8 has no referrers API,
+    # so the spec's fallback tag sha256-<hex> names their index.
+    repo = pushed["reference"].split("/", 1)[1].rsplit(":", 1)[0]
+    tag = "sha256-" + pushed["digest"].removeprefix("sha256:")
+    index = _registry_json(f"/v2/{repo}/manifests/{tag}", "application/vnd.oci.image.index.v1+json")
+    assert [m["artifactType"] for m in index["manifests"]] == [
+        "application/vnd.cyclonedx+json",
+        "application/vnd.k3env.signature.v1+base64",
+        "application/vnd.dsse.envelope.v1+json",
+    ]
+    assert [m["digest"] for m in index["manifests"]] == [r["digest"] for r in a["referrers"]]
+    sbom_ref = _registry_json(f"/v2/{repo}/manifests/{index['manifests'][0]['digest']}",
+                              "application/vnd.oci.image.manifest.v1+json")  # fmt: skip
+    assert sbom_ref["subject"]["digest"] == pushed["digest"]
+    blob = _registry_bytes(f"/v2/{repo}/blobs/{sbom_ref['layers'][0]['digest']}")
+    assert blob == Path(a["path"] + ".cdx.json").read_bytes()
     sbom_a = Path(a["path"] + ".cdx.json").read_bytes()
     assert sbom_a == Path(b["path"] + ".cdx.json").read_bytes()
     doc = json.loads(sbom_a)
