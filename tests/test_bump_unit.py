@@ -224,6 +224,38 @@ def test_the_body_never_says_all_checks_pass_over_checks_that_did_not_run() -> N
     assert "verify did not run (--skip-verify)" in text
 
 
+def test_the_body_lists_the_sbom_diff_of_each_image() -> None:
+    """Added, removed and changed distributions, from what verify found before and after;
+    said as not compared when verify did not run on both."""
+    from k3env.bump.body import body
+    from k3env.checks.verdicts import ImageReport
+    from k3env.config.lock import load_lock
+    from k3env.config.lock_edit import Change
+
+    def report(dists: dict[str, str]) -> ImageReport:
+        facts = {"distributions": [{"name": n, "version": v} for n, v in dists.items()]}
+        return ImageReport(image="kimi-k3-dynamo", reference="r", image_id="sha256:1",
+                           results=(), facts=facts, seconds=0.0)  # fmt: skip
+
+    old = {"ai-dynamo": "1.2.1", "ai_dynamo_runtime": "1.2.1", "nats-py": "2.6", "six": "1"}
+    new = {"ai-dynamo": "1.6.1", "ai-dynamo-runtime": "1.6.1", "msgspec": "0.19", "six": "1"}
+    before = Outcome(reports=(report(old),), preflight_errors={}, patches=())
+    after = Outcome(reports=(report(new),), preflight_errors={}, patches=())
+    lock = load_lock(REPO / "pins/k3.lock.toml")
+    change = [Change(key="dynamo.commit", old="a" * 40, new="b" * 40)]
+    text = body(lock, "dynamo", change, before, after)
+    assert "### SBOM diff (installed Python distributions, before → after)" in text
+    assert (
+        "**`kimi-k3-dynamo`**: + msgspec 0.19; - nats-py 2.6; ai-dynamo 1.2.1 → 1.6.1; "
+        "ai-dynamo-runtime 1.2.1 → 1.6.1"
+    ) in text
+    assert "No installed distribution changed." in body(lock, "dynamo", change, after, after)
+    skipped = Outcome(reports=(), preflight_errors={}, patches=())
+    assert "Not compared: verify did not run on both locks." in body(
+        lock, "dynamo", change, skipped, after
+    )
+
+
 def test_a_lock_whose_patch_file_was_edited_since_is_an_outcome_not_a_crash(
     fake_engine: FakeEngine, bases: dict[str, Published], cluster: Cluster, tmp_path: Path
 ) -> None:

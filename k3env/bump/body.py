@@ -11,6 +11,8 @@ from k3env.checks.verdicts import CHECKS
 from k3env.config.lock_edit import Change
 from k3env.config.pins import Lock
 from k3env.config.reader import COMMIT_RE, DIGEST_RE
+from k3env.handoff.sbomdiff import diff
+from k3env.versions import canonical_name
 
 
 def _link(lock: Lock, change: Change) -> str:
@@ -94,6 +96,7 @@ def body(
         lines += ["", f"**The lock before the bump did not build:** {before.error}"]
     if after.error:
         lines += ["", f"**The bumped lock did not build:** {after.error}"]
+    lines += _package_diff(before, after)
     failures = [f for r in after.reports for f in r.failed]
     if failures:
         lines += ["", "<details open><summary>Failing checks after the bump</summary>", ""]
@@ -142,6 +145,42 @@ def as_json(
         "lock_written": written,
         "body": text,
     }
+
+
+def _installed(report: Any) -> dict[str, str]:
+    """``pypi:name`` -> version of every distribution verify found in the image."""
+    got = report.facts.get("distributions") if isinstance(report.facts, dict) else None
+    return {
+        f"pypi:{canonical_name(str(d.get('name')))}": str(d.get("version"))
+        for d in (got if isinstance(got, list) else [])
+        if isinstance(d, dict)
+    }
+
+
+def _package_diff(before: Outcome, after: Outcome) -> list[str]:
+    """The SBOM diff a reviewer reads: per image, the Python distributions added, removed
+    and changed, from what verify found installed before and after the bump."""
+    old = {r.image: _installed(r) for r in before.reports}
+    lines = ["", "### SBOM diff (installed Python distributions, before → after)", ""]
+    shown = False
+    for r in after.reports:
+        if r.image not in old:
+            continue
+        d = diff(old[r.image], _installed(r))
+        if d.empty:
+            continue
+        shown = True
+        lines.append(f"**`{r.image}`**: " + "; ".join(
+            [*(f"+ {n.split(':', 1)[1]} {v}" for n, v in d.added),
+             *(f"- {n.split(':', 1)[1]} {v}" for n, v in d.removed),
+             *(f"{n.split(':', 1)[1]} {a} → {b}" for n, a, b in d.changed)]))  # fmt: skip
+    if not shown:
+        lines.append(
+            "No installed distribution changed."
+            if old and after.reports
+            else "Not compared: verify did not run on both locks."
+        )
+    return lines
 
 
 def _verdict(before: Outcome, after: Outcome) -> str:

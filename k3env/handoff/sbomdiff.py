@@ -1,0 +1,38 @@
+"""Two images' packages compared: what a bump added, removed and changed (pure; the SBOM's
+own JSON, or what verify found installed)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, kw_only=True)
+class PackageDiff:
+    added: tuple[tuple[str, str], ...]  # (name, version)
+    removed: tuple[tuple[str, str], ...]
+    changed: tuple[tuple[str, str, str], ...]  # (name, old, new)
+
+    @property
+    def empty(self) -> bool:
+        return not (self.added or self.removed or self.changed)
+
+
+def diff(old: Mapping[str, str], new: Mapping[str, str]) -> PackageDiff:
+    """What changed between two images' packages (name -> version)."""
+    return PackageDiff(
+        added=tuple((n, new[n]) for n in sorted(set(new) - set(old))),
+        removed=tuple((n, old[n]) for n in sorted(set(old) - set(new))),
+        changed=tuple((n, old[n], new[n]) for n in sorted(set(old) & set(new)) if old[n] != new[n]),
+    )
+
+
+def sbom_packages(document: bytes) -> dict[str, str]:
+    """``kind:name`` -> version of each package an SBOM lists (the pins left out)."""
+    out = {}
+    for c in json.loads(document).get("components") or []:
+        purl = str(c.get("purl") or "")
+        if purl.startswith(("pkg:pypi/", "pkg:deb/")):
+            out[f"{purl[4:].split('/', 1)[0]}:{c.get('name')}"] = str(c.get("version") or "")
+    return out
