@@ -5,6 +5,7 @@ tests/engine/test_pyxis_engine.py runs the importer under the real pyxis and Slu
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import platform
 import stat
@@ -92,6 +93,45 @@ def test_the_importer_hands_out_checked_files_and_refuses_the_rest(
     assert "run `k3env stage IMAGE --cache" in miss.stderr
     tag = _importer(cache, tmp_path, "get", "docker://127.0.0.1:5000#k3env/img:latest")
     assert tag.returncode == 1 and "names a tag, no digest" in tag.stderr
+
+
+def test_with_a_key_the_importer_starts_only_a_signed_stage(
+    tmp_path: Path, sqsh: tuple[Path, str]
+) -> None:
+    """K3ENV_STAGE_KEY: the staged SBOM and statement must be the key's, the statement's
+    subject the staged file; a stage without them, another key, an edited SBOM: refused."""
+    from k3env.handoff.attest import SBOM_SUFFIX, SIG_SUFFIX, STATEMENT_SUFFIX, statement
+    from k3env.hashing import digest_hex, sha256_digest
+    from k3env.signing import envelope
+
+    from .test_attest import keypair
+
+    key, _, pub = keypair(tmp_path, "k3env")
+    _, _, other = keypair(tmp_path, "other")
+    uri = f"docker://127.0.0.1:5000#k3env/img@{DIGEST}"
+    bare = tmp_path / "bare"
+    _stage(bare, sqsh)
+    refused = _importer(bare, tmp_path, "get", uri, K3ENV_STAGE_KEY=str(pub))
+    assert refused.returncode == 1 and "has no signed SBOM and provenance" in refused.stderr
+    assert _importer(bare, tmp_path, "get", uri).returncode == 0  # no key: as before
+    sbom = b'{"bomFormat": "CycloneDX"}\n'
+    path = sqsh[0]
+    path.with_name(path.name + SBOM_SUFFIX).write_bytes(sbom)
+    path.with_name(path.name + SIG_SUFFIX).write_text(key.sign(sbom) + "\n")
+    said = statement(path, sqsh[1], {"image": "img"}, digest_hex(sha256_digest(sbom)))
+    path.with_name(path.name + STATEMENT_SUFFIX).write_bytes(envelope(key, said))
+    cache = tmp_path / "cache"
+    entry = _stage(cache, sqsh)
+    staged = json.loads((entry.path.parent / "entry.json").read_text())
+    assert staged["attested"] == ["sbom.cdx.json", "sbom.cdx.json.sig", "statement.intoto.json"]
+    good = _importer(cache, tmp_path, "get", uri, K3ENV_STAGE_KEY=str(pub))
+    assert good.returncode == 0, good.stderr
+    assert "SBOM and provenance signed by K3ENV_STAGE_KEY; sha256 checked" in good.stderr
+    wrong = _importer(cache, tmp_path, "get", uri, K3ENV_STAGE_KEY=str(other))
+    assert wrong.returncode == 1 and "the SBOM is not signed by K3ENV_STAGE_KEY" in wrong.stderr
+    (entry.path.parent / "sbom.cdx.json").write_bytes(sbom.replace(b"Cyclone", b"Other"))
+    edited = _importer(cache, tmp_path, "get", uri, K3ENV_STAGE_KEY=str(pub))
+    assert edited.returncode == 1 and "not signed by K3ENV_STAGE_KEY" in edited.stderr
 
 
 def test_garbage_collection_keeps_what_a_job_holds(tmp_path: Path, sqsh: tuple[Path, str]) -> None:

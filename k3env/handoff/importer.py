@@ -17,7 +17,10 @@ tag is imported for its step only.
 
 Configured by the environment slurmd gives it (a wrapper named in plugstack.conf exports them):
 ``K3ENV_STAGE_CACHE`` (the cache directory), ``K3ENV_STAGE_MODE`` (required | auto),
-``K3ENV_STAGE_VERIFY`` (first-use | always). It runs on the nodes: k3env installed there.
+``K3ENV_STAGE_VERIFY`` (first-use | always), ``K3ENV_STAGE_KEY`` (a public key, PEM: the
+staged export's SBOM and provenance statement must be signed by it, the statement's subject
+must be the staged file's sha256 and its SBOM the staged one; checked at every start). It
+runs on the nodes: k3env installed there.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from k3env.handoff.stage import (
+    ATTESTED,
     HOLDS,
     SQSH,
     digest_lock,
@@ -73,6 +77,35 @@ def _runtime() -> Path:
 def _state_dir() -> Path:
     """This node's record of what it checked (under pyxis's runtime path)."""
     return _runtime() / "k3env-checked"
+
+
+def signed(where: Path, entry: dict[str, Any], key_path: str) -> str:
+    """The stage's SBOM and statement checked with the key at ``key_path``, or Refused."""
+    from k3env.errors import K3envError
+    from k3env.hashing import digest_hex, sha256_digest
+    from k3env.signing import load_verify_key, open_envelope
+
+    try:
+        key = load_verify_key(Path(key_path))
+    except K3envError as e:
+        raise Refused(f"K3ENV_STAGE_KEY: {e.message}") from e
+    missing = [n for n in ATTESTED.values() if not (where / n).is_file()]
+    if missing:
+        raise Refused(f"{where} has no signed SBOM and provenance ({', '.join(missing)}): export "
+                      "it with `k3env export --sign-key`, then stage it")  # fmt: skip
+    sbom = (where / ATTESTED[".cdx.json"]).read_bytes()
+    sig = (where / ATTESTED[".cdx.json.sig"]).read_text(errors="replace")
+    if not key.verify(sbom, sig):
+        raise Refused(f"{where}: the SBOM is not signed by K3ENV_STAGE_KEY ({key_path})")
+    try:
+        said, _ = open_envelope(key, (where / ATTESTED[".intoto.json"]).read_bytes())
+        subject = said["subject"][0]["digest"]["sha256"]
+        product = said["predicate"]["runDetails"]["byproducts"][0]["digest"]["sha256"]
+    except (ValueError, KeyError, IndexError, TypeError) as e:
+        raise Refused(f"{where}: the provenance statement is refused: {str(e)[:200]}") from e
+    if subject != entry["sha256"] or product != digest_hex(sha256_digest(sbom)):
+        raise Refused(f"{where}: the signed statement names another file or SBOM")
+    return "SBOM and provenance signed by K3ENV_STAGE_KEY"
 
 
 def verify(where: Path, entry: dict[str, Any], policy: str) -> str:
@@ -141,6 +174,8 @@ def get(uri: str, cache: Path, mode: str, policy: str) -> str:
             fcntl.flock(fd, fcntl.LOCK_SH)
         else:
             evidence = verify(where, entry, policy)
+        if key := os.environ.get("K3ENV_STAGE_KEY"):
+            evidence = f"{signed(where, entry, key)}; {evidence}"
         try:
             (where / HOLDS / _job()).write_text(f"{entry['image']}\n")
         except OSError as e:

@@ -7,6 +7,8 @@ Layout (``CACHE``: e.g. a Lustre directory; made world-readable, files 0644, dir
     CACHE/linux_amd64/<manifest hex>/image.sqsh    the export, byte for byte
     CACHE/linux_amd64/<manifest hex>/entry.json    digest, sha256, size, image, image id, lock
     CACHE/linux_amd64/<manifest hex>/provenance.json   k3env's provenance, read from the image
+    CACHE/linux_amd64/<manifest hex>/sbom.cdx.json[.sig], statement.intoto.json
+                                                   the export's signed SBOM and provenance
     CACHE/linux_amd64/<manifest hex>/holds/J.S     job J step S uses it (importer get .. release)
     CACHE/.locks/<manifest hex>.lock               one stager per digest (flock)
 
@@ -39,6 +41,9 @@ DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
 SQSH = "image.sqsh"
 ENTRY = "entry.json"
 PROVENANCE = "provenance.json"  # the image's own /etc/k3env/provenance.json
+# The export's signed SBOM and statement (handoff.attest), as staged: their suffix -> name.
+ATTESTED = {".cdx.json": "sbom.cdx.json", ".cdx.json.sig": "sbom.cdx.json.sig",
+            ".intoto.json": "statement.intoto.json"}  # fmt: skip
 HOLDS = "holds"
 LOCKS = ".locks"
 CHUNK = 1 << 20
@@ -169,8 +174,25 @@ def stage_locked(
     }
     if provenance is not None:
         _write(where / PROVENANCE, provenance.decode(errors="replace"))
+    attested = _attested(sqsh)
+    for name, text in attested.items():
+        _write(where / name, text)
+    entry["attested"] = sorted(attested)
     _write(where / ENTRY, json.dumps(entry, indent=1, sort_keys=True) + "\n")
     return _staged(where, entry, copied=True)
+
+
+def _attested(sqsh: Path) -> dict[str, str]:
+    """The export's SBOM, its signature and statement beside ``sqsh`` (all three, or none)."""
+    from k3env.files import read_input
+
+    found = {}
+    for suffix, name in ATTESTED.items():
+        beside = sqsh.with_name(sqsh.name + suffix)
+        if not beside.is_file():
+            return {}
+        found[name] = read_input(beside, limit=256 << 20).decode(errors="replace")
+    return found
 
 
 def _size(path: Path) -> int | None:
