@@ -229,7 +229,7 @@ def mutation(session: nox.Session) -> None:
     for line in str(out).splitlines():
         name, _, status = line.strip().rpartition(": ")
         if name:
-            module = ".".join(name.split(".")[:3])
+            module = name.rsplit(".", 1)[0]  # the mutant: its function and number
             per.setdefault(module, {}).setdefault(status, 0)
             per[module][status] += 1
     for module, counts in sorted(per.items()):

@@ -14,7 +14,7 @@ Gates read back from a file others wrote (a job's ``result.json``, a record) are
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from k3env.quoting import one_line
@@ -83,8 +83,8 @@ def planned(plan: Sequence[str], reported: Iterable[Gate]) -> tuple[Gate, ...]:
     got: dict[str, Gate] = {}
     for g in reported:
         got.setdefault(g.name, g)
-    missing = Gate(name="", status=NOT_RUN, detail=PLANNED_NOT_REPORTED)
-    out = [got.pop(name) if name in got else replace(missing, name=name)
+    out = [got.pop(name) if name in got else Gate(name=name, status=NOT_RUN,
+                                                  detail=PLANNED_NOT_REPORTED)
            for name in dict.fromkeys(plan)]  # fmt: skip
     return (*out, *got.values())
 
