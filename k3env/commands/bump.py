@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING
 from k3env.commands.app import App
 from k3env.config.cluster import DEFAULT_CLUSTER
 from k3env.config.lock import load_lock
-from k3env.config.lock_edit import Change
 from k3env.config.pins import Lock
 from k3env.config.spec import DEFAULT_IMAGES, load_specs
 from k3env.errors import CheckFailed, LockError
 
 if TYPE_CHECKING:
     from k3env.bump.closures import Regenerated
+    from k3env.config.lock_edit import Change
 
 NAME = "bump"
 HELP = "change one pin, rebuild, verify, preflight, and write a PR title and body"
@@ -97,8 +97,9 @@ def run(args: argparse.Namespace, app: App) -> int:
         ),
     )
     twin = args.pin == "twin"  # a new index cut-off: the twin's files regenerated at it
+    changes: list[Change] = []
     if twin:
-        new_lock, changes = lock, list[Change]()
+        new_lock = lock
     else:
         new_lock, changes = candidate_lock(lock, changes_wanted)
     if args.edit_only:
