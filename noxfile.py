@@ -206,6 +206,9 @@ def mutation(session: nox.Session) -> None:
     targets = session.posargs or list(MUTATED)
     work = Path(session.create_tmp()).resolve() / "project"
     shutil.rmtree(work, ignore_errors=True)
+    # nox points TMPDIR here: pytest's numbered directories of an earlier run would make a
+    # test's socket path longer than AF_UNIX takes.
+    shutil.rmtree(work.parent / f"pytest-of-{os.environ.get('USER', 'root')}", ignore_errors=True)
     shutil.copytree(
         ".", work, ignore=shutil.ignore_patterns(".git", ".nox", "mutants", "out", "*.egg-info")
     )
