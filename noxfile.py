@@ -196,6 +196,7 @@ def mutation(session: nox.Session) -> None:
     """Mutation testing (mutmut) of the verdict code (MUTATED) against the unit suite, in a
     copy of the project; prints killed / survived / untested per module. `-- MODULE ...`
     mutates those instead. Slow (tens of minutes on 2 cores): not part of CI."""
+    import getpass
     import shutil
     import tomllib
 
@@ -208,7 +209,7 @@ def mutation(session: nox.Session) -> None:
     shutil.rmtree(work, ignore_errors=True)
     # nox points TMPDIR here: pytest's numbered directories of an earlier run would make a
     # test's socket path longer than AF_UNIX takes.
-    shutil.rmtree(work.parent / f"pytest-of-{os.environ.get('USER', 'root')}", ignore_errors=True)
+    shutil.rmtree(work.parent / f"pytest-of-{getpass.getuser()}", ignore_errors=True)
     shutil.copytree(
         ".", work, ignore=shutil.ignore_patterns(".git", ".nox", "mutants", "out", "*.egg-info")
     )
