@@ -21,7 +21,8 @@ from k3env.checks.verdicts import CheckResult, ImageReport
 from k3env.config.lock import load_lock
 from k3env.config.pins import Lock, VariantPin
 from k3env.config.spec import ImageSpec, load_spec
-from k3env.smoke.run import Gate, SmokeReport
+from k3env.smoke.run import SmokeReport
+from k3env.verdict import Gate
 
 LOCK = Path("pins/k3.lock.toml")
 STACK = {"vllm": "0.31.0", "dynamo": "1.6.1", "aiperf": "0.13.0"}
