@@ -94,10 +94,21 @@ def _int(value: str | bool | None, default: int) -> int:
         return default
 
 
+def _flag(cmd: ParsedCommand, name: str, alias: str) -> str | bool | None:
+    """A flag's value by its name, else by vLLM's short alias (``-tp``, ``-pp``), which
+    ``parse_options`` (long flags only) leaves in argv: read as the smoke plan reads it."""
+    value = cmd.opt(name)
+    if value is None and alias in cmd.argv[:-1]:
+        return cmd.argv[cmd.argv.index(alias) + 1]
+    return value
+
+
+def _tp(cmd: ParsedCommand) -> int:
+    return _int(_flag(cmd, "--tensor-parallel-size", "-tp"), 1)
+
+
 def _ranks(cmd: ParsedCommand) -> int:
-    tp = _int(cmd.opt("--tensor-parallel-size") or cmd.opt("-tp"), 1)
-    pp = _int(cmd.opt("--pipeline-parallel-size") or cmd.opt("-pp"), 1)
-    return tp * pp
+    return _tp(cmd) * _int(_flag(cmd, "--pipeline-parallel-size", "-pp"), 1)
 
 
 def _expandable(ctx: Context) -> bool:
@@ -343,7 +354,7 @@ def simplecpu_needs_cumem(ctx: Context) -> Iterable[Hit]:
 
 def cumem_needs_no_custom_allreduce(ctx: Context) -> Iterable[Hit]:
     for cmd in ctx.engine_commands():
-        tp = _int(cmd.opt("--tensor-parallel-size"), 1)
+        tp = _tp(cmd)
         if (
             cmd.has("--enable-cumem-allocator")
             and tp > 1
@@ -576,7 +587,7 @@ def image_platform(ctx: Context) -> Iterable[Hit]:
 def tp_nvlink(ctx: Context) -> Iterable[Hit]:
     domain = ctx.cluster.nvlink_domain_gpus
     for cmd in ctx.engine_commands():
-        tp = _int(cmd.opt("--tensor-parallel-size") or cmd.opt("-tp"), 1)
+        tp = _tp(cmd)
         if tp > domain:
             yield Hit(
                 key=ctx.key(cmd),
