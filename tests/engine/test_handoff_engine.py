@@ -166,9 +166,9 @@ def _registry_json(path: str, accept: str) -> dict[str, Any]:
 def test_a_signed_export_carries_its_sbom_and_provenance_and_a_tamper_is_refused(
     project: Path, capsys: pytest.CaptureFixture[str], clean_probe_images: None
 ) -> None:
-    """build -> export --sign-key twice: the same SBOM, signature-checked statement and
-    verdicts; export --check --key passes on the real image, and refuses an edited SBOM and
-    another key, naming the gate."""
+    """build -> export --sign-key, the image removed and rebuilt -> push -> export --sign-key
+    again: the same SBOM bytes, attached to the pushed manifest; export --check --key passes on
+    the real image, and refuses an edited SBOM and another key, naming the gate."""
     keys = {}
     for name in ("k3env", "other"):
         key, pub = project / f"{name}.key", project / f"{name}.pub"
@@ -180,6 +180,8 @@ def test_a_signed_export_carries_its_sbom_and_provenance_and_a_tamper_is_refused
         keys[name] = (key, pub)
     b = run_json(capsys, "export", "--out", "b", "--sign-key", str(keys["k3env"][0]))["images"][0]
     assert b["referrers"] is None  # not pushed yet: nothing attached, said
+    # Removed from the engine: push and export build it again, from the same lock.
+    subprocess.run(["docker", "rmi", "-f", b["image_id"]], check=True, capture_output=True)
     pushed = run_json(capsys, "push")["images"][0]
     a = run_json(capsys, "export", "--out", "a", "--sign-key", str(keys["k3env"][0]))["images"][0]
     # Attached to the pushed manifest as OCI referrers; distribution 2.8 has no referrers API,
@@ -199,7 +201,8 @@ def test_a_signed_export_carries_its_sbom_and_provenance_and_a_tamper_is_refused
     blob = _registry_bytes(f"/v2/{repo}/blobs/{sbom_ref['layers'][0]['digest']}")
     assert blob == Path(a["path"] + ".cdx.json").read_bytes()
     sbom_a = Path(a["path"] + ".cdx.json").read_bytes()
-    assert sbom_a == Path(b["path"] + ".cdx.json").read_bytes()
+    assert a["image_id"] == b["image_id"]  # rebuilt: the same image
+    assert sbom_a == Path(b["path"] + ".cdx.json").read_bytes()  # and the same SBOM bytes
     doc = json.loads(sbom_a)
     kinds = {c.get("purl", "").split("/", 1)[0] for c in doc["components"]}
     assert {"pkg:deb", "pkg:pypi"} <= kinds  # dpkg's packages and Python's dists, from the file
