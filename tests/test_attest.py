@@ -266,3 +266,28 @@ def test_two_sboms_packages_compared() -> None:
         (("pypi:vllm", "0.31.0", "0.32.0"),),
     )
     assert diff(old, old).empty and not d.empty
+
+
+def test_verify_says_what_the_host_holds_of_an_images_sbom(tmp_path: Path) -> None:
+    from k3env.commands.verify import _attested
+    from k3env.handoff.enroot import Exported
+    from k3env.state import State
+
+    state = State(tmp_path / "state")
+    image_id = "sha256:" + "1" * 64
+    assert _attested(state, image_id)["said"] == "none: not exported (k3env export --sign-key)"
+    sqsh = tmp_path / "x.sqsh"
+    sqsh.write_bytes(b"x")
+    exported = Exported(image="probe", image_id=image_id, path=str(sqsh), sha256="0" * 64,
+                        size=1, mksquashfs="4.5.1", options=())  # fmt: skip
+    state.write_record(exported.as_json(), "exports", image_id)
+    assert _attested(state, image_id)["said"] == (
+        f"none beside {sqsh} (k3env export --sign-key KEY.pem)"
+    )
+    beside(sqsh, SBOM_SUFFIX).write_text("{}")
+    assert _attested(state, image_id)["said"] == f"incomplete beside {sqsh}: only x.sqsh.cdx.json"
+    beside(sqsh, SIG_SUFFIX).write_text("s")
+    beside(sqsh, STATEMENT_SUFFIX).write_text("{}")
+    said = _attested(state, image_id)
+    assert said["said"].startswith(f"signed SBOM and provenance beside {sqsh} (signatures not")
+    assert len(said["files"]) == 3

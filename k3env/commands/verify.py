@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from k3env.commands.app import App, image_args, platform_arg
 from k3env.errors import CheckFailed
@@ -65,15 +66,19 @@ def run(args: argparse.Namespace, app: App) -> int:
         write_atomic(args.markdown, matrix)
         log.info(f"compat matrix written to {args.markdown}")
     failed = [f for r in reports for f in r.failed]
+    attested = {r.image_id: _attested(state, r.image_id) for r in reports}
     payload = {
         "twin": args.twin,
-        "images": [r.as_json() for r in reports],
+        "images": [{**r.as_json(), "sbom": attested[r.image_id]} for r in reports],
         "failures": len(failed),
         "markdown": matrix,
     }
 
     def human() -> None:
         print(table(reports))
+        print()
+        for r in reports:
+            print(f"{r.image} sbom: {attested[r.image_id]['said']}")
         print()
         print(matrix)
 
@@ -86,3 +91,26 @@ def run(args: argparse.Namespace, app: App) -> int:
             "probe's own output",
         )
     return 0
+
+
+def _attested(state: Any, image_id: str) -> dict[str, Any]:
+    """What this host holds of the image's SBOM and provenance: its last export's files beside
+    it (present or not); their signatures are checked by `export --check --key`, not here."""
+    from k3env.handoff.attest import SBOM_SUFFIX, SIG_SUFFIX, STATEMENT_SUFFIX, beside
+    from k3env.handoff.enroot_export import last_export
+
+    exported = last_export(state, image_id)
+    if exported is None:
+        return {"export": None, "files": [], "said": "none: not exported (k3env export --sign-key)"}
+    sqsh = Path(exported.path)
+    files = [str(beside(sqsh, x)) for x in (SBOM_SUFFIX, SIG_SUFFIX, STATEMENT_SUFFIX)
+             if beside(sqsh, x).is_file()]  # fmt: skip
+    said = (
+        f"signed SBOM and provenance beside {sqsh} (signatures not checked here: "
+        f"k3env export --check {sqsh} --key PUB.pem)"
+        if len(files) == 3
+        else f"none beside {sqsh} (k3env export --sign-key KEY.pem)"
+        if not files
+        else f"incomplete beside {sqsh}: only {', '.join(Path(f).name for f in files)}"
+    )
+    return {"export": str(sqsh), "files": files, "said": said}
