@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import textwrap
 from pathlib import Path
 
@@ -129,6 +130,9 @@ def test_bump_whose_image_fails_verify_keeps_the_lock_and_shows_the_check(
     text = (twin_project / "body.md").read_text()
     assert "**pass → fail**" in text  # the tokenizer check changed state
     assert "model_type kimi_k3" in text and "dynamo-runtime 1.2.1" in text
+    # The SBOM diff: what verify found installed in the image before and after the bump.
+    sbom = text.split("### SBOM diff (installed Python distributions, before → after)", 1)[1]
+    assert re.search(r"ai-dynamo-runtime \S+ → 1\.2\.1", sbom.split("###", 1)[0]), sbom
     # The user's choice: write it anyway.
     assert main([*argv, "--keep-failing"]) == 4
     assert 'tag = "dynamo-1.2.1"' in (twin_project / LOCK).read_text()
