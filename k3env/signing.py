@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -57,42 +59,32 @@ class VerifyKey:
         return True
 
 
-def _p256(key: object, path: Path, what: str) -> None:
-    curve = getattr(key, "curve", None)
-    if not isinstance(curve, ec.SECP256R1):
+def _load(path: Path, what: str, load: Callable[[bytes], object], kind: type) -> Any:
+    """The P-256 key of ``kind`` in the PEM file at ``path`` (``what``: as messages say it)."""
+    data = read_input(path, limit=1 << 16)
+    try:
+        key = load(data)
+    except (ValueError, TypeError, UnsupportedAlgorithm) as e:
+        raise ConfigError(
+            f"not a PEM {what} k3env can read ({str(e).splitlines()[0][:120]})",
+            where=str(path),
+            fix=KEY_FIX,
+        ) from e
+    if not isinstance(key, kind) or not isinstance(getattr(key, "curve", None), ec.SECP256R1):
         raise ConfigError(f"not an ECDSA P-256 {what}", where=str(path), fix=KEY_FIX)
+    return key
 
 
 def load_signing_key(path: Path) -> SigningKey:
     """A PEM PKCS#8 (or SEC1) P-256 private key, unencrypted."""
-    data = read_input(path, limit=1 << 16)
-    try:
-        key = serialization.load_pem_private_key(data, password=None)
-    except (ValueError, TypeError, UnsupportedAlgorithm) as e:
-        raise ConfigError(
-            f"not a PEM private key k3env can read ({str(e).splitlines()[0][:120]})",
-            where=str(path),
-            fix=KEY_FIX,
-        ) from e
-    _p256(key, path, "private key")
-    assert isinstance(key, ec.EllipticCurvePrivateKey)
-    return SigningKey(key)
+    load = partial(serialization.load_pem_private_key, password=None)
+    return SigningKey(_load(path, "private key", load, ec.EllipticCurvePrivateKey))
 
 
 def load_verify_key(path: Path) -> VerifyKey:
     """A PEM SubjectPublicKeyInfo P-256 public key (``-----BEGIN PUBLIC KEY-----``)."""
-    data = read_input(path, limit=1 << 16)
-    try:
-        key = serialization.load_pem_public_key(data)
-    except (ValueError, UnsupportedAlgorithm) as e:
-        raise ConfigError(
-            f"not a PEM public key k3env can read ({str(e).splitlines()[0][:120]})",
-            where=str(path),
-            fix=KEY_FIX,
-        ) from e
-    _p256(key, path, "public key")
-    assert isinstance(key, ec.EllipticCurvePublicKey)
-    return VerifyKey(key)
+    load = serialization.load_pem_public_key
+    return VerifyKey(_load(path, "public key", load, ec.EllipticCurvePublicKey))
 
 
 def pae(payload_type: str, payload: bytes) -> bytes:

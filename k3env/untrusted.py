@@ -180,14 +180,17 @@ def file_sha256(
     (refused past ``limit``, HASH_LIMIT unless given); None when it is missing."""
     limit = HASH_LIMIT if limit is None else limit
     fd = _open_regular(root, rel, shown_as)
-    if fd is None:
-        return None
+    return None if fd is None else _hash_and_close(fd, shown_as + rel.lstrip("/"), limit)
+
+
+def _hash_and_close(fd: int, name: str, limit: int) -> tuple[bytes, int]:
+    """(raw sha256, size) of the open regular file ``fd``, read in blocks; ``fd`` closed."""
     try:
         size = 0
 
         def counted() -> Iterator[bytes]:
             nonlocal size
-            for block in _blocks(fd, shown_as + rel.lstrip("/"), limit):
+            for block in _blocks(fd, name, limit):
                 size += len(block)
                 yield block
 
@@ -235,18 +238,7 @@ def _hash_in_chain(
         if not last:
             chain.append((names[i], fd))
             continue
-        try:
-            size = 0
-
-            def counted(fd: int = fd) -> Iterator[bytes]:
-                nonlocal size
-                for block in _blocks(fd, shown_as + rel.lstrip("/"), limit):
-                    size += len(block)
-                    yield block
-
-            return sha256_stream(counted()), size
-        finally:
-            os.close(fd)
+        return _hash_and_close(fd, shown_as + rel.lstrip("/"), limit)
     return None
 
 
