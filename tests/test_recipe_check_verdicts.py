@@ -117,6 +117,9 @@ def test_a_pushed_image_is_found_by_digest_by_tag_or_by_its_manifest(project: Pa
                             facts_source=f"{F} ({IMAGE_ID})")  # fmt: skip
     enroot = f"docker://127.0.0.1:5000#k3env/kimi-k3-direct-f@{DIGEST}"
     assert find(state, lock, enroot).how == f"pushed by k3env as {BY_DIGEST}"
+    # enroot's URI with its user (docker://USER@REGISTRY#IMAGE): the manifest is still known.
+    user = f"docker://me@127.0.0.1:5000#k3env/kimi-k3-direct-f@{DIGEST}"
+    assert find(state, lock, user).how == f"manifest {DIGEST} that k3env pushed (as {BY_DIGEST})"
     by_tag = find(state, lock, f"{REGISTRY_REF}:abc")
     assert by_tag.how == (f"pushed by k3env as {REGISTRY_REF}:abc (by tag: the tag can move; "
                           f"name {BY_DIGEST})")  # fmt: skip
@@ -132,6 +135,11 @@ def test_a_pushed_image_is_found_by_digest_by_tag_or_by_its_manifest(project: Pa
     assert image.facts is None and image.facts_source is None and image.spec == spec
     # --base wins over the spec's base.
     assert find(state, lock, BY_DIGEST, base="cpu-twin").base == "cpu-twin"
+    # The image's base is its spec's, not the lock's first real base.
+    first = replace(lock.bases["vllm-kimi-k3"], name="other", repository="example/other")
+    other_first = replace(lock, bases={"other": first, **lock.bases})
+    assert find(state, other_first, "/unknown.sqsh").base == "other"
+    assert find(state, other_first, BY_DIGEST).base == "vllm-kimi-k3"
     # The spec is the one built for the cluster's platform: an amd64 build is not arm64's.
     assert find_image(state, lock, IMAGES, BY_DIGEST, None, "linux/arm64").spec is None
     state.write_record({"image_id": IMAGE_ID}, "builds",
@@ -193,6 +201,9 @@ def test_an_export_is_found_by_its_path_or_by_an_sqsh_files_name(project: Path) 
                         "path": "out/image.tar"}, "exports", IMAGE_ID)  # fmt: skip
     assert find(state, lock, "/lustre/containers/image.tar").known is False
     assert find(state, lock, "/lustre/x.sqsh").known is False  # the record without image_id
+    # A record that names no path matches no container (not one spelled "None" either).
+    state.write_record({"image": F, "image_id": IMAGE_ID}, "exports", IMAGE_ID)
+    assert find(state, lock, "None").known is False
 
 
 def test_a_lock_base_is_named_by_its_tag_or_digests(project: Path) -> None:
@@ -421,6 +432,9 @@ def test_where_srt_slurm_is_not_materialized_its_schema_judges_and_never_passes(
         for p in (good, bad)
     }
     assert loaders(lock, []) == {}
+    # Another pin's srt-slurm materialized here is not this one.
+    State().path("srt", "0" * 20).mkdir(parents=True)
+    assert loaders(lock, [good])[good][0] == "not checked"
 
 
 def test_unresolved_patches_are_named_as_why_it_cannot_be_materialized(project: Path) -> None:
@@ -513,7 +527,8 @@ def checked(
     project: Path, loader: Loader, rules: Iterable[Any], name: str = "d.yaml"
 ) -> tuple[Any, Path]:
     path = project / name
-    shutil.copy(RECIPES / name, path)
+    if not path.exists():
+        shutil.copy(RECIPES / name, path)
     recipe, lock = load_recipe(path), load_lock(LOCK)
     image = find(State(), lock, recipe.container)
     cluster = load_cluster(CLUSTER)
@@ -572,12 +587,32 @@ def test_a_recipes_findings_sort_errors_first_then_file_line_key_rule(project: P
     assert (result.errors, result.warnings) == (3, 4)
 
 
+def test_a_finding_without_a_line_comes_before_the_recipes_first_line(project: Path) -> None:
+    bare = project / "bare.yaml"  # d.yaml without its comment header: name: on line 1
+    bare.write_text("name:" + (RECIPES / "d.yaml").read_text().split("name:", 1)[1])
+    rules = [
+        Says(
+            id="R",
+            hits=(
+                Hit(key="name", message="m", severity="error"),
+                Hit(key="slurm.time_limit", message="m", severity="error"),
+            ),
+        )
+    ]
+    result = checked(project, Loader.of("not checked", "n"), rules, name="bare.yaml")[0]
+    assert [(f.line, f.key) for f in result.findings] == [(None, "slurm.time_limit"), (1, "name")]
+
+
 def test_a_dropped_patch_on_a_recipe_says_to_run_an_image_that_carries_it(project: Path) -> None:
     rules = [Says(id="K3-P", hits=(Hit(key="patches", message="dropped", fix="spec fix"),
                                    Hit(key="patches", message="lock's", fix="lock fix",
                                        file=str(LOCK))))]  # fmt: skip
     result, path = checked(project, Loader.of("not checked", "n"), rules)
     on_recipe, on_lock = result.findings
+    # A key of the lock is never pointed at the recipe's line of the same name.
+    named = [Says(id="K3-N", hits=(Hit(key="name", message="m", file=str(LOCK)),))]
+    (lock_name,) = checked(project, Loader.of("not checked", "n"), named)[0].findings
+    assert (lock_name.file, lock_name.key, lock_name.line) == (str(LOCK), "name", None)
     assert (on_lock.file, on_lock.key, on_lock.line, on_lock.fix) == (
         str(LOCK), "patches", None, "lock fix"
     )  # fmt: skip
