@@ -1,15 +1,48 @@
-"""Versions and version ranges: the one place that imports ``packaging``."""
+"""Versions and version ranges: the one place that imports ``packaging``.
+
+``packaging`` is imported where a function needs it, not with this module: its requirement
+parser (markers, specifiers, tags) costs about 40 ms a process, and most commands read a
+lock whose requirement lines are plain ``name[extras]==version`` (checked here by
+``_SIMPLE``, a strict subset of PEP 508 that ``packaging`` accepts, tested against it)."""
 
 from __future__ import annotations
 
+import importlib
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
-from packaging.markers import InvalidMarker, UndefinedComparison, UndefinedEnvironmentName
-from packaging.requirements import InvalidRequirement, Requirement
-from packaging.specifiers import InvalidSpecifier, SpecifierSet
-from packaging.utils import canonicalize_name
-from packaging.version import InvalidVersion, Version
+if TYPE_CHECKING:
+    from packaging.requirements import InvalidRequirement
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+# The names this module lends from packaging, each imported on first use (PEP 562).
+_LENT = {
+    "InvalidRequirement": "packaging.requirements",
+    "InvalidSpecifier": "packaging.specifiers",
+    "SpecifierSet": "packaging.specifiers",
+    "InvalidVersion": "packaging.version",
+    "Version": "packaging.version",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LENT:
+        return getattr(importlib.import_module(_LENT[name]), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# PEP 508's name, and a plain release (PEP 440: N(.N)* with an optional a/b/rc, .postN,
+# .devN); a local label (+cpu) only after == or != (PEP 440 allows it nowhere else).
+_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"
+_RELEASE = r"[0-9]+(?:\.[0-9]+)*(?:(?:a|b|rc)[0-9]+)?(?:\.post[0-9]+)?(?:\.dev[0-9]+)?"
+_CLAUSE = rf"(?:(?:==|!=){_RELEASE}(?:\+[a-z0-9]+(?:\.[a-z0-9]+)*)?|(?:>=|<=|>|<){_RELEASE})"
+_SIMPLE = re.compile(
+    rf"(?P<name>{_NAME})(?:\[{_NAME}(?:,{_NAME})*\])?(?:{_CLAUSE}(?:,{_CLAUSE})*)?"
+)
+_SEPARATORS = re.compile(r"[-_.]+")
 
 __all__ = [
     "Installed",
@@ -29,12 +62,18 @@ __all__ = [
 
 
 def canonical_name(name: str) -> str:
-    """A distribution name as PEP 503 compares them (``Ai_Dynamo`` -> ``ai-dynamo``)."""
-    return str(canonicalize_name(name))
+    """A distribution name as PEP 503 compares them (``Ai_Dynamo`` -> ``ai-dynamo``): its
+    normative form, runs of ``-_.`` to one ``-``, lower case."""
+    return _SEPARATORS.sub("-", name).lower()
 
 
 def requirement_name(line: str) -> str | None:
     """The canonical distribution name of a PEP 508 requirement, or None if it is not one."""
+    simple = _SIMPLE.fullmatch(line)
+    if simple is not None:
+        return canonical_name(simple["name"])
+    from packaging.requirements import InvalidRequirement, Requirement
+
     try:
         return canonical_name(Requirement(line).name)
     except InvalidRequirement:
@@ -43,6 +82,9 @@ def requirement_name(line: str) -> str | None:
 
 def satisfies(line: str, version: str) -> bool:
     """Whether ``version`` meets the version specifier of requirement ``line``."""
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.version import InvalidVersion, Version
+
     try:
         return Requirement(line).specifier.contains(Version(version), prereleases=True)
     except (InvalidRequirement, InvalidVersion):
@@ -55,10 +97,15 @@ def in_range(version: str | None, specifier: str) -> bool | None:
         return None
     if specifier in ("", "*"):
         return True
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
     return Version(version) in SpecifierSet(specifier, prereleases=True)
 
 
 def _parse(tag: str) -> Version | None:
+    from packaging.version import InvalidVersion, Version
+
     try:
         return Version(tag.removeprefix("v"))
     except InvalidVersion:
@@ -119,6 +166,10 @@ def unmet_requirements(
 
     ``environment`` is the image's own PEP 508 marker environment; ``waived`` maps a
     distribution name to why an unmet requirement on it is not held against the image."""
+    from packaging.markers import InvalidMarker, UndefinedComparison, UndefinedEnvironmentName
+    from packaging.requirements import InvalidRequirement, Requirement
+    from packaging.version import InvalidVersion, Version
+
     dists = {canonical_name(d.name): d for d in installed}
     todo = [(name, "") for name in sorted(dists)]
     todo += [(canonical_name(n), e) for n, es in sorted(extras.items()) for e in sorted(es)]

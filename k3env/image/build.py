@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from k3env import __version__
 from k3env.config.patchfile import PatchFile, load_patch_file
@@ -28,16 +28,16 @@ from k3env.errors import ConfigError, EngineError, PatchError
 from k3env.hashing import canonical_sha256, digest_hex, file_sha256, sha256_digest
 from k3env.image.bases import ResolvedBase, registry_base, select_base
 from k3env.image.blobs import keep_config, keep_layer, kept_image
-from k3env.image.components import COMPONENTS_FORMAT, Baked, bake, closure_pins
 from k3env.image.envpolicy import baked_env, merge_env
 from k3env.image.install import load_checked
 from k3env.image.layer import LayerFile, assemble, docker_archive, runtime_config
 from k3env.image.patches import APPLIED, SKIPPED, PatchResult, apply_patch
 from k3env.image.records import build_key
-from k3env.image.sources import source_wheels
-from k3env.image.twin import twin_base
 from k3env.log import Log
 from k3env.state import State
+
+if TYPE_CHECKING:
+    from k3env.image.components import Baked
 
 # Bump when the layout of what we write changes: it is part of every inputs hash.
 BUILD_FORMAT = 4  # 4: pinned components baked below (wheels or source-built), in provenance
@@ -249,7 +249,7 @@ class Builder:
                 "components": [
                     {"name": c, "wheels": self._component(c).identity} for c in spec.components
                 ],
-                "components_format": COMPONENTS_FORMAT if spec.components else None,
+                "components_format": _components_format() if spec.components else None,
                 "twin": self.twin,
             }
         )
@@ -295,6 +295,9 @@ class Builder:
         # The pinned components first, as their own layer: patches may target their files.
         under, baked = base, None
         if spec.components:
+            from k3env.image.components import bake
+            from k3env.image.sources import source_wheels
+
             pins = [
                 source_wheels(self.engine, self.state, self.log, base, self._component(c))
                 for c in spec.components
@@ -456,6 +459,14 @@ class Builder:
         return labels
 
 
+def _components_format() -> int:
+    """The components layer's format (part of an inputs hash), read where a spec bakes
+    components: the components module is imported only by builds that bake."""
+    from k3env.image.components import COMPONENTS_FORMAT
+
+    return COMPONENTS_FORMAT
+
+
 def _described(lock: Lock, name: str) -> list[str]:
     """How a component shows in results: its wheels, or its source commit."""
     pin = lock.components[name]
@@ -499,6 +510,9 @@ def make_builder(
     def resolve(pin: BasePin, on: str) -> ResolvedBase:
         if pin.kind != "twin":
             return registry(pin, on)
+        from k3env.image.components import bake, closure_pins
+        from k3env.image.twin import twin_base
+
         base = twin_base(lock, engine, state, log, pin, on)
         if lock.overlay is None:
             return base
