@@ -11,10 +11,19 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from k3env.handoff.attest import SBOM_SUFFIX, SIG_SUFFIX, STATEMENT_SUFFIX, attest, beside, check
+from k3env.handoff.attest import (
+    SBOM_SUFFIX,
+    SIG_SUFFIX,
+    STATEMENT_SUFFIX,
+    attest,
+    beside,
+    check,
+    hashed,
+)
 from k3env.handoff.enroot_export import export_image
 from k3env.handoff.squashfs_check import Squashfs
 from k3env.image.build import make_builder
@@ -55,7 +64,8 @@ def exported(fake_engine: FakeEngine, fake_project: Project, tmp_path: Path) -> 
 
 def gates(sqsh: Path, key: VerifyKey | None) -> list[tuple[str, str, str]]:
     with tempfile.TemporaryDirectory() as work:
-        return [(g.name, g.status, g.detail) for g in check(sqsh, fs(sqsh, work), key)]
+        said = check(sqsh, fs(sqsh, work), key, hashed(sqsh))
+    return [(g.name, g.status, g.detail) for g in said]
 
 
 def fs(sqsh: Path, work: str) -> Squashfs:
@@ -291,3 +301,52 @@ def test_verify_says_what_the_host_holds_of_an_images_sbom(tmp_path: Path) -> No
     said = _attested(state, image_id)
     assert said["said"].startswith(f"signed SBOM and provenance beside {sqsh} (signatures not")
     assert len(said["files"]) == 3
+
+
+def test_check_with_a_key_lists_the_image_once_and_reads_the_file_once(
+    exported: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """`export --check F --key PUB` of a multi-GB file: one unsquashfs listing shared by the
+    image's checks and the SBOM's, and the file's bytes hashed once (for the statement's
+    subject); the gates as each check says them."""
+    import os
+
+    from k3env.cli import main
+
+    key, _, pub_path = keypair(tmp_path, "k3env")
+    signed(exported, key)
+    commands: list[list[str]] = []
+    monkeypatch.setattr(Log, "command", lambda self, argv: commands.append(list(argv)))
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting_open(path: Any, *args: Any, **kwargs: Any) -> int:
+        if Path(path) == exported:
+            opened.append(str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    argv = ["export", "--lock", "pins/test.lock.toml", "--check", str(exported)]
+    assert main([*argv, "--key", str(pub_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert sum("-llc" in c for c in commands) == 1
+    assert len(opened) == 1
+    assert lines[-3:] == [
+        "passed      sbom: made again from the file, byte-identical (2 components)",
+        "passed      sbom signature: signed by the given key",
+        "passed      provenance: signed by the given key; its subject is this file, its SBOM "
+        "this one",
+    ]
+    assert lines[0].startswith("passed      provenance: /etc/k3env/provenance.json has")
+    # Without a key: the statement's subject is still compared, so the file is hashed once.
+    commands.clear()
+    opened.clear()
+    assert main(argv) == 0
+    assert sum("-llc" in c for c in commands) == 1 and len(opened) == 1
+    # Another key: exit 4, each refusal named.
+    _, _, other = keypair(tmp_path, "other")
+    assert main([*argv, "--key", str(other)]) == 4
+    err = capsys.readouterr().err
+    assert "sbom signature: not the given key's signature" in err
+    assert "provenance: refused: no signature in the envelope is the given key's" in err
