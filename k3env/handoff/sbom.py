@@ -3,11 +3,12 @@
 What it lists, all read from the squashfs (``squashfs_check.Squashfs``, untrusted): every
 installed Python distribution (its ``dist-info`` METADATA name and version, where it is
 installed, and the sha256 of the wheel the lock pinned where the image's provenance names
-it), every Debian package dpkg's status calls installed, and the lock's pins the image's
-provenance carries (its base by digest, Dynamo, aiperf, srt-slurm and its patches, container
-patches by sha256). The document is a pure function of the file: its serial number is
-derived from the image's provenance, its timestamp is the provenance file's time in the
-image (the image's creation), so the same export gives the same bytes on any host, and
+it), every Debian package dpkg's status calls installed (``k3env.installed``'s parser, the
+one verify's facts use), and the lock's pins the image's provenance carries (its base by
+digest, Dynamo, aiperf, srt-slurm and its patches, container patches by sha256). The
+document is a pure function of the file: its serial number is derived from the image's
+provenance, its timestamp is the provenance file's time in the image (the image's creation),
+so the same export gives the same bytes on any host, and
 ``export --check`` makes it again to compare.
 
 cyclonedx-python-lib (and packageurl) are imported here only.
