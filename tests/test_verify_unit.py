@@ -310,6 +310,15 @@ def test_verify_image_runs_the_probe_once_and_records_facts_by_image_id(
     again = verify_image(fake_engine, state, lock, spec, build, twin=False)
     assert again.cached is True and again.results == report.results
     assert len([v for v, _ in fake_engine.calls if v == "run"]) == runs
+    # A record from before verify read dpkg's status: filled in from the image's files, the
+    # probe not run again.
+    (record,) = (tmp_path / "verify").glob("*.json")
+    older = json.loads(record.read_text())
+    del older["facts"]["debian_packages"]
+    record.write_text(json.dumps(older))
+    assert verify_image(fake_engine, state, lock, spec, build, twin=False).facts == report.facts
+    assert json.loads(record.read_text())["facts"]["debian_packages"] == []
+    assert len([v for v, _ in fake_engine.calls if v == "run"]) == runs
     # A changed plan (another env value baked) is asked afresh.
     replace_in(project.spec_path, 'A = "1"', 'A = "2"')
     lock = project.lock()

@@ -134,7 +134,14 @@ def _plan_jobs(
         recorded = state.read_record("verify", key)
         # --isolated asks for an image's own import: a recorded shared verdict does not do.
         if isinstance(recorded, dict) and (share or "shared_import" not in recorded["facts"]):
-            done.outputs[i] = (ProbeOutput(**recorded), True)
+            out = ProbeOutput(**recorded)
+            if not {"debian_packages", "debian_packages_unread"} & out.facts.keys():
+                # Recorded before verify read dpkg's status: read now (no container start).
+                out = dataclasses.replace(
+                    out, facts={**out.facts, **debian_facts(engine, build.image_id)}
+                )
+                state.write_record(dataclasses.asdict(out), "verify", key)
+            done.outputs[i] = (out, True)
             done.finished[i] = time.monotonic()
             continue
         inspected = engine.inspect(build.image_id)
