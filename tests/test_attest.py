@@ -11,10 +11,20 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from k3env.handoff.attest import SBOM_SUFFIX, SIG_SUFFIX, STATEMENT_SUFFIX, attest, beside, check
+from k3env.checks.probe_run import MARK
+from k3env.handoff.attest import (
+    SBOM_SUFFIX,
+    SIG_SUFFIX,
+    STATEMENT_SUFFIX,
+    attest,
+    beside,
+    check,
+    hashed,
+)
 from k3env.handoff.enroot_export import export_image
 from k3env.handoff.squashfs_check import Squashfs
 from k3env.image.build import make_builder
@@ -55,7 +65,8 @@ def exported(fake_engine: FakeEngine, fake_project: Project, tmp_path: Path) -> 
 
 def gates(sqsh: Path, key: VerifyKey | None) -> list[tuple[str, str, str]]:
     with tempfile.TemporaryDirectory() as work:
-        return [(g.name, g.status, g.detail) for g in check(sqsh, fs(sqsh, work), key)]
+        said = check(sqsh, fs(sqsh, work), key, hashed(sqsh))
+    return [(g.name, g.status, g.detail) for g in said]
 
 
 def fs(sqsh: Path, work: str) -> Squashfs:
@@ -268,26 +279,179 @@ def test_two_sboms_packages_compared() -> None:
     assert diff(old, old).empty and not d.empty
 
 
-def test_verify_says_what_the_host_holds_of_an_images_sbom(tmp_path: Path) -> None:
+def test_verify_says_what_the_host_holds_of_an_images_sbom(
+    exported: Path, fake_project: Project, tmp_path: Path
+) -> None:
+    """verify's gates per image, from its last export's record (never the .sqsh's bytes):
+    both signatures with the given key, the statement naming the SBOM and the recorded
+    sha256; each wrong input failed in words."""
     from k3env.commands.verify import _attested
-    from k3env.handoff.enroot import Exported
-    from k3env.state import State
+    from k3env.handoff.enroot_export import last_export
 
-    state = State(tmp_path / "state")
-    image_id = "sha256:" + "1" * 64
-    assert _attested(state, image_id)["said"] == "none: not exported (k3env export --sign-key)"
-    sqsh = tmp_path / "x.sqsh"
-    sqsh.write_bytes(b"x")
-    exported = Exported(image="probe", image_id=image_id, path=str(sqsh), sha256="0" * 64,
-                        size=1, mksquashfs="4.5.1", options=())  # fmt: skip
-    state.write_record(exported.as_json(), "exports", image_id)
-    assert _attested(state, image_id)["said"] == (
-        f"none beside {sqsh} (k3env export --sign-key KEY.pem)"
+    state = fake_project.state
+    assert _attested(state, "sha256:" + "1" * 64, None).said == (
+        "none: not exported (k3env export --sign-key KEY.pem)"
     )
-    beside(sqsh, SBOM_SUFFIX).write_text("{}")
-    assert _attested(state, image_id)["said"] == f"incomplete beside {sqsh}: only x.sqsh.cdx.json"
-    beside(sqsh, SIG_SUFFIX).write_text("s")
-    beside(sqsh, STATEMENT_SUFFIX).write_text("{}")
-    said = _attested(state, image_id)
-    assert said["said"].startswith(f"signed SBOM and provenance beside {sqsh} (signatures not")
-    assert len(said["files"]) == 3
+    ((image_id, record),) = [
+        (f"sha256:{f.stem}", json.loads(f.read_text()))
+        for f in (state.root / "exports").glob("*.json")
+    ]
+    assert last_export(state, image_id) is not None and record["path"] == str(exported)
+    key, pub, _ = keypair(tmp_path, "k3env")
+    _, other, _ = keypair(tmp_path, "other")
+
+    def said(verify_key: VerifyKey | None) -> list[tuple[str, str, str]]:
+        got = _attested(state, image_id, verify_key)
+        return [(g.name, g.status, g.detail) for g in got.gates]
+
+    no_sbom = f"no SBOM beside the file ({exported.name}{SBOM_SUFFIX})"
+    assert said(None) == [("sbom", "not checked", no_sbom)]
+    assert said(pub) == [("sbom", "failed", no_sbom)]  # a key says they must be there
+    with tempfile.TemporaryDirectory() as work:
+        attest(exported, record["sha256"], fs(exported, work), key)
+    there = (
+        f"{exported.name}{SBOM_SUFFIX} is there ({beside(exported, SBOM_SUFFIX).stat().st_size}"
+        f" bytes); not made again from the image here: k3env export --check {exported} --key "
+        "PUB.pem"
+    )
+    assert said(pub) == [
+        ("sbom", "not checked", there),
+        ("sbom signature", "passed", "signed by the given key"),
+        ("provenance", "passed", "signed by the given key; its subject is the export's recorded "
+         "sha256 (the file's own bytes: k3env export --check), its SBOM this one"),
+    ]  # fmt: skip
+    got = _attested(state, image_id, None)
+    assert [(g.name, g.status) for g in got.gates] == [
+        ("sbom", "not checked"), ("sbom signature", "not checked"), ("provenance", "not checked"),
+    ]  # fmt: skip
+    assert len(got.files) == 3 and "sbom signature not checked (no --key given)" in got.said
+    assert got.said.endswith(f"k3env export --check {exported} --key PUB.pem")
+    assert said(other)[1:] == [
+        ("sbom signature", "failed", "not the given key's signature"),
+        ("provenance", "failed", "refused: no signature in the envelope is the given key's"),
+    ]
+    # The SBOM edited after signing.
+    document = beside(exported, SBOM_SUFFIX).read_bytes()
+    beside(exported, SBOM_SUFFIX).write_bytes(document.replace(b'"probe"', b'"other"', 1))
+    assert said(pub)[1:] == [
+        ("sbom signature", "failed", "not the given key's signature"),
+        ("provenance", "failed", "it names another SBOM (sha256 differs)"),
+    ]
+    beside(exported, SBOM_SUFFIX).write_bytes(document)
+    # The signature gone.
+    sig = beside(exported, SIG_SUFFIX).read_bytes()
+    beside(exported, SIG_SUFFIX).unlink()
+    assert said(pub)[1] == (
+        "sbom signature",
+        "failed",
+        f"no signature ({exported.name}{SIG_SUFFIX})",
+    )
+    beside(exported, SIG_SUFFIX).write_bytes(sig)
+    # The export recorded again as another file: the statement's subject is not it.
+    state.write_record({**record, "sha256": "f" * 64}, "exports", image_id)
+    assert said(pub)[2] == (
+        "provenance",
+        "failed",
+        "its subject is not the export's recorded sha256 (another file)",
+    )
+
+
+def test_check_with_a_key_lists_the_image_once_and_reads_the_file_once(
+    exported: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """`export --check F --key PUB` of a multi-GB file: one unsquashfs listing shared by the
+    image's checks and the SBOM's, and the file's bytes hashed once (for the statement's
+    subject); the gates as each check says them."""
+    import os
+
+    from k3env.cli import main
+
+    key, _, pub_path = keypair(tmp_path, "k3env")
+    signed(exported, key)
+    commands: list[list[str]] = []
+    monkeypatch.setattr(Log, "command", lambda self, argv: commands.append(list(argv)))
+    opened: list[str] = []
+    real_open = os.open
+
+    def counting_open(path: Any, *args: Any, **kwargs: Any) -> int:
+        if Path(path) == exported:
+            opened.append(str(path))
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", counting_open)
+    argv = ["export", "--lock", "pins/test.lock.toml", "--check", str(exported)]
+    assert main([*argv, "--key", str(pub_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert sum("-llc" in c for c in commands) == 1
+    assert len(opened) == 1
+    assert lines[-3:] == [
+        "passed      sbom: made again from the file, byte-identical (2 components)",
+        "passed      sbom signature: signed by the given key",
+        "passed      provenance: signed by the given key; its subject is this file, its SBOM "
+        "this one",
+    ]
+    assert lines[0].startswith("passed      provenance: /etc/k3env/provenance.json has")
+    # Without a key: the statement's subject is still compared, so the file is hashed once.
+    commands.clear()
+    opened.clear()
+    assert main(argv) == 0
+    assert sum("-llc" in c for c in commands) == 1 and len(opened) == 1
+    # Another key: exit 4, each refusal named.
+    _, _, other = keypair(tmp_path, "other")
+    assert main([*argv, "--key", str(other)]) == 4
+    err = capsys.readouterr().err
+    assert "sbom signature: not the given key's signature" in err
+    assert "provenance: refused: no signature in the envelope is the given key's" in err
+
+
+def test_verify_key_fails_the_command_on_a_wrong_key_and_reports_gates_per_image(
+    exported: Path, fake_engine: FakeEngine, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """`k3env verify --key PUB.pem` over the in-memory engine (its probe answering every check
+    passed): the right key passes, another key exits 4 naming the image and each refusal,
+    the JSON carries the gates under "sbom"."""
+    from k3env.cli import main
+    from k3env.engine.protocol import RunResult
+
+    from .project import MODULE_FILE
+
+    def probe(image: str, argv: list[str], env: dict[str, str], mounts: dict[str, str]) -> Any:
+        (host,) = mounts
+        plans = json.loads((Path(host) / "plan.json").read_text())["plans"]
+        facts = {"distributions": [{"name": "k3test", "version": "1", "requires": []}]}
+        answers = [{"results": [], "facts": facts, "patch_targets": {
+            p["name"]: {"path": MODULE_FILE, "text": fake_engine.text(image, MODULE_FILE)}
+            for p in plan["patches"] if not p.get("skip")}} for plan in plans]  # fmt: skip
+        payload = MARK + json.dumps({"plans": answers}) + "\n"
+        return RunResult(exit_code=0, stdout=payload, stderr="")
+
+    fake_engine.on_run(probe)
+    key, _, pub = keypair(tmp_path, "k3env")
+    _, _, other = keypair(tmp_path, "other")
+    record = json.loads(next((tmp_path / "state/exports").glob("*.json")).read_text())
+    with tempfile.TemporaryDirectory() as work:
+        attest(exported, record["sha256"], fs(exported, work), key)
+    argv = ["verify", "--lock", "pins/test.lock.toml", "--json"]
+    assert main([*argv, "--key", str(pub)], engine=fake_engine) == 0
+    (image,) = json.loads(capsys.readouterr().out)["images"]
+    assert [(g["gate"], g["status"]) for g in image["sbom"]["gates"]] == [
+        ("sbom", "not checked"), ("sbom signature", "passed"), ("provenance", "passed"),
+    ]  # fmt: skip
+    assert main([*argv, "--key", str(other)], engine=fake_engine) == 4
+    out = json.loads(capsys.readouterr().out)
+    assert [g["status"] for g in out["images"][0]["sbom"]["gates"]] == [
+        "not checked",
+        "failed",
+        "failed",
+    ]
+    assert out["error"]["message"] == (
+        "probe's signed SBOM and provenance: sbom signature failed: not the given key's "
+        "signature; provenance failed: refused: no signature in the envelope is the given key's"
+    )
+    assert "--sign-key" in out["error"]["fix"]
+    # Without a key: said, not failed; one line per image in text.
+    assert main(["verify", "--lock", "pins/test.lock.toml"], engine=fake_engine) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("probe sbom: ")]
+    assert "sbom signature not checked (no --key given)" in line

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -201,7 +202,8 @@ def test_preflight_in_a_bump_uses_the_facts_verify_just_learned(
     )
     outcome = judge(fake_engine, project, cluster, verify=True)
     (report,) = outcome.reports
-    assert project.state.read_record("facts", report.image_id) == facts
+    # The probe's facts, and dpkg's packages verify read from the image (none in this base).
+    assert project.state.read_record("facts", report.image_id) == {**facts, "debian_packages": []}
     # With the facts: K3-TOKENIZER-MODEL-TYPE is an error (kimi_k3 not loaded by this Dynamo).
     # Without them (what happens): only the warning "the Dynamo version is unknown".
     assert outcome.preflight_errors == {"probe": 1}
@@ -225,31 +227,65 @@ def test_the_body_never_says_all_checks_pass_over_checks_that_did_not_run() -> N
 
 
 def test_the_body_lists_the_sbom_diff_of_each_image() -> None:
-    """Added, removed and changed distributions, from what verify found before and after;
-    said as not compared when verify did not run on both."""
-    from k3env.bump.body import body
+    """Added, removed and changed Python distributions and Debian packages, from what verify
+    found before and after; said as not compared when verify did not run on both, and when
+    one side's facts have no Debian packages (never "no change")."""
+    from k3env.bump.body import SBOM_DIFF, body
     from k3env.checks.verdicts import ImageReport
     from k3env.config.lock import load_lock
     from k3env.config.lock_edit import Change
 
-    def report(dists: dict[str, str]) -> ImageReport:
-        facts = {"distributions": [{"name": n, "version": v} for n, v in dists.items()]}
+    def report(dists: dict[str, str], debs: list[tuple[str, str, str]] | None) -> ImageReport:
+        facts: dict[str, object] = {
+            "distributions": [{"name": n, "version": v} for n, v in dists.items()]
+        }
+        if debs is not None:
+            facts["debian_packages"] = [{"name": n, "version": v, "arch": a} for n, v, a in debs]
         return ImageReport(image="kimi-k3-dynamo", reference="r", image_id="sha256:1",
                            results=(), facts=facts, seconds=0.0)  # fmt: skip
 
     old = {"ai-dynamo": "1.2.1", "ai_dynamo_runtime": "1.2.1", "nats-py": "2.6", "six": "1"}
     new = {"ai-dynamo": "1.6.1", "ai-dynamo-runtime": "1.6.1", "msgspec": "0.19", "six": "1"}
-    before = Outcome(reports=(report(old),), preflight_errors={}, patches=())
-    after = Outcome(reports=(report(new),), preflight_errors={}, patches=())
+    old_debs = [("libc6", "2.36-9", "amd64"), ("libc6", "2.36-9", "i386"), ("gone", "1", "all"),
+                ("bash", "5.2-15", "amd64")]  # fmt: skip
+    new_debs = [("libc6", "2.36-9+deb12u8", "amd64"), ("libc6", "2.36-9", "i386"),
+                ("zstd", "1.5.4", "amd64"), ("bash", "5.2-15", "amd64")]  # fmt: skip
+    before = Outcome(reports=(report(old, old_debs),), preflight_errors={}, patches=())
+    after = Outcome(reports=(report(new, new_debs),), preflight_errors={}, patches=())
     lock = load_lock(REPO / "pins/k3.lock.toml")
     change = [Change(key="dynamo.commit", old="a" * 40, new="b" * 40)]
     text = body(lock, "dynamo", change, before, after)
-    assert "### SBOM diff (installed Python distributions, before → after)" in text
-    assert (
+    section = text.split(f"### {SBOM_DIFF}\n\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert section == [
         "**`kimi-k3-dynamo`**: + msgspec 0.19; - nats-py 2.6; ai-dynamo 1.2.1 → 1.6.1; "
-        "ai-dynamo-runtime 1.2.1 → 1.6.1"
+        "ai-dynamo-runtime 1.2.1 → 1.6.1",
+        "**`kimi-k3-dynamo`** Debian packages: + zstd 1.5.4; - gone 1; "
+        "libc6:amd64 2.36-9 → 2.36-9+deb12u8",
+    ]
+    assert "No installed Python distribution or Debian package changed." in body(
+        lock, "dynamo", change, after, after
+    )
+    # Facts verify recorded before it read dpkg's status: not compared, said, not "no change".
+    older = Outcome(reports=(report(new, None),), preflight_errors={}, patches=())
+    text = body(lock, "dynamo", change, older, after)
+    assert (
+        "**`kimi-k3-dynamo`** Debian packages: not compared: before the bump its facts were "
+        "recorded before verify read dpkg's status (run verify again)."
     ) in text
-    assert "No installed distribution changed." in body(lock, "dynamo", change, after, after)
+    assert "No installed Python distribution changed." in text
+    assert "Debian package changed" not in text
+    unread = dataclasses.replace(report(new, None), facts={
+        **report(new, None).facts,
+        "debian_packages_unread": "/var/lib/dpkg/status is 70000000 bytes, over"})  # fmt: skip
+    text = body(lock, "dynamo", change, after, Outcome(reports=(unread,), preflight_errors={},
+                                                       patches=()))  # fmt: skip
+    assert "after the bump dpkg's status was not read (/var/lib/dpkg/status is 70000000" in text
+    # A base bump that moves hundreds of packages: 60 listed, the rest counted.
+    many = [(f"lib{i}", "2", "amd64") for i in range(100)]
+    text = body(lock, "dynamo", change, after, Outcome(
+        reports=(report(new, many),), preflight_errors={}, patches=()))  # fmt: skip
+    (line,) = [x for x in text.splitlines() if x.startswith("**`kimi-k3-dynamo`** Debian")]
+    assert line.count(";") == 60 and line.endswith("; and 44 more (k3env verify --json: facts)")
     skipped = Outcome(reports=(), preflight_errors={}, patches=())
     assert "Not compared: verify did not run on both locks." in body(
         lock, "dynamo", change, skipped, after

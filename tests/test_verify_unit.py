@@ -299,8 +299,9 @@ def test_verify_image_runs_the_probe_once_and_records_facts_by_image_id(
         "tokenizer": "skip", "patches": "pass", "env": "skip",
     }  # fmt: skip
     assert report.image_id == build.image_id and report.reference == build.reference
-    assert report.facts == FACTS
-    assert state.read_record("facts", build.image_id) == FACTS
+    # What the probe said, and dpkg's packages read from the image (this base has no dpkg).
+    assert report.facts == {**FACTS, "debian_packages": []}
+    assert state.read_record("facts", build.image_id) == report.facts
     assert (tmp_path / "facts" / (build.image_id.removeprefix("sha256:") + ".json")).is_file()
     assert report.cached is False
 
@@ -308,6 +309,15 @@ def test_verify_image_runs_the_probe_once_and_records_facts_by_image_id(
     runs = len([v for v, _ in fake_engine.calls if v == "run"])
     again = verify_image(fake_engine, state, lock, spec, build, twin=False)
     assert again.cached is True and again.results == report.results
+    assert len([v for v, _ in fake_engine.calls if v == "run"]) == runs
+    # A record from before verify read dpkg's status: filled in from the image's files, the
+    # probe not run again.
+    (record,) = (tmp_path / "verify").glob("*.json")
+    older = json.loads(record.read_text())
+    del older["facts"]["debian_packages"]
+    record.write_text(json.dumps(older))
+    assert verify_image(fake_engine, state, lock, spec, build, twin=False).facts == report.facts
+    assert json.loads(record.read_text())["facts"]["debian_packages"] == []
     assert len([v for v, _ in fake_engine.calls if v == "run"]) == runs
     # A changed plan (another env value baked) is asked afresh.
     replace_in(project.spec_path, 'A = "1"', 'A = "2"')
@@ -333,7 +343,8 @@ def test_preflight_finds_the_facts_of_the_recorded_build(
     )
     assert load_facts(state, lock, spec) == (None, None)
     verify_image(fake_engine, state, lock, spec, build, twin=False)
-    assert load_facts(state, lock, spec) == (FACTS, f"{build.reference} (linux/amd64)")
+    facts = {**FACTS, "debian_packages": []}
+    assert load_facts(state, lock, spec) == (facts, f"{build.reference} (linux/amd64)")
 
 
 def test_a_probe_that_prints_no_verdict_is_an_engine_error(
@@ -460,3 +471,45 @@ def test_the_verify_matrix_has_a_row_per_image_and_platform() -> None:
     assert "FAIL kimi-k3-dynamo/agg (linux/arm64) parsers: tool-call parser kimi_k3" in text
     assert "FAIL kimi-k3-dynamo/agg (linux/amd64)" not in text
     assert report("linux/arm64", "pass").as_json()["platform"] == "linux/arm64"
+
+
+def test_verify_records_dpkgs_installed_packages_as_the_sbom_parses_them(
+    fake_engine: FakeEngine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """dpkg's status read from the image's files through the engine (no container start),
+    parsed by the SBOM's parser: installed ones only, names of Debian's shape, fields one line
+    and bounded; a status over the size limit is not read, said."""
+    from k3env import installed
+    from k3env.checks.verify import debian_facts
+
+    from .fake_engine import make_image
+
+    status = (
+        "Package: libc6\nStatus: install ok installed\nArchitecture: amd64\n"
+        "Version: 2.36-9+deb12u8\n\n"
+        "Package: gone\nStatus: deinstall ok config-files\nVersion: 1\n\n"
+        "Package: ../evil\nStatus: install ok installed\nVersion: 1\n\n"
+        "Package: libc6\nStatus: install ok installed\nArchitecture: i386\n"
+        "Version: " + "9" * 500 + "\n\n"
+        "Package: bash\nStatus: install ok installed\nVersion: 5.2-15\n"
+    )
+    image = make_image({"/var/lib/dpkg/status": status})
+    fake_engine.add(image, "t:1")
+    runs = len([v for v, _ in fake_engine.calls if v == "run"])
+    assert debian_facts(fake_engine, image.id) == {"debian_packages": [
+        {"name": "libc6", "version": "2.36-9+deb12u8", "arch": "amd64"},
+        {"name": "libc6", "version": "9" * 200, "arch": "i386"},  # a field: 200 characters
+        {"name": "bash", "version": "5.2-15", "arch": ""},
+    ]}  # fmt: skip
+    assert len([v for v, _ in fake_engine.calls if v == "run"]) == runs
+    # No dpkg in the image: none installed.
+    bare = make_image({"/etc/os-release": "ID=distroless\n"})
+    fake_engine.add(bare, "t:2")
+    assert debian_facts(fake_engine, bare.id) == {"debian_packages": []}
+    # Over the limit: not parsed, said (the limit made small here: 64 MiB in use).
+    monkeypatch.setattr("k3env.checks.verify.STATUS_LIMIT", 100)
+    assert debian_facts(fake_engine, image.id) == {
+        "debian_packages_unread": f"/var/lib/dpkg/status is {len(status)} bytes, over the 100 "
+        "k3env reads"
+    }
+    assert installed.STATUS_LIMIT == 64 << 20

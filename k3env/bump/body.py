@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
@@ -11,8 +12,12 @@ from k3env.checks.verdicts import CHECKS
 from k3env.config.lock_edit import Change
 from k3env.config.pins import Lock
 from k3env.config.reader import COMMIT_RE, DIGEST_RE
-from k3env.handoff.sbomdiff import diff
+from k3env.handoff.sbomdiff import PackageDiff, diff
+from k3env.quoting import one_line
 from k3env.versions import canonical_name
+
+SBOM_DIFF = "SBOM diff (installed Python distributions and Debian packages, before → after)"
+SHOWN = 60  # changes listed per image and kind: a base bump moves hundreds of Debian packages
 
 
 def _link(lock: Lock, change: Change) -> str:
@@ -157,28 +162,63 @@ def _installed(report: Any) -> dict[str, str]:
     }
 
 
+def _debian(report: Any) -> dict[str, str] | str:
+    """``deb:name`` (``deb:name:arch`` for a name installed for several architectures) ->
+    version of every Debian package verify found installed; or why there is no list (facts
+    recorded before verify read dpkg's status, or a status it did not read)."""
+    facts = report.facts if isinstance(report.facts, dict) else {}
+    got = facts.get("debian_packages")
+    if not isinstance(got, list):
+        unread = facts.get("debian_packages_unread")
+        return (
+            f"dpkg's status was not read ({one_line(str(unread))[:200]})"
+            if unread
+            else "its facts were recorded before verify read dpkg's status (run verify again)"
+        )
+    rows = [(str(d.get("name")), str(d.get("version")), str(d.get("arch") or ""))
+            for d in got if isinstance(d, dict)]  # fmt: skip
+    names = Counter(name for name, _, _ in rows)
+    return {f"deb:{n}" + (f":{a}" if names[n] > 1 and a else ""): v for n, v, a in rows}
+
+
+def _changes(d: PackageDiff) -> str:
+    """``+ name version; - name version; name old → new`` (at most ``SHOWN`` of them)."""
+    said = [*(f"+ {n.split(':', 1)[1]} {v}" for n, v in d.added),
+            *(f"- {n.split(':', 1)[1]} {v}" for n, v in d.removed),
+            *(f"{n.split(':', 1)[1]} {a} → {b}" for n, a, b in d.changed)]  # fmt: skip
+    more = f"; and {len(said) - SHOWN} more (k3env verify --json: facts)" * (len(said) > SHOWN)
+    return "; ".join(said[:SHOWN]) + more
+
+
 def _package_diff(before: Outcome, after: Outcome) -> list[str]:
-    """The SBOM diff a reviewer reads: per image, the Python distributions added, removed
-    and changed, from what verify found installed before and after the bump."""
-    old = {r.image: _installed(r) for r in before.reports}
-    lines = ["", "### SBOM diff (installed Python distributions, before → after)", ""]
-    shown = False
+    """The SBOM diff a reviewer reads: per image, the Python distributions and the Debian
+    packages added, removed and changed, from what verify found installed before and after
+    the bump; where either side's facts have no Debian packages, said, never "no change"."""
+    old = {r.image: r for r in before.reports}
+    lines = ["", f"### {SBOM_DIFF}", ""]
+    changed, uncompared = False, False
     for r in after.reports:
         if r.image not in old:
             continue
-        d = diff(old[r.image], _installed(r))
-        if d.empty:
-            continue
-        shown = True
-        lines.append(f"**`{r.image}`**: " + "; ".join(
-            [*(f"+ {n.split(':', 1)[1]} {v}" for n, v in d.added),
-             *(f"- {n.split(':', 1)[1]} {v}" for n, v in d.removed),
-             *(f"{n.split(':', 1)[1]} {a} → {b}" for n, a, b in d.changed)]))  # fmt: skip
-    if not shown:
+        d = diff(_installed(old[r.image]), _installed(r))
+        if not d.empty:
+            changed = True
+            lines.append(f"**`{r.image}`**: " + _changes(d))
+        was, now = _debian(old[r.image]), _debian(r)
+        if isinstance(was, str) or isinstance(now, str):
+            uncompared = True
+            why = f"before the bump {was}" if isinstance(was, str) else f"after the bump {now}"
+            lines.append(f"**`{r.image}`** Debian packages: not compared: {why}.")
+        elif not (d := diff(was, now)).empty:
+            changed = True
+            lines.append(f"**`{r.image}`** Debian packages: " + _changes(d))
+    if not old or not after.reports:
+        lines.append("Not compared: verify did not run on both locks.")
+    elif not changed:
         lines.append(
-            "No installed distribution changed."
-            if old and after.reports
-            else "Not compared: verify did not run on both locks."
+            "No installed Python distribution changed."
+            if uncompared
+            else "No installed Python distribution or Debian package changed."
         )
     return lines
 

@@ -3,7 +3,8 @@
 Host side: build the plan (the spec's serve profiles, the lock's patches and versions, the
 baked env), carry the probe package (``probes/probe/``) and the plan into the image at run
 time (a read-only mount, never baked), run it with no network, no GPU and a time bound, and
-read the verdicts and facts it prints. Facts are cached by image ID for preflight.
+read the verdicts and facts it prints, and dpkg's installed packages from the image's files (no
+container start). Facts are cached by image ID for preflight and a bump's package diff.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from k3env.errors import EngineError
 from k3env.hashing import canonical_sha256
 from k3env.image.bases import select_base
 from k3env.image.build import BuildResult
+from k3env.installed import DPKG_STATUS, STATUS_LIMIT, debian_installed
 from k3env.log import Log
 from k3env.state import State
 
@@ -132,7 +134,14 @@ def _plan_jobs(
         recorded = state.read_record("verify", key)
         # --isolated asks for an image's own import: a recorded shared verdict does not do.
         if isinstance(recorded, dict) and (share or "shared_import" not in recorded["facts"]):
-            done.outputs[i] = (ProbeOutput(**recorded), True)
+            out = ProbeOutput(**recorded)
+            if not {"debian_packages", "debian_packages_unread"} & out.facts.keys():
+                # Recorded before verify read dpkg's status: read now (no container start).
+                out = dataclasses.replace(
+                    out, facts={**out.facts, **debian_facts(engine, build.image_id)}
+                )
+                state.write_record(dataclasses.asdict(out), "verify", key)
+            done.outputs[i] = (out, True)
             done.finished[i] = time.monotonic()
             continue
         inspected = engine.inspect(build.image_id)
@@ -179,7 +188,7 @@ def _schedule(
         names = ", ".join(jobs[i].spec.name for i in members)
         what = f"verify {names} in one container" + (" (same files)" if len(members) > 1 else "")
         with log.step(f"{what} ({first.build.reference})"):
-            return run_probe(
+            outs = run_probe(
                 engine,
                 first.build.image_id,
                 first.python,
@@ -188,6 +197,9 @@ def _schedule(
                 # The shared import, then each member's checks, each within ``timeout``.
                 timeout=timeout * (len(members) + (len(members) > 1)),
             )
+            debs = debian_facts(engine, first.build.image_id)  # the same files: one read
+        return [dataclasses.replace(o, facts={**o.facts, **debs})
+                if isinstance(o, ProbeOutput) else o for o in outs]  # fmt: skip
 
     def probe_or_alone(members: list[int]) -> list[ProbeOutput | str]:
         """A group whose container failed as a whole: each member probed on its own."""
@@ -214,6 +226,21 @@ def _schedule(
                     state.write_record(dataclasses.asdict(out), "verify", jobs[i].key)
                     done.outputs[i] = (out, False)
                     done.finished[i] = time.monotonic()
+
+
+def debian_facts(engine: Engine, image_id: str) -> dict[str, Any]:
+    """The facts of dpkg's installed packages in the image (``debian_packages``: name,
+    version, architecture), its status read through the engine without a container start and
+    parsed as the SBOM parses it; ``debian_packages_unread`` says why not (over the size
+    limit). An image without dpkg's status has none."""
+    path = "/" + DPKG_STATUS
+    found = engine.read_files(image_id, [path]).get(path)
+    if found is not None and len(found.content) > STATUS_LIMIT:
+        return {"debian_packages_unread": f"{path} is {len(found.content)} bytes, over the "
+                f"{STATUS_LIMIT} k3env reads"}  # fmt: skip
+    debs = debian_installed(found.content.decode(errors="replace") if found else "")
+    return {"debian_packages": [{"name": d.name, "version": d.version, "arch": d.arch}
+                                for d in debs]}  # fmt: skip
 
 
 def _report(

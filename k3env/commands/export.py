@@ -16,6 +16,7 @@ checks both signatures (without `--key`: not checked, said)
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -54,10 +55,12 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, app: App) -> int:
     log = app.log
+    from k3env.handoff.attest import check, hashed
     from k3env.handoff.enroot import cluster_commands
     from k3env.handoff.enroot_export import export_image
     from k3env.handoff.push import last_push
-    from k3env.handoff.squashfs_check import check_squashfs, require_ok
+    from k3env.handoff.squashfs_check import Squashfs, check_image, require_ok
+    from k3env.signing import load_verify_key
 
     if args.key is not None and not args.check:
         raise UsageError("--key goes with --check FILE.sqsh (the key to verify it with)")
@@ -66,7 +69,12 @@ def run(args: argparse.Namespace, app: App) -> int:
     if args.check:
         lock = load_lock(args.lock)
         by_name = {s.name: s for s in load_specs(args.images, lock)}
-        items = check_squashfs(args.check, lock, by_name, log) + _attested(args, log)
+        with tempfile.TemporaryDirectory(prefix="k3env-check-") as work:
+            # One reader for both checks: the image is listed once, the file hashed once.
+            fs = Squashfs(args.check, log, Path(work))
+            items = check_image(fs, lock, by_name, log)
+            key = load_verify_key(args.key) if args.key is not None else None
+            items += check(args.check, fs, key, hashed(args.check))
         app.emit(
             {"file": str(args.check), "checks": [i.as_json() for i in items]},
             lambda: print("\n".join(f"{i.status:<11} {i.name}: {i.detail}" for i in items)),
@@ -101,8 +109,6 @@ def run(args: argparse.Namespace, app: App) -> int:
 def _attest(exported: Any, key_path: Path, pushed: Any, log: Any) -> dict[str, Any]:
     """The export's SBOM and provenance, signed, beside it; attached to its pushed manifest
     as OCI referrers when it was pushed (else said)."""
-    import tempfile
-
     from k3env.handoff.attest import CYCLONEDX, attest
     from k3env.handoff.referrers import Artifact, attach
     from k3env.handoff.squashfs_check import Squashfs
@@ -134,16 +140,3 @@ def _attest(exported: Any, key_path: Path, pushed: Any, log: Any) -> dict[str, A
     with log.step(f"attach them to {pushed.by_digest}"):
         said["referrers"] = attach(pushed, artifacts, log)
     return said
-
-
-def _attested(args: argparse.Namespace, log: Any) -> list[Any]:
-    """The gates of the SBOM and provenance beside ``--check``'s file."""
-    import tempfile
-
-    from k3env.handoff.attest import check
-    from k3env.handoff.squashfs_check import Squashfs
-    from k3env.signing import load_verify_key
-
-    key = load_verify_key(args.key) if args.key is not None else None
-    with tempfile.TemporaryDirectory(prefix="k3env-sbom-") as work:
-        return list(check(args.check, Squashfs(args.check, log, Path(work)), key))

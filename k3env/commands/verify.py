@@ -10,18 +10,25 @@ every baked env var is read by a file in the image (the verdict names it, or the
 found none, with a did-you-mean and the flag that replaced it), versions match the lock, every
 installed distribution's Requires-Dist (and the extras in use) holds, an import that fails on
 an absent module goes on past it to the first real incompatibility; prints a table and a
-markdown compat matrix
+markdown compat matrix, and per image what this host holds of its last export's SBOM and
+signed provenance (`--key PUB.pem`: both signatures checked, the statement naming that SBOM and
+the export's recorded sha256; the file's own bytes: `export --check`)
 """
 
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from k3env.commands.app import App, image_args, platform_arg
 from k3env.errors import CheckFailed
 from k3env.files import write_atomic
+from k3env.verdict import NOT_CHECKED, PASSED, Gate, bad
+
+if TYPE_CHECKING:
+    from k3env.signing import VerifyKey
 
 NAME = "verify"
 HELP = "check each image from inside: args, parsers, tokenizer, imports, patches, env"
@@ -39,6 +46,13 @@ def arguments(p: argparse.ArgumentParser) -> None:
         help="one container and one import per image (by default images with the same files "
         "share one import; each image's checks still run under its own environment)",
     )
+    p.add_argument(
+        "--key",
+        type=Path,
+        metavar="PUB.pem",
+        help="check each image's last export's SBOM signature and signed provenance with this "
+        "ECDSA P-256 public key (PEM); without it they are not checked",
+    )
     platform_arg(p, many=True)
 
 
@@ -46,8 +60,10 @@ def run(args: argparse.Namespace, app: App) -> int:
     log = app.log
     from k3env.checks.report import markdown, table
     from k3env.checks.verify import verify_images
+    from k3env.signing import load_verify_key
     from k3env.smoke.run import recorded_serves
 
+    key = load_verify_key(args.key) if args.key is not None else None
     lock, specs, engine, state, builds = app.builds(args)
     # One container per core; images with the same files share one (and one import).
     reports = verify_images(
@@ -66,10 +82,10 @@ def run(args: argparse.Namespace, app: App) -> int:
         write_atomic(args.markdown, matrix)
         log.info(f"compat matrix written to {args.markdown}")
     failed = [f for r in reports for f in r.failed]
-    attested = {r.image_id: _attested(state, r.image_id) for r in reports}
+    attested = {r.image_id: _attested(state, r.image_id, key) for r in reports}
     payload = {
         "twin": args.twin,
-        "images": [{**r.as_json(), "sbom": attested[r.image_id]} for r in reports],
+        "images": [{**r.as_json(), "sbom": attested[r.image_id].as_json()} for r in reports],
         "failures": len(failed),
         "markdown": matrix,
     }
@@ -78,39 +94,83 @@ def run(args: argparse.Namespace, app: App) -> int:
         print(table(reports))
         print()
         for r in reports:
-            print(f"{r.image} sbom: {attested[r.image_id]['said']}")
+            print(f"{r.image} sbom: {attested[r.image_id].said}")
         print()
         print(matrix)
 
     app.emit(payload, human)
+    problems: list[str] = []
+    fixes: list[str] = []
     if failed:
-        raise CheckFailed(
-            f"{len(failed)} check(s) failed in {sorted({f.image for f in failed})}",
-            where="k3env verify",
-            fix="each failure above names the image, profile, check and component, with the "
-            "probe's own output",
+        problems.append(f"{len(failed)} check(s) failed in {sorted({f.image for f in failed})}")
+        fixes.append(
+            "each failure above names the image, profile, check and component, with the "
+            "probe's own output"
         )
+    unsigned = [
+        f"{r.image}'s signed SBOM and provenance: "
+        + "; ".join(f"{g.name} {g.status}: {g.detail}" for g in wrong)
+        for r in reports
+        if (wrong := bad(attested[r.image_id].gates))
+    ]
+    if unsigned:
+        problems += unsigned
+        fixes.append(
+            "export the image again with --sign-key (the private key of --key's pair), or "
+            "pass the key it was signed with; an SBOM or statement changed after signing is "
+            "tampering"
+        )
+    if problems:
+        raise CheckFailed("; ".join(problems), where="k3env verify", fix="; ".join(fixes))
     return 0
 
 
-def _attested(state: Any, image_id: str) -> dict[str, Any]:
-    """What this host holds of the image's SBOM and provenance: its last export's files beside
-    it (present or not); their signatures are checked by `export --check --key`, not here."""
-    from k3env.handoff.attest import SBOM_SUFFIX, SIG_SUFFIX, STATEMENT_SUFFIX, beside
+@dataclass(frozen=True, kw_only=True)
+class Attested:
+    """What this host holds of an image's SBOM and provenance, and their gates."""
+
+    export: str | None  # the last export's .sqsh
+    files: tuple[str, ...]  # the three files beside it, those present
+    gates: tuple[Gate, ...]
+    said: str  # one line
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "export": self.export,
+            "files": list(self.files),
+            "gates": [g.as_json() for g in self.gates],
+            "said": self.said,
+        }
+
+
+def _attested(state: Any, image_id: str, key: VerifyKey | None) -> Attested:
+    """The image's last export's SBOM and provenance beside it: present or not, both
+    signatures checked with ``key`` (not checked without one), the statement naming this SBOM
+    and, as its subject, the sha256 the export recorded. The file itself is not read (a
+    multi-GB image): its own bytes are checked by `export --check`."""
+    from k3env.handoff.attest import (
+        SBOM_SUFFIX,
+        SIG_SUFFIX,
+        STATEMENT_SUFFIX,
+        beside,
+        check_signed,
+        recorded,
+    )
     from k3env.handoff.enroot_export import last_export
 
     exported = last_export(state, image_id)
     if exported is None:
-        return {"export": None, "files": [], "said": "none: not exported (k3env export --sign-key)"}
+        why = "not exported (k3env export --sign-key KEY.pem)"
+        return Attested(export=None, files=(), said=f"none: {why}",
+                        gates=(Gate(name="sbom", status=NOT_CHECKED, detail=why),))  # fmt: skip
     sqsh = Path(exported.path)
-    files = [str(beside(sqsh, x)) for x in (SBOM_SUFFIX, SIG_SUFFIX, STATEMENT_SUFFIX)
-             if beside(sqsh, x).is_file()]  # fmt: skip
-    said = (
-        f"signed SBOM and provenance beside {sqsh} (signatures not checked here: "
-        f"k3env export --check {sqsh} --key PUB.pem)"
-        if len(files) == 3
-        else f"none beside {sqsh} (k3env export --sign-key KEY.pem)"
-        if not files
-        else f"incomplete beside {sqsh}: only {', '.join(Path(f).name for f in files)}"
+    files = tuple(str(beside(sqsh, x)) for x in (SBOM_SUFFIX, SIG_SUFFIX, STATEMENT_SUFFIX)
+                  if beside(sqsh, x).is_file())  # fmt: skip
+    gates = tuple(check_signed(sqsh, key, recorded(str(exported.sha256))))
+    said = f"{sqsh}: " + "; ".join(
+        f"{g.name} {g.status}" + ("" if g.status == PASSED else f" ({g.detail})") for g in gates
     )
-    return {"export": str(sqsh), "files": files, "said": said}
+    if key is None and files:
+        said += f"; signatures: k3env verify --key PUB.pem, or k3env export --check {sqsh} --key "
+        said += "PUB.pem"
+    return Attested(export=str(sqsh), files=files, gates=gates, said=said)

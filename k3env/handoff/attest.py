@@ -12,11 +12,16 @@ Beside ``NAME.sqsh`` (the files travel with it to the cluster):
 
 ``check`` makes the SBOM again from the file and compares bytes (the files match the SBOM),
 and checks both signatures with the given public key; without a key they are not checked.
+``check_signed`` checks the signatures alone, the statement's subject against the export's
+recorded sha256 (``k3env verify``: a multi-GB file is not read there).
 """
 
 from __future__ import annotations
 
+import functools
 import json
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -122,27 +127,77 @@ def _read(path: Path) -> bytes | None:
         return None
 
 
-def check(sqsh: Path, fs: Squashfs, key: VerifyKey | None) -> list[Gate]:
+@dataclass(frozen=True, kw_only=True)
+class Subject:
+    """What the statement's subject must be: the ``.sqsh``'s sha256, asked for only when a
+    statement is there to compare (``export --check`` hashes the file then, once), and how
+    the gate names it."""
+
+    sha256: Callable[[], str]
+    named: str = "this file"
+    differs: str = "its subject is another file (sha256 differs)"
+
+
+def hashed(sqsh: Path) -> Subject:
+    """The subject as the file's own bytes give it: hashed when first asked, then kept."""
+    return Subject(sha256=functools.cache(lambda: file_sha256(sqsh)))
+
+
+def recorded(sha256: str) -> Subject:
+    """The subject as the export's record gives it (the file not hashed again: ``verify``)."""
+    return Subject(
+        sha256=lambda: sha256,
+        named="the export's recorded sha256 (the file's own bytes: k3env export --check)",
+        differs="its subject is not the export's recorded sha256 (another file)",
+    )
+
+
+def check(sqsh: Path, fs: Squashfs, key: VerifyKey | None, subject: Subject) -> list[Gate]:
     """The gates of the SBOM and provenance beside ``sqsh``: missing ones are not checked
     without a key and failed with one (a key says they must be there)."""
     absent = FAILED if key is not None else NOT_CHECKED
     document = _read(beside(sqsh, SBOM_SUFFIX))
-    gates: list[Gate] = []
     if document is None:
-        why = f"no SBOM beside the file ({beside(sqsh, SBOM_SUFFIX).name})"
-        return [Gate(name="sbom", status=absent, detail=why)]
+        return [_no_sbom(sqsh, absent)]
     again = sbom(fs)
     count = len(json.loads(again).get("components") or [])
-    gates.append(
+    made = (
         Gate(name="sbom", status=PASSED,
              detail=f"made again from the file, byte-identical ({count} components)")
         if again == document
         else Gate(name="sbom", status=FAILED,
                   detail="differs from the SBOM made from the file: the file or its SBOM changed")
     )  # fmt: skip
-    gates.append(_signature(beside(sqsh, SIG_SUFFIX), document, key))
-    gates.append(_statement(sqsh, document, key, absent))
-    return gates
+    return [made, *signatures(sqsh, document, key, subject)]
+
+
+def check_signed(sqsh: Path, key: VerifyKey | None, subject: Subject) -> list[Gate]:
+    """The gates of the files beside ``sqsh`` without reading the image: the SBOM is there
+    (not made again from the file: ``export --check`` does), both signatures, and the
+    statement naming ``subject`` and this SBOM."""
+    absent = FAILED if key is not None else NOT_CHECKED
+    document = _read(beside(sqsh, SBOM_SUFFIX))
+    if document is None:
+        return [_no_sbom(sqsh, absent)]
+    there = Gate(name="sbom", status=NOT_CHECKED, detail=(
+        f"{beside(sqsh, SBOM_SUFFIX).name} is there ({len(document)} bytes); not made again "
+        f"from the image here: k3env export --check {sqsh} --key PUB.pem"))  # fmt: skip
+    return [there, *signatures(sqsh, document, key, subject)]
+
+
+def signatures(sqsh: Path, document: bytes, key: VerifyKey | None, subject: Subject) -> list[Gate]:
+    """The SBOM's signature and the signed statement beside ``sqsh`` (``document``: the SBOM
+    read there)."""
+    absent = FAILED if key is not None else NOT_CHECKED
+    return [
+        _signature(beside(sqsh, SIG_SUFFIX), document, key),
+        _statement(sqsh, document, key, absent, subject),
+    ]
+
+
+def _no_sbom(sqsh: Path, absent: str) -> Gate:
+    why = f"no SBOM beside the file ({beside(sqsh, SBOM_SUFFIX).name})"
+    return Gate(name="sbom", status=absent, detail=why)
 
 
 def _signature(path: Path, document: bytes, key: VerifyKey | None) -> Gate:
@@ -156,7 +211,9 @@ def _signature(path: Path, document: bytes, key: VerifyKey | None) -> Gate:
     return Gate(name="sbom signature", status=FAILED, detail="not the given key's signature")
 
 
-def _statement(sqsh: Path, document: bytes, key: VerifyKey | None, absent: str) -> Gate:
+def _statement(
+    sqsh: Path, document: bytes, key: VerifyKey | None, absent: str, subject: Subject
+) -> Gate:
     name = "provenance"
     data = _read(beside(sqsh, STATEMENT_SUFFIX))
     if data is None:
@@ -165,12 +222,12 @@ def _statement(sqsh: Path, document: bytes, key: VerifyKey | None, absent: str) 
         )
     try:
         said, signed = open_envelope(key, data)
-        subject = said["subject"][0]["digest"]["sha256"]
+        named = said["subject"][0]["digest"]["sha256"]
         byproduct = said["predicate"]["runDetails"]["byproducts"][0]["digest"]["sha256"]
     except (ValueError, KeyError, IndexError, TypeError) as e:
         return Gate(name=name, status=FAILED, detail=f"refused: {str(e)[:200]}")
-    if subject != file_sha256(sqsh):
-        return Gate(name=name, status=FAILED, detail="its subject is another file (sha256 differs)")
+    if named != subject.sha256():
+        return Gate(name=name, status=FAILED, detail=subject.differs)
     if byproduct != digest_hex(sha256_digest(document)):
         return Gate(name=name, status=FAILED, detail="it names another SBOM (sha256 differs)")
     if signed != "signed":
@@ -179,5 +236,5 @@ def _statement(sqsh: Path, document: bytes, key: VerifyKey | None, absent: str) 
             status=NOT_CHECKED,
             detail="subject and SBOM match; signature not checked: no --key given",
         )
-    detail = "signed by the given key; its subject is this file, its SBOM this one"
+    detail = f"signed by the given key; its subject is {subject.named}, its SBOM this one"
     return Gate(name=name, status=PASSED, detail=detail)

@@ -3,11 +3,12 @@
 What it lists, all read from the squashfs (``squashfs_check.Squashfs``, untrusted): every
 installed Python distribution (its ``dist-info`` METADATA name and version, where it is
 installed, and the sha256 of the wheel the lock pinned where the image's provenance names
-it), every Debian package dpkg's status calls installed, and the lock's pins the image's
-provenance carries (its base by digest, Dynamo, aiperf, srt-slurm and its patches, container
-patches by sha256). The document is a pure function of the file: its serial number is
-derived from the image's provenance, its timestamp is the provenance file's time in the
-image (the image's creation), so the same export gives the same bytes on any host, and
+it), every Debian package dpkg's status calls installed (``k3env.installed``'s parser, the
+one verify's facts use), and the lock's pins the image's provenance carries (its base by
+digest, Dynamo, aiperf, srt-slurm and its patches, container patches by sha256). The
+document is a pure function of the file: its serial number is derived from the image's
+provenance, its timestamp is the provenance file's time in the image (the image's creation),
+so the same export gives the same bytes on any host, and
 ``export --check`` makes it again to compare.
 
 cyclonedx-python-lib (and packageurl) are imported here only.
@@ -18,7 +19,7 @@ from __future__ import annotations
 import re
 import uuid
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -34,13 +35,18 @@ from k3env.errors import UntrustedFileError
 from k3env.handoff.squashfs_check import Squashfs, _installed_records, _provenance
 from k3env.hashing import digest_hex, sha256_digest
 from k3env.image.build import PROVENANCE_PATH
+from k3env.installed import (
+    DPKG_STATUS,
+    MAX_PACKAGES,
+    NAME,
+    STATUS_LIMIT,
+    debian_installed,
+    field,
+    headers,
+)
 from k3env.quoting import one_line
 
-DPKG_STATUS = "var/lib/dpkg/status"
 METADATA_LIMIT = 1 << 20  # a METADATA's headers come first; its long description is cut
-MAX_PACKAGES = 100_000
-FIELD = 200  # characters of a name or version kept (others' text, bounded)
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+~:-]*$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,22 +57,6 @@ class Package:
     where: str  # the dist-info directory, or dpkg's status
     arch: str = ""
     sha256: str = ""  # of the wheel the lock pinned (pypi), where known
-
-
-def _field(text: str) -> str:
-    return one_line(text.strip())[:FIELD]
-
-
-def _headers(text: str, names: Sequence[str]) -> dict[str, str]:
-    """The first value of each of ``names`` among RFC 822 style headers (until a blank line)."""
-    out: dict[str, str] = {}
-    for line in text.splitlines():
-        if not line.strip():
-            break
-        key, sep, value = line.partition(":")
-        if sep and key in names and key not in out:
-            out[key] = _field(value)
-    return out
 
 
 def python_packages(fs: Squashfs, wheels: Mapping[tuple[str, str], str]) -> list[Package]:
@@ -81,10 +71,10 @@ def python_packages(fs: Squashfs, wheels: Mapping[tuple[str, str], str]) -> list
             text = untrusted.read_text(dest, path, limit=METADATA_LIMIT, shown_as="/")
         except UntrustedFileError:
             text = None
-        got = _headers(text or "", ("Name", "Version"))
+        got = headers(text or "", ("Name", "Version"))
         where = one_line(path.rsplit("/", 1)[0])
         name, version = got.get("Name", ""), got.get("Version", "")
-        if not (_NAME.match(name) and _NAME.match(version)):
+        if not (NAME.match(name) and NAME.match(version)):
             name, version = f"unreadable:{where}", ""
         key = (re.sub(r"[-_.]+", "-", name).lower(), version)
         out.append(Package(kind="pypi", name=name, version=version, where=where,
@@ -92,26 +82,16 @@ def python_packages(fs: Squashfs, wheels: Mapping[tuple[str, str], str]) -> list
     return out
 
 
-def _stanzas(text: str) -> Iterator[dict[str, str]]:
-    for block in re.split(r"\n\s*\n", text):
-        yield _headers(block, ("Package", "Version", "Architecture", "Status"))
-
-
 def debian_packages(fs: Squashfs) -> list[Package]:
     """Each package dpkg's status says is installed (none: an image without dpkg)."""
     try:
-        raw = fs.read(DPKG_STATUS, limit=64 << 20)
+        raw = fs.read(DPKG_STATUS, limit=STATUS_LIMIT)
     except UntrustedFileError:
         raw = None
-    out = []
-    for s in _stanzas((raw or b"").decode(errors="replace")):
-        if s.get("Status", "").endswith(" installed") and _NAME.match(s.get("Package", "")):
-            version, arch = s.get("Version", ""), s.get("Architecture", "")
-            out.append(Package(kind="deb", name=s["Package"], version=version, arch=arch,
-                               where="/" + DPKG_STATUS))  # fmt: skip
-        if len(out) >= MAX_PACKAGES:
-            break
-    return out
+    return [
+        Package(kind="deb", name=d.name, version=d.version, arch=d.arch, where="/" + DPKG_STATUS)
+        for d in debian_installed((raw or b"").decode(errors="replace"))
+    ]
 
 
 def _pinned_wheels(prov: Mapping[str, Any]) -> dict[tuple[str, str], str]:
@@ -144,7 +124,7 @@ def _pins(prov: Mapping[str, Any]) -> list[Component]:
     """The lock's pins the image's provenance names (``pins``: pin -> identity)."""
     out = []
     for pin, identity in sorted((prov.get("pins") or {}).items()):
-        pin, identity = _field(str(pin)), _field(str(identity))
+        pin, identity = field(str(pin)), field(str(identity))
         sha = re.fullmatch(r"(?:.*@sha256:)?([0-9a-f]{64})", identity)
         kind = ComponentType.CONTAINER if pin.startswith("base.") else (
             ComponentType.FILE if pin.startswith(("patch.", "srt-slurm.")) else
@@ -173,11 +153,11 @@ def sbom(fs: Squashfs) -> bytes:
     bom.metadata.timestamp = (when or datetime(1970, 1, 1)).replace(tzinfo=UTC)
     image = Component(
         type=ComponentType.CONTAINER,
-        name=_field(str(prov.get("image", "?"))),
-        version=_field(str(prov.get("inputs", ""))) or None,
+        name=field(str(prov.get("image", "?"))),
+        version=field(str(prov.get("inputs", ""))) or None,
         bom_ref="image",
         properties=[
-            Property(name=f"k3env:{k}-sha256", value=_field(str((prov.get(k) or {}).get("sha256"))))
+            Property(name=f"k3env:{k}-sha256", value=field(str((prov.get(k) or {}).get("sha256"))))
             for k in ("lock", "spec")
         ]
         + [Property(name="k3env:provenance-sha256", value=prov_hex)],

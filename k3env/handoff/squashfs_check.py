@@ -507,10 +507,11 @@ def check_squashfs(sqsh: Path, lock: Lock, specs: Mapping[str, ImageSpec], log: 
     first against the image (its provenance, /etc/rc, /etc/environment, k3env's files, every
     RECORD), then against this checkout (lock, spec, env, patches)."""
     with tempfile.TemporaryDirectory(prefix="k3env-check-") as work:
-        return _check(Squashfs(sqsh, log, Path(work)), lock, specs, log)
+        return check_image(Squashfs(sqsh, log, Path(work)), lock, specs, log)
 
 
-def _check(fs: Squashfs, lock: Lock, specs: Mapping[str, ImageSpec], log: Log) -> list[Gate]:
+def check_image(fs: Squashfs, lock: Lock, specs: Mapping[str, ImageSpec], log: Log) -> list[Gate]:
+    """``check_squashfs`` of an image already open (its listing read once, shared)."""
     prov, raw = _provenance(fs)
     config = prov["config"]
     # The provenance file against its hash in the image's labels (/etc/rc carries them).

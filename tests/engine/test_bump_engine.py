@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from k3env.bump.body import SBOM_DIFF
 from k3env.cli import main
 from k3env.engine.dockerd import DockerEngine
 from k3env.engine.registry import resolve_digest
@@ -131,7 +132,7 @@ def test_bump_whose_image_fails_verify_keeps_the_lock_and_shows_the_check(
     assert "**pass → fail**" in text  # the tokenizer check changed state
     assert "model_type kimi_k3" in text and "dynamo-runtime 1.2.1" in text
     # The SBOM diff: what verify found installed in the image before and after the bump.
-    sbom = text.split("### SBOM diff (installed Python distributions, before → after)", 1)[1]
+    sbom = text.split(f"### {SBOM_DIFF}", 1)[1]
     assert re.search(r"ai-dynamo-runtime \S+ → 1\.2\.1", sbom.split("###", 1)[0]), sbom
     # The user's choice: write it anyway.
     assert main([*argv, "--keep-failing"]) == 4

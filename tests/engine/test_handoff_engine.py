@@ -214,7 +214,22 @@ def test_a_signed_export_carries_its_sbom_and_provenance_and_a_tamper_is_refused
         main(["export", "--lock", LOCK, "--check", a["path"], "--key", str(keys["other"][1])]) == 4
     )
     assert "sbom signature: not the given key's signature" in capsys.readouterr().err
+    # verify --key: the last export's signatures and statement, by the export's record; and
+    # dpkg's packages read from the real image's files into its facts, as the SBOM lists them.
+    verify = ["verify", "--lock", LOCK, "--json", "--key"]
+    main([*verify, str(keys["k3env"][1])])
+    (image,) = json.loads(capsys.readouterr().out)["images"]
+    assert [(g["gate"], g["status"]) for g in image["sbom"]["gates"]] == [
+        ("sbom", "not checked"), ("sbom signature", "passed"), ("provenance", "passed"),
+    ]  # fmt: skip
+    debs = {d["name"]: d["version"] for d in image["facts"]["debian_packages"]}
+    listed = {c["name"]: c["version"] for c in doc["components"]
+              if c.get("purl", "").startswith("pkg:deb/")}  # fmt: skip
+    assert debs == listed and "libc6" in debs
     Path(a["path"] + ".cdx.json").write_bytes(sbom_a.replace(b'"libc6"', b'"libc7"', 1))
+    assert main([*verify, str(keys["k3env"][1])]) == 4
+    out = json.loads(capsys.readouterr().out)
+    assert "sbom signature failed: not the given key's signature" in out["error"]["message"]
     assert (
         main(["export", "--lock", LOCK, "--check", a["path"], "--key", str(keys["k3env"][1])]) == 4
     )
