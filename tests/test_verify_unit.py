@@ -310,15 +310,6 @@ def test_verify_image_runs_the_probe_once_and_records_facts_by_image_id(
     again = verify_image(fake_engine, state, lock, spec, build, twin=False)
     assert again.cached is True and again.results == report.results
     assert len([v for v, _ in fake_engine.calls if v == "run"]) == runs
-    # A record from before verify read dpkg's status: filled in from the image's files, the
-    # probe not run again.
-    (record,) = (tmp_path / "verify").glob("*.json")
-    older = json.loads(record.read_text())
-    del older["facts"]["debian_packages"]
-    record.write_text(json.dumps(older))
-    assert verify_image(fake_engine, state, lock, spec, build, twin=False).facts == report.facts
-    assert json.loads(record.read_text())["facts"]["debian_packages"] == []
-    assert len([v for v, _ in fake_engine.calls if v == "run"]) == runs
     # A changed plan (another env value baked) is asked afresh.
     replace_in(project.spec_path, 'A = "1"', 'A = "2"')
     lock = project.lock()
@@ -513,3 +504,25 @@ def test_verify_records_dpkgs_installed_packages_as_the_sbom_parses_them(
         "k3env reads"
     }
     assert installed.STATUS_LIMIT == 64 << 20
+
+
+def test_a_record_from_before_dpkg_was_read_is_filled_in_without_the_probe(
+    fake_engine: FakeEngine, project: Project, tmp_path: Path
+) -> None:
+    lock = project.lock()
+    spec = project.spec(lock)
+    build = built(fake_engine, project)
+    payload = {"plans": [{"results": ROWS, "facts": FACTS, "patch_targets": {}}]}
+    fake_engine.on_run(
+        lambda *a: RunResult(exit_code=0, stdout=MARK + json.dumps(payload) + "\n", stderr="")
+    )
+    state = State(tmp_path)
+    report = verify_image(fake_engine, state, lock, spec, build, twin=False)
+    runs = len([v for v, _ in fake_engine.calls if v == "run"])
+    (record,) = (tmp_path / "verify").glob("*.json")
+    older = json.loads(record.read_text())
+    del older["facts"]["debian_packages"]
+    record.write_text(json.dumps(older))
+    assert verify_image(fake_engine, state, lock, spec, build, twin=False).facts == report.facts
+    assert json.loads(record.read_text())["facts"]["debian_packages"] == []
+    assert len([v for v, _ in fake_engine.calls if v == "run"]) == runs
