@@ -63,9 +63,25 @@ def run(
     return proc.stdout or ""
 
 
+# The largest pipe an unprivileged process may ask for (Linux's /proc/sys/fs/pipe-max-size
+# default): a stream of gigabytes wakes its reader once a MiB, not once each 64 KiB.
+PIPE_SIZE = 1 << 20
+
+
+def _widen(pipe: object) -> None:
+    """Ask for a PIPE_SIZE pipe (Linux); elsewhere, or refused, the pipe stays as it is."""
+    import fcntl
+
+    setsz = getattr(fcntl, "F_SETPIPE_SZ", None)
+    fileno = getattr(pipe, "fileno", None)
+    if setsz is not None and fileno is not None:
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fileno(), setsz, PIPE_SIZE)
+
+
 def run_streaming(
     argv: Sequence[str],
-    chunks: Iterable[bytes],
+    chunks: Iterable[bytes | bytearray | memoryview],
     log: Log,
     *,
     what: str | None = None,
@@ -84,6 +100,7 @@ def run_streaming(
             env={**os.environ, **env} if env else None,
         ) as proc:
             assert proc.stdin is not None and proc.stdout is not None
+            _widen(proc.stdin)
             try:
                 for chunk in chunks:
                     proc.stdin.write(chunk)

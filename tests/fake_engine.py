@@ -24,6 +24,7 @@ by digest (the unit-test twin of ``tests/engine/conftest.py``'s ``write_project`
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import gzip
 import io
@@ -530,12 +531,14 @@ class FakeEngine:
         )
 
     def _module_lookup(self, image: str, argv: list[str]) -> RunResult | None:
-        """The builder's ``python -c FIND_MODULES_SCRIPT MODULE...``, answered from the files."""
+        """The builder's ``python -c FIND_MODULES_SCRIPT [--read] MODULE...``, answered from the
+        files (with ``--read``: each found file's bytes and stat too, as the script prints)."""
         if len(argv) < 3 or argv[1] != "-c" or "def find_module_file" not in argv[2]:
             return None
         fs = self.filesystem(image)
         found: dict[str, str | None] = {}
-        for module in argv[3:]:
+        read = argv[3:4] == ["--read"]
+        for module in argv[4:] if read else argv[3:]:
             found[module] = None
             for d in self.sys_path:
                 stem = posixpath.join(d, *module.split("."))
@@ -546,7 +549,15 @@ class FakeEngine:
                         break
                 if found[module]:
                     break
-        return RunResult(exit_code=0, stdout=json.dumps(found) + "\n", stderr="")
+        if not read:
+            return RunResult(exit_code=0, stdout=json.dumps(found) + "\n", stderr="")
+        files = {
+            f: {"b64": base64.b64encode(fs.files[f].content).decode(), "mode": fs.files[f].mode,
+                "uid": fs.files[f].uid, "gid": fs.files[f].gid}
+            for f in sorted({f for f in found.values() if f})
+        }  # fmt: skip
+        doc = {"modules": found, "files": files}
+        return RunResult(exit_code=0, stdout=json.dumps(doc) + "\n", stderr="")
 
     def run_and_commit(
         self,
@@ -748,7 +759,7 @@ class FakeEngine:
         )
         return PushResult(digest=digest, layers=layers)
 
-    def export(self, image: str) -> Generator[bytes, None, None]:
+    def export(self, image: str) -> Generator[bytes | bytearray, None, None]:
         """The image's filesystem as a tar stream (its files' own mtimes), with what a
         container's init layer adds to it (at ``self.container_created``)."""
         self._call("export", image)

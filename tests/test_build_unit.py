@@ -16,7 +16,7 @@ from k3env.errors import EngineError, PatchError, SecretError
 from k3env.hashing import sha256_digest
 from k3env.image import twin, twinlayer
 from k3env.image.bases import ResolvedBase
-from k3env.image.build import PROVENANCE_PATH, Builder, BuildResult, make_builder
+from k3env.image.build import PROVENANCE_PATH, Builder, BuildResult, _located, make_builder
 from k3env.image.layer import LayerFile, assemble, docker_archive
 from k3env.log import Log
 
@@ -365,3 +365,64 @@ def test_build_over_the_cpu_twin_assembles_its_layer_and_pushes_it(
     assert fake_engine.text(result.image_id, MODULE_FILE) == FIXED
     image = fake_engine.inspect(result.image_id)
     assert image is not None and image.config["Labels"]["io.k3env.twin"] == "true"
+
+
+def test_a_cold_build_locates_and_reads_the_target_in_one_container(
+    fake_engine: FakeEngine, fake_project: Project
+) -> None:
+    result = build(fake_engine, fake_project)
+    verbs = [verb for verb, _ in fake_engine.calls]
+    assert verbs.count("run") == 1 and "read_files" not in verbs
+    assert fake_engine.text(result.reference, MODULE_FILE) == FIXED
+
+
+def test_the_locate_script_reads_what_it_finds(tmp_path: Path) -> None:
+    """The real script, run by this host's Python over a package of its own."""
+    import os
+    import subprocess
+    import sys
+
+    from k3env.image.build import find_modules_script
+
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg/__init__.py").write_text("")
+    (tmp_path / "pkg/mod.py").write_bytes(b"x = 1\n\xff")
+    os.chmod(tmp_path / "pkg/mod.py", 0o640)
+    out = subprocess.run(
+        [sys.executable, "-c", find_modules_script(), "--read", "pkg.mod", "pkg.none"],
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(tmp_path)},
+        capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    found, files = _located(out, ["pkg.mod", "pkg.none"], "here")
+    real = str((tmp_path / "pkg/mod.py").resolve())
+    assert found == {"pkg.mod": real, "pkg.none": None}
+    assert files[real].content == b"x = 1\n\xff" and files[real].mode == 0o640
+    assert files[real].uid == os.getuid()
+
+
+@pytest.mark.parametrize(
+    "stdout",
+    [
+        "",
+        "not json",
+        '{"m": "/a.py"}',  # the old shape: no "modules"
+        '{"modules": {"other": null}, "files": {}}',  # not the module asked for
+        '{"modules": {"m": "a.py"}, "files": {}}',  # not an absolute path
+        '{"modules": {"m": "/a.py"}, "files": {"/a.py": {"b64": "!!", "mode": 1, "uid": 0, '
+        '"gid": 0}}}',  # not base64
+        '{"modules": {"m": "/a.py"}, "files": {"/a.py": {"b64": "", "mode": "x", "uid": 0, '
+        '"gid": 0}}}',  # not a number
+    ],
+)
+def test_a_locate_answer_of_another_shape_is_refused(stdout: str) -> None:
+    with pytest.raises(EngineError, match="unexpected module probe output"):
+        _located(stdout, ["m"], "here")
+
+
+def test_a_locate_answer_keeps_only_the_files_it_located() -> None:
+    out = json.dumps({"modules": {"m": "/a.py"}, "files": {
+        "/a.py": {"b64": "eA==", "mode": 420, "uid": 0, "gid": 0},
+        "/etc/shadow": {"b64": "eA==", "mode": 420, "uid": 0, "gid": 0},
+        "/big.py": None}})  # fmt: skip
+    found, files = _located(out, ["m"], "here")
+    assert found == {"m": "/a.py"} and list(files) == ["/a.py"] and files["/a.py"].content == b"x"

@@ -281,3 +281,16 @@ def test_push_retries_then_names_the_registry(
     assert e.value.fix is not None and "registry" in e.value.fix
     assert sum(r.path.endswith("/push") for r in fake.requests) == 3
     assert len(lines) == 2
+
+
+def test_a_sized_stream_gives_whole_buffers_of_their_own(fake: FakeDaemon) -> None:
+    payload = bytes(range(256)) * 5000  # 1.28 MB: several socket reads per buffer
+    fake.route = routes({"GET /blob": (200, payload)})
+    http = EngineHTTP(fake.url.removeprefix("unix://"))
+    pieces = list(http.buffers("/blob", 1 << 18, timeout=5))
+    assert b"".join(pieces) == payload
+    # The header's read may carry the body's first bytes; after it, full buffers, a short last.
+    sized = pieces[1:] if len(pieces[0]) != 1 << 18 else pieces
+    assert all(len(p) == 1 << 18 for p in sized[:-1]) and 0 < len(sized[-1]) <= 1 << 18
+    assert len({id(p) for p in pieces}) == len(pieces)  # none reused: views of them stay true
+    assert list(http.stream("GET", "/blob")) and b"".join(http.stream("GET", "/blob")) == payload

@@ -62,3 +62,32 @@ def test_fixed_mtimes_are_set_where_asked() -> None:
     with tarfile.open(fileobj=io.BytesIO(out)) as tar:
         times = {m.name: m.mtime for m in tar}
     assert times == {"etc/hostname": 7, "etc/keep": 1_700_000_123}
+
+
+def _tar(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("size", [1, 7, 512, 4096, 1 << 16])
+def test_the_filter_is_the_same_whatever_the_chunks(size: int) -> None:
+    files = {"a": b"x" * 1000, "dev/null": b"", "b/c": bytes(range(256)) * 40, "d": b""}
+    stream = _tar(files)
+    chunks = [bytearray(stream[i : i + size]) for i in range(0, len(stream), size)]
+    out = b"".join(filter_tar(chunks, lambda n: n.startswith("dev/"), b""))
+    whole = b"".join(filter_tar([stream], lambda n: n.startswith("dev/"), b""))
+    assert out == whole
+    with tarfile.open(fileobj=io.BytesIO(out)) as tar:
+        got = {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}  # type: ignore[union-attr]
+    assert got == {k: v for k, v in files.items() if not k.startswith("dev/")}
+
+
+def test_a_stream_cut_inside_an_entry_is_refused() -> None:
+    stream = _tar({"big": b"y" * 5000})
+    with pytest.raises(ValueError, match="ended inside 'big'"):
+        b"".join(filter_tar([stream[:2000]], lambda n: False, b""))

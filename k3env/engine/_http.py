@@ -226,11 +226,47 @@ class EngineHTTP:
         content_type: str | None = None,
         headers: Mapping[str, str] | None = None,
         timeout: Timeout = SHORT,
-        chunk_size: int = 0,
     ) -> Generator[bytes, None, None]:
-        """The reply body as it arrives: pieces of at least ``chunk_size`` bytes (the last
-        may be shorter), or each read as it comes with 0. The request is sent on the first
-        ``next``; closing the iterator closes the connection."""
+        """The reply body as it arrives, each read as it comes. The request is sent on the
+        first ``next``; closing the iterator closes the connection."""
+        sock, first = self._streamed(method, path, params, body, content_type, headers, timeout)
+        with sock:
+            if first:
+                yield first
+            while chunk := sock.recv(1 << 16):
+                yield chunk
+
+    def buffers(
+        self, path: str, size: int, *, timeout: Timeout
+    ) -> Generator[bytearray, None, None]:
+        """A GET's reply body in buffers of ``size`` bytes (the first and the last may be
+        shorter), each filled by the kernel in place and never reused: a reader may keep
+        views of them, and gigabytes pass without a copy in Python."""
+        sock, first = self._streamed("GET", path, None, None, None, None, timeout)
+        with sock:
+            if first:
+                yield bytearray(first)
+            while True:
+                buf = bytearray(size)
+                view, filled = memoryview(buf), 0
+                while filled < size and (n := sock.recv_into(view[filled:])):
+                    filled += n
+                if filled:
+                    yield buf if filled == size else buf[:filled]
+                if filled < size:
+                    return
+
+    def _streamed(
+        self,
+        method: str,
+        path: str,
+        params: Params | None,
+        body: Body | None,
+        content_type: str | None,
+        headers: Mapping[str, str] | None,
+        timeout: Timeout,
+    ) -> tuple[socket.socket, bytes]:
+        """The request sent; the socket and the body's first bytes (an error status raised)."""
         sock, status, first = self._open(
             method,
             path,
@@ -240,20 +276,10 @@ class EngineHTTP:
             headers=headers,
             timeout=timeout,
         )
-        with sock:
-            if status >= 400:
+        if status >= 400:
+            with sock:
                 raise self._error(status, self._read_rest(sock, first))
-            buf = bytearray(first)
-            while True:
-                if buf and len(buf) >= chunk_size:
-                    yield bytes(buf)
-                    buf.clear()
-                chunk = sock.recv(max(chunk_size, 1 << 16))
-                if not chunk:
-                    break
-                buf += chunk
-            if buf:
-                yield bytes(buf)
+        return sock, first
 
     def json_lines(
         self, method: str, path: str, **kwargs: Any

@@ -608,15 +608,12 @@ class DockerEngine:
             raise EngineError("the registry returned no digest", where=where, fix="push again")
         return PushResult(digest=str(digest), layers=layers)
 
-    def export(self, image: str) -> Generator[bytes, None, None]:
+    def export(self, image: str) -> Generator[bytes | bytearray, None, None]:
         container = self._create(image, {"Entrypoint": ["k3env-export"], "Cmd": []})
         try:
             with self._reported("docker export", image):
-                chunks = self.http.stream(
-                    "GET",
-                    f"/containers/{container}/export",
-                    timeout=TRANSFER_TIMEOUT,
-                    chunk_size=1 << 20,
+                chunks = self.http.buffers(
+                    f"/containers/{container}/export", 1 << 20, timeout=TRANSFER_TIMEOUT
                 )
                 try:
                     yield from chunks

@@ -134,7 +134,7 @@ class Engine(Protocol):
     def push(self, repository: str, tag: str, progress: Progress) -> PushResult:
         """Push ``repository:tag``: the registry's manifest digest and each layer's fate."""
 
-    def export(self, image: str) -> Generator[bytes, None, None]:
+    def export(self, image: str) -> Generator[bytes | bytearray, None, None]:
         """The image's root filesystem as a tar stream (``docker create`` + ``export``).
 
         The container is removed when the stream is exhausted or closed."""

@@ -9,6 +9,7 @@ one inspect. Nothing is tagged until the loaded image's ID equals the config dig
 
 from __future__ import annotations
 
+import base64
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -120,7 +121,9 @@ def find_modules_script() -> str:
 def resolve_modules(
     engine: Engine, state: State, base: ResolvedBase, modules: list[str], log: Log
 ) -> dict[str, str | None]:
-    """Module -> file in the image, found on the image's own sys.path without importing."""
+    """Module -> file in the image, found on the image's own sys.path without importing. The
+    same container reads each found file (``locate.py --read``): it lands in the cache
+    ``read_base_files`` answers from, so a cold build starts one container, not two."""
     key = digest_hex(base.image.id)
     cached: dict[str, str | None] = state.read_json("images", key, "modules.json") or {}
     missing = [m for m in modules if m not in cached]
@@ -128,7 +131,7 @@ def resolve_modules(
         with log.step(f"locate {len(missing)} module(s) in {base.reference}"):
             result = engine.run(
                 base.image.id,
-                [base.pin.python, "-c", find_modules_script(), *missing],
+                [base.pin.python, "-c", find_modules_script(), "--read", *missing],
                 timeout=120,
             )
         if result.exit_code != 0:
@@ -138,16 +141,54 @@ def resolve_modules(
                 where=f"bases.{base.pin.name}.python",
                 fix="set `python` in the base pin to the image's interpreter",
             )
-        try:
-            cached.update(json.loads(result.stdout.strip().splitlines()[-1]))
-        except (ValueError, IndexError) as e:
-            raise EngineError(
-                f"unexpected module probe output: {result.stdout[-500:]!r}",
-                where=base.reference,
-                fix="report this as a k3env bug",
-            ) from e
+        found, files = _located(result.stdout, missing, base.reference)
+        cached.update(found)
+        _remember_files(state, key, files)
         state.write_json(cached, "images", key, "modules.json")
     return {m: cached.get(m) for m in modules}
+
+
+def _located(
+    stdout: str, asked: list[str], where: str
+) -> tuple[dict[str, str | None], dict[str, ImageFile]]:
+    """``locate.py --read``'s answer, its shape checked: each module asked for, a file or
+    none; each file's bytes and stat (a file it did not read is read through the engine)."""
+    try:
+        doc = json.loads(stdout.strip().splitlines()[-1])
+        found, read = doc["modules"], doc["files"]
+        if not isinstance(found, dict) or sorted(found) != sorted(asked):
+            raise ValueError("modules")
+        if not all(f is None or (isinstance(f, str) and f.startswith("/")) for f in found.values()):
+            raise ValueError("files")
+        files = {}
+        for path, meta in read.items() if isinstance(read, dict) else ():
+            if meta is None or path not in found.values():
+                continue
+            content = base64.b64decode(meta["b64"], validate=True)
+            mode, uid, gid = (int(meta[k]) for k in ("mode", "uid", "gid"))
+            files[path] = ImageFile(path=path, content=content, mode=mode, uid=uid, gid=gid)
+    except (ValueError, IndexError, KeyError, TypeError, AttributeError) as e:
+        raise EngineError(
+            f"unexpected module probe output: {stdout[-500:]!r}",
+            where=where,
+            fix="report this as a k3env bug",
+        ) from e
+    return found, files
+
+
+def _remember_files(state: State, key: str, files: Mapping[str, ImageFile | None]) -> None:
+    """Record a base image's files (None: not there) where ``read_base_files`` finds them."""
+    if not files:
+        return
+    index: dict[str, Any] = state.read_json("images", key, "files.json") or {}
+    for p, f in files.items():
+        if f is None:
+            index[p] = None
+            continue
+        sha = digest_hex(sha256_digest(f.content))
+        state.write_bytes(f.content, "blobs", sha)
+        index[p] = {"sha256": sha, "mode": f.mode, "uid": f.uid, "gid": f.gid}
+    state.write_json(index, "images", key, "files.json")
 
 
 def read_base_files(
@@ -180,15 +221,9 @@ def read_base_files(
                 gid=int(meta["gid"]),
             )
     if missing:
-        for p, f in engine.read_files(base.image.id, missing).items():
-            out[p] = f
-            if f is None:
-                index[p] = None
-                continue
-            sha = digest_hex(sha256_digest(f.content))
-            state.write_bytes(f.content, "blobs", sha)
-            index[p] = {"sha256": sha, "mode": f.mode, "uid": f.uid, "gid": f.gid}
-        state.write_json(index, "images", key, "files.json")
+        read = engine.read_files(base.image.id, missing)
+        out.update(read)
+        _remember_files(state, key, read)
     return out
 
 

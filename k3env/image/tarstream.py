@@ -3,7 +3,7 @@
 ``docker export`` gives the image's root filesystem as one tar stream; mksquashfs (4.5+)
 reads a tar on stdin (``-tar``). In between, the enroot files (/etc/environment, /etc/rc, ...)
 replace the image's own and ``/dev/*`` and ``/.dockerenv`` are dropped. Headers are parsed
-one 512-byte block at a time and data is copied in large chunks, so the 2+ GB of a serving
+one 512-byte block at a time and data passes as views of the chunks read, so the 2+ GB of a serving
 image pass through at pipe speed and never touch the disk. Pure: bytes in, bytes out.
 """
 
@@ -13,25 +13,39 @@ import tarfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
 
 BLOCK = 512
-_CHUNK = 1 << 20
 
 
 class _Reader:
-    """Exact-size reads over an iterator of byte chunks."""
+    """Reads over an iterator of byte chunks: exact-size copies for headers (``read``), and
+    views of the chunks themselves for data (``take``), so an entry's bytes are never copied
+    on their way through (a chunk must not change once given: each is a buffer of its own)."""
 
-    def __init__(self, chunks: Iterable[bytes]) -> None:
+    def __init__(self, chunks: Iterable[bytes | bytearray | memoryview]) -> None:
         self._it = iter(chunks)
-        self._buf = bytearray()
+        self._chunk = memoryview(b"")
+
+    def _fill(self) -> bool:
+        while not self._chunk:
+            try:
+                self._chunk = memoryview(next(self._it)).cast("B")
+            except StopIteration:
+                return False
+        return True
+
+    def take(self, n: int) -> memoryview:
+        """Up to ``n`` bytes (fewer at a chunk's end; empty at the stream's), not copied."""
+        if not self._fill():
+            return memoryview(b"")
+        out, self._chunk = self._chunk[:n], self._chunk[n:]
+        return out
 
     def read(self, n: int) -> bytes:
-        while len(self._buf) < n:
-            try:
-                self._buf += next(self._it)
-            except StopIteration:
-                break
-        out = bytes(self._buf[:n])
-        del self._buf[:n]
-        return out
+        """Exactly ``n`` bytes, fewer only at the stream's end."""
+        parts = []
+        while n and (part := self.take(n)):
+            parts.append(part)
+            n -= len(part)
+        return b"".join(parts)
 
 
 def _padded(size: int) -> int:
@@ -124,12 +138,12 @@ def _relink(pending: list[bytes], header: bytes) -> tuple[list[bytes], bytes]:
 
 
 def filter_tar(
-    chunks: Iterable[bytes],
+    chunks: Iterable[bytes | bytearray | memoryview],
     drop: Callable[[str], bool],
     append: bytes,
     *,
     mtimes: Mapping[str, int] | None = None,
-) -> Iterator[bytes]:
+) -> Iterator[bytes | memoryview]:
     """Yield the tar of ``chunks`` without entries whose path ``drop`` accepts, plus ``append``.
 
     ``append`` is a tar's entries without its end-of-archive blocks (see ``entries``).
@@ -160,7 +174,7 @@ def filter_tar(
             pending.clear()
             remaining = size
             while remaining:
-                chunk = reader.read(min(remaining, _CHUNK))
+                chunk = reader.take(remaining)
                 if not chunk:
                     raise ValueError(f"tar stream ended inside {name!r}")
                 remaining -= len(chunk)
@@ -177,7 +191,7 @@ def filter_tar(
         yield header
         remaining = size
         while remaining:
-            chunk = reader.read(min(remaining, _CHUNK))
+            chunk = reader.take(remaining)
             if not chunk:
                 raise ValueError(f"tar stream ended inside {name!r}")
             remaining -= len(chunk)
