@@ -229,7 +229,9 @@ class EngineHTTP:
     ) -> Generator[bytes, None, None]:
         """The reply body as it arrives, each read as it comes. The request is sent on the
         first ``next``; closing the iterator closes the connection."""
-        sock, first = self._streamed(method, path, params, body, content_type, headers, timeout)
+        sock, first = self._streamed(method, path, params=params, body=body,
+                                     content_type=content_type, headers=headers,
+                                     timeout=timeout)  # fmt: skip
         with sock:
             if first:
                 yield first
@@ -242,7 +244,8 @@ class EngineHTTP:
         """A GET's reply body in buffers of ``size`` bytes (the first and the last may be
         shorter), each filled by the kernel in place and never reused: a reader may keep
         views of them, and gigabytes pass without a copy in Python."""
-        sock, first = self._streamed("GET", path, None, None, None, None, timeout)
+        sock, first = self._streamed("GET", path, params=None, body=None, content_type=None,
+                                     headers=None, timeout=timeout)  # fmt: skip
         with sock:
             if first:
                 yield bytearray(first)
@@ -256,26 +259,10 @@ class EngineHTTP:
                 if filled < size:
                     return
 
-    def _streamed(
-        self,
-        method: str,
-        path: str,
-        params: Params | None,
-        body: Body | None,
-        content_type: str | None,
-        headers: Mapping[str, str] | None,
-        timeout: Timeout,
-    ) -> tuple[socket.socket, bytes]:
-        """The request sent; the socket and the body's first bytes (an error status raised)."""
-        sock, status, first = self._open(
-            method,
-            path,
-            params=params,
-            body=body,
-            content_type=content_type,
-            headers=headers,
-            timeout=timeout,
-        )
+    def _streamed(self, method: str, path: str, **request: Any) -> tuple[socket.socket, bytes]:
+        """The request sent (``request``: ``_open``'s keywords); the socket and the body's
+        first bytes (an error status raised)."""
+        sock, status, first = self._open(method, path, **request)
         if status >= 400:
             with sock:
                 raise self._error(status, self._read_rest(sock, first))
