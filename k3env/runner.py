@@ -68,15 +68,14 @@ def run(
 PIPE_SIZE = 1 << 20
 
 
-def _widen(pipe: object) -> None:
+def _widen(fd: int) -> None:
     """Ask for a PIPE_SIZE pipe (Linux); elsewhere, or refused, the pipe stays as it is."""
     import fcntl
 
-    setsz = getattr(fcntl, "F_SETPIPE_SZ", None)
-    fileno = getattr(pipe, "fileno", None)
-    if setsz is not None and fileno is not None:
+    setsz = getattr(fcntl, "F_SETPIPE_SZ", None)  # Linux only
+    if setsz is not None:
         with contextlib.suppress(OSError):
-            fcntl.fcntl(fileno(), setsz, PIPE_SIZE)
+            fcntl.fcntl(fd, setsz, PIPE_SIZE)
 
 
 def run_streaming(
@@ -100,7 +99,7 @@ def run_streaming(
             env={**os.environ, **env} if env else None,
         ) as proc:
             assert proc.stdin is not None and proc.stdout is not None
-            _widen(proc.stdin)
+            _widen(proc.stdin.fileno())
             try:
                 for chunk in chunks:
                     proc.stdin.write(chunk)

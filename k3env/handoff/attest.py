@@ -155,10 +155,9 @@ def recorded(sha256: str) -> Subject:
 def check(sqsh: Path, fs: Squashfs, key: VerifyKey | None, subject: Subject) -> list[Gate]:
     """The gates of the SBOM and provenance beside ``sqsh``: missing ones are not checked
     without a key and failed with one (a key says they must be there)."""
-    absent = FAILED if key is not None else NOT_CHECKED
     document = _read(beside(sqsh, SBOM_SUFFIX))
     if document is None:
-        return [_no_sbom(sqsh, absent)]
+        return [_no_sbom(sqsh, key)]
     again = sbom(fs)
     count = len(json.loads(again).get("components") or [])
     made = (
@@ -175,10 +174,9 @@ def check_signed(sqsh: Path, key: VerifyKey | None, subject: Subject) -> list[Ga
     """The gates of the files beside ``sqsh`` without reading the image: the SBOM is there
     (not made again from the file: ``export --check`` does), both signatures, and the
     statement naming ``subject`` and this SBOM."""
-    absent = FAILED if key is not None else NOT_CHECKED
     document = _read(beside(sqsh, SBOM_SUFFIX))
     if document is None:
-        return [_no_sbom(sqsh, absent)]
+        return [_no_sbom(sqsh, key)]
     there = Gate(name="sbom", status=NOT_CHECKED, detail=(
         f"{beside(sqsh, SBOM_SUFFIX).name} is there ({len(document)} bytes); not made again "
         f"from the image here: k3env export --check {sqsh} --key PUB.pem"))  # fmt: skip
@@ -188,16 +186,21 @@ def check_signed(sqsh: Path, key: VerifyKey | None, subject: Subject) -> list[Ga
 def signatures(sqsh: Path, document: bytes, key: VerifyKey | None, subject: Subject) -> list[Gate]:
     """The SBOM's signature and the signed statement beside ``sqsh`` (``document``: the SBOM
     read there)."""
-    absent = FAILED if key is not None else NOT_CHECKED
     return [
         _signature(beside(sqsh, SIG_SUFFIX), document, key),
-        _statement(sqsh, document, key, absent, subject),
+        _statement(sqsh, document, key, subject),
     ]
 
 
-def _no_sbom(sqsh: Path, absent: str) -> Gate:
+def _absent(key: VerifyKey | None) -> str:
+    """A missing file's status: failed with a key (it says they must be there), else not
+    checked."""
+    return FAILED if key is not None else NOT_CHECKED
+
+
+def _no_sbom(sqsh: Path, key: VerifyKey | None) -> Gate:
     why = f"no SBOM beside the file ({beside(sqsh, SBOM_SUFFIX).name})"
-    return Gate(name="sbom", status=absent, detail=why)
+    return Gate(name="sbom", status=_absent(key), detail=why)
 
 
 def _signature(path: Path, document: bytes, key: VerifyKey | None) -> Gate:
@@ -211,15 +214,12 @@ def _signature(path: Path, document: bytes, key: VerifyKey | None) -> Gate:
     return Gate(name="sbom signature", status=FAILED, detail="not the given key's signature")
 
 
-def _statement(
-    sqsh: Path, document: bytes, key: VerifyKey | None, absent: str, subject: Subject
-) -> Gate:
+def _statement(sqsh: Path, document: bytes, key: VerifyKey | None, subject: Subject) -> Gate:
     name = "provenance"
     data = _read(beside(sqsh, STATEMENT_SUFFIX))
     if data is None:
-        return Gate(
-            name=name, status=absent, detail=f"no statement ({beside(sqsh, STATEMENT_SUFFIX).name})"
-        )
+        why = f"no statement ({beside(sqsh, STATEMENT_SUFFIX).name})"
+        return Gate(name=name, status=_absent(key), detail=why)
     try:
         said, signed = open_envelope(key, data)
         named = said["subject"][0]["digest"]["sha256"]

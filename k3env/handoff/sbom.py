@@ -45,6 +45,7 @@ from k3env.installed import (
     headers,
 )
 from k3env.quoting import one_line
+from k3env.versions import canonical_name
 
 METADATA_LIMIT = 1 << 20  # a METADATA's headers come first; its long description is cut
 
@@ -76,7 +77,7 @@ def python_packages(fs: Squashfs, wheels: Mapping[tuple[str, str], str]) -> list
         name, version = got.get("Name", ""), got.get("Version", "")
         if not (NAME.match(name) and NAME.match(version)):
             name, version = f"unreadable:{where}", ""
-        key = (re.sub(r"[-_.]+", "-", name).lower(), version)
+        key = (canonical_name(name), version)
         out.append(Package(kind="pypi", name=name, version=version, where=where,
                            sha256=wheels.get(key, "")))  # fmt: skip
     return out
@@ -97,9 +98,7 @@ def debian_packages(fs: Squashfs) -> list[Package]:
 def _pinned_wheels(prov: Mapping[str, Any]) -> dict[tuple[str, str], str]:
     wheels = (prov.get("components") or {}).get("wheels") or []
     return {
-        (re.sub(r"[-_.]+", "-", str(w.get("name"))).lower(), str(w.get("version"))): str(
-            w.get("sha256")
-        )
+        (canonical_name(str(w.get("name"))), str(w.get("version"))): str(w.get("sha256"))
         for w in wheels
         if isinstance(w, dict)
     }

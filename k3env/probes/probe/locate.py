@@ -30,12 +30,16 @@ def find_module_file(module: str) -> str | None:
 
 
 def read_file(path: str) -> dict[str, object] | None:
-    """A regular file's bytes (base64) and stat, as the image holds it; None past READ_LIMIT."""
-    with open(path, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_size > READ_LIMIT:
-            return None
-        data = f.read(READ_LIMIT + 1)
+    """A regular file's bytes (base64) and stat, as the image holds it; None past READ_LIMIT
+    or unreadable here (the host then reads it through the engine, as before ``--read``)."""
+    try:
+        with open(path, "rb") as f:
+            st = os.fstat(f.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_size > READ_LIMIT:
+                return None
+            data = f.read(READ_LIMIT + 1)
+    except OSError:
+        return None
     if len(data) > READ_LIMIT:
         return None
     return {"b64": base64.b64encode(data).decode(), "mode": stat.S_IMODE(st.st_mode),
