@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from k3env import __version__
-from k3env.commands import all_commands
+from k3env.commands import all_commands, command, named
 from k3env.commands.app import App, docker_engine
 from k3env.config.lock import DEFAULT_LOCK
 from k3env.errors import EngineError, K3envError, StateError, UsageError
@@ -30,7 +30,10 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message, where=self.prog, fix=f"{usage} (see `{self.prog} --help`)")
 
 
-def parser() -> argparse.ArgumentParser:
+def parser(words: list[str] | None = None) -> argparse.ArgumentParser:
+    """k3env's parser. Given a command line that names a command, only that command's
+    subparser (and module) is made: the rest are for ``--help`` and a name nobody knows."""
+    wanted = named(words) if words is not None else None
     common = _Parser(add_help=False)
     common.add_argument("--json", action="store_true", help="print the result as JSON on stdout")
     common.add_argument("-q", "--quiet", action="store_true", help="no progress on stderr")
@@ -47,8 +50,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"k3env {__version__}")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
     groups: dict[str, argparse._SubParsersAction[_Parser]] = {}
-    for command in all_commands():
-        where, name = sub, command.NAME
+    for module in [command(wanted)] if wanted else all_commands():
+        where, name = sub, module.NAME
         if " " in name:  # `srt materialize`: a command of the `srt` group
             group, name = name.split(" ", 1)
             if group not in groups:
@@ -57,10 +60,10 @@ def parser() -> argparse.ArgumentParser:
                     dest=f"{group}_command", required=True, metavar=f"{group.upper()}_COMMAND"
                 )
             where = groups[group]
-        cp = where.add_parser(name, parents=[common], help=command.HELP,
-                              description=command.__doc__)  # fmt: skip
-        command.arguments(cp)
-        cp.set_defaults(run=command.run)
+        cp = where.add_parser(name, parents=[common], help=module.HELP,
+                              description=module.__doc__)  # fmt: skip
+        module.arguments(cp)
+        cp.set_defaults(run=module.run)
     return p
 
 
@@ -97,7 +100,7 @@ def main(argv: Sequence[str] | None = None, *, engine: Engine | None = None) -> 
     """Run one command; ``engine``: the engine it talks to (default: the local dockerd)."""
     words = list(sys.argv[1:] if argv is None else argv)
     try:
-        args = parser().parse_args(words)
+        args = parser(words).parse_args(words)
     except UsageError as e:
         usage = App(log=Log(quiet=False), as_json="--json" in words, make_engine=docker_engine)
         return _fail(usage, e)
