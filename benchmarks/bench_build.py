@@ -48,7 +48,10 @@ ANCHOR = '__version__ = "dev"'
 REPLACEMENT = '__version__ = "dev+k3env-bench"'
 
 
-def timed(argv: list[str], *, cwd: Path, env: dict[str, str] | None = None) -> float:
+def timed(
+    argv: list[str], *, cwd: Path, env: dict[str, str] | None = None, cold: bool = False
+) -> float:
+    """Seconds of one run of ``argv``; ``cold``: a build that must not answer from a cache."""
     start = time.perf_counter()
     proc = subprocess.run(
         argv, cwd=cwd, env={**os.environ, **(env or {})}, capture_output=True, text=True
@@ -56,6 +59,10 @@ def timed(argv: list[str], *, cwd: Path, env: dict[str, str] | None = None) -> f
     elapsed = time.perf_counter() - start
     if proc.returncode != 0:
         sys.exit(f"benchmark command failed: {' '.join(argv)}\n{proc.stdout}\n{proc.stderr}")
+    # BuildKit's plain progress says CACHED for a step it did not run; the legacy builder
+    # says "Using cache". A cold figure that came from a cache would not be one.
+    if cold and any(w in proc.stdout + proc.stderr for w in (" CACHED", "Using cache")):
+        sys.exit(f"a cold build answered from a cache: {' '.join(argv)}\n{proc.stderr}")
     return elapsed
 
 
@@ -120,6 +127,8 @@ def docker_run_context(root: Path, base_ref: str, target: str, value: str) -> Pa
 
 
 def clean(engine: DockerEngine) -> None:
+    """Nothing of an earlier round left: its images, and BuildKit's build cache, which outlives
+    them (without this, BuildKit's "first" build of the same file is a cache hit)."""
     for name in ("k3env-bench/derived", "k3env-bench/docker"):
         ids = subprocess.run(
             ["docker", "images", "-q", name], capture_output=True, text=True, check=True
@@ -127,6 +136,7 @@ def clean(engine: DockerEngine) -> None:
         if ids:
             subprocess.run(["docker", "rmi", "-f", *set(ids)], capture_output=True, check=True)
     subprocess.run(["docker", "image", "prune", "-f"], capture_output=True, check=True)
+    subprocess.run(["docker", "builder", "prune", "-af"], capture_output=True, check=True)
 
 
 BUILDERS = {"buildkit": {"DOCKER_BUILDKIT": "1"}, "legacy": {"DOCKER_BUILDKIT": "0"}}
@@ -246,12 +256,16 @@ def time_builds(engine: DockerEngine, base: Base, repeat: int) -> BuildTimes:
             for name, env in BUILDERS.items():
                 clean(engine)
                 ctx = docker_context(root, base.reference, base.target, base.text, f"{i}-{name}-a")
-                times.docker_cold[name].append(timed([*build, str(ctx)], cwd=root, env=env))
+                times.docker_cold[name].append(
+                    timed([*build, str(ctx)], cwd=root, env=env, cold=True)
+                )
                 ctx = docker_context(root, base.reference, base.target, base.text, f"{i}-{name}-b")
                 times.docker_warm[name].append(timed([*build, str(ctx)], cwd=root, env=env))
                 clean(engine)
                 ctx = docker_run_context(root, base.reference, base.target, f"{i}-{name}-r")
-                times.docker_run_cold[name].append(timed([*build, str(ctx)], cwd=root, env=env))
+                times.docker_run_cold[name].append(
+                    timed([*build, str(ctx)], cwd=root, env=env, cold=True)
+                )
         clean(engine)
     return times
 
