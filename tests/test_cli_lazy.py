@@ -27,6 +27,8 @@ LINES = [
     ["lock", "--help-me"],
     ["bogus"],
     ["--version"],
+    ["-h"],
+    ["srt", "recipe", "-h"],
     [],
 ]
 
