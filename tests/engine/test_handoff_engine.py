@@ -374,16 +374,23 @@ def test_disk_full_leaves_no_partial_sqsh(
 
 
 def test_engine_export_removes_its_container(engine: DockerEngine, project: Path) -> None:
-    before = _containers()
+    before = _export_containers()
     stream = engine.export("k3env/debian-python:" + _stage1_tag(engine))
     next(stream)
+    assert len(_export_containers() - before) == 1  # the export's own, while it streams
     stream.close()
-    assert _containers() == before
+    assert _export_containers() == before
 
 
-def _containers() -> set[str]:
-    listing = subprocess.run(["docker", "ps", "-aq", "--no-trunc"], capture_output=True, text=True)
-    return set(listing.stdout.split())
+def _export_containers() -> set[str]:
+    """The engine's export containers (the other lane starts and removes its own meanwhile)."""
+    listing = subprocess.run(
+        ["docker", "ps", "-a", "--no-trunc", "--format", "{{.ID}} {{.Command}}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return {line.split()[0] for line in listing.stdout.splitlines() if "k3env-export" in line}
 
 
 def _stage1_tag(engine: DockerEngine) -> str:

@@ -66,7 +66,13 @@ def test_the_twin_builds_to_the_same_id_on_a_second_clean_engine(
     p = twin.plan(lock)
     assert second_engine.inspect(p.stage1_ref) is None  # clean: nothing of the first engine
     second = twin.build_twin(lock, second_engine, State(), Log())
-    assert second == first.id
+    # On a difference, which layer: stage 1 (debootstrap) or the wheels' (pip, byte-compiling).
+    built = second_engine.inspect(second)
+    stage1_ids = [e.inspect(p.stage1_ref) for e in (engine, second_engine)]
+    assert second == first.id, (
+        f"layers {first.diff_ids} vs {built.diff_ids if built else None}; stage 1 "
+        f"{[s.id if s else None for s in stage1_ids]}"
+    )
     stage1 = second_engine.inspect(p.stage1_ref)
     assert stage1 is not None and stage1.created == "2026-11-30T00:00:00Z"
 
