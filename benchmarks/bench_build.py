@@ -252,7 +252,9 @@ def time_builds(engine: DockerEngine, base: Base, repeat: int) -> BuildTimes:
             times.warm.append(timed(k3env, cwd=root, env=state))
             times.noop.append(timed(k3env, cwd=root, env=state))
             # docker build of the same change, per builder: first build, then the env edit.
-            build = [DOCKER_CLI, "build", "-t", "k3env-bench/docker:x"]
+            # No network for RUN: k3env's own container has none, and a host whose dockerd
+            # has no bridge (CI's) cannot give one.
+            build = [DOCKER_CLI, "build", "--network=none", "-t", "k3env-bench/docker:x"]
             for name, env in BUILDERS.items():
                 clean(engine)
                 ctx = docker_context(root, base.reference, base.target, base.text, f"{i}-{name}-a")

@@ -28,6 +28,23 @@ def require_tool(name: str, package: str) -> str:
     return path
 
 
+# What a program whose output must be a function of its inputs (``sealed``) sees of this
+# host: where programs are, and the way out to a mirror. Nothing else: a developer shell's
+# PYTHONDONTWRITEBYTECODE turned the .pyc files debootstrap's py3compile writes from
+# timestamp to hash ones (another twin); `nix develop`'s SOURCE_DATE_EPOCH makes mksquashfs
+# refuse the -mkfs-time an export gives it.
+HOST_KEYS = ("PATH", "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY",
+             "NO_PROXY")  # fmt: skip
+
+
+def child_env(env: Mapping[str, str] | None, *, sealed: bool = False) -> dict[str, str] | None:
+    """A child's environment: the host's with ``env`` over it (``None``: the host's as it
+    is); ``sealed``, only the host's HOST_KEYS under ``env``."""
+    if sealed:
+        return {**{k: os.environ[k] for k in HOST_KEYS if k in os.environ}, **(env or {})}
+    return {**os.environ, **env} if env else None
+
+
 def run(
     argv: Sequence[str],
     log: Log,
@@ -36,8 +53,10 @@ def run(
     capture: bool = False,
     what: str | None = None,
     env: Mapping[str, str] | None = None,
+    sealed: bool = False,
 ) -> str:
-    """Run ``argv``, echoed first; a non-zero exit raises with its output."""
+    """Run ``argv``, echoed first; a non-zero exit raises with its output. ``sealed``: the
+    program sees no more of the host's environment than its PATH and proxies."""
     log.command(list(argv))
     try:
         proc = subprocess.run(
@@ -48,7 +67,7 @@ def run(
             errors="replace",  # other programs' bytes: never a UnicodeDecodeError
             stdout=subprocess.PIPE if capture else None,
             stderr=subprocess.PIPE if capture else None,
-            env={**os.environ, **env} if env else None,
+            env=child_env(env, sealed=sealed),
         )
     except FileNotFoundError as e:
         raise ToolError(f"`{argv[0]}` not found", where=what or argv[0], fix="install it") from e
@@ -85,8 +104,10 @@ def run_streaming(
     *,
     what: str | None = None,
     env: Mapping[str, str] | None = None,
+    sealed: bool = False,
 ) -> str:
-    """Run ``argv`` with ``chunks`` streamed to its stdin; a non-zero exit raises."""
+    """Run ``argv`` with ``chunks`` streamed to its stdin; a non-zero exit raises
+    (``sealed`` as for run)."""
     log.command(list(argv))
     broken = False
     try:
@@ -96,7 +117,7 @@ def run_streaming(
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **env} if env else None,
+            env=child_env(env, sealed=sealed),
         ) as proc:
             assert proc.stdin is not None and proc.stdout is not None
             _widen(proc.stdin.fileno())

@@ -96,6 +96,7 @@ def export_image(
             log,
             what=f"mksquashfs ({final})",
             env={"TZ": "UTC"},
+            sealed=True,
         )
         os.replace(tmp, final)
     except ValueError as e:  # the engine's tar stream ended early

@@ -182,7 +182,7 @@ def ensure_stage1(
         ):
             if p.platform == DEFAULT_PLATFORM:
                 run(debootstrap_argv(twin, root), log, capture=True, what="debootstrap",
-                    env=debootstrap_env(p.epoch))  # fmt: skip
+                    env=debootstrap_env(p.epoch), sealed=True)  # fmt: skip
             else:
                 _foreign_debootstrap(twin, root, p, log)
         fetched = debs_in(root / "var/cache/apt/archives")
@@ -242,12 +242,12 @@ def _foreign_debootstrap(twin: TwinPin, root: Path, p: TwinPlan, log: Log) -> No
         )
     env = debootstrap_env(p.epoch)
     run(debootstrap_argv(twin, root, "--foreign"), log, capture=True,
-        what="debootstrap (first stage)", env=env)  # fmt: skip
+        what="debootstrap (first stage)", env=env, sealed=True)  # fmt: skip
     # The second stage's Perl reads the suite's package index under emulation, several times.
     trim_indexes(root, log)
     run(["chroot", str(root), "/debootstrap/debootstrap", "--second-stage"], log,
         capture=True, what=f"debootstrap --second-stage (under {machine} emulation)",
-        env=env)  # fmt: skip
+        env=env, sealed=True)  # fmt: skip
 
 
 def _json(config: object) -> bytes:

@@ -119,8 +119,9 @@ def moved(pinned: dict[str, Deb], fetched: list[Deb]) -> list[str]:
 
 def debootstrap_env(epoch: int) -> dict[str, str]:
     # debconf (Perl) writes its databases in hash order; dpkg and shadow read the epoch.
+    # Run sealed (runner.run): nothing else of the host's environment reaches it.
     return {"SOURCE_DATE_EPOCH": str(epoch), "PERL_HASH_SEED": "0", "PERL_PERTURB_KEYS": "0",
-            "LC_ALL": "C.UTF-8"}  # fmt: skip
+            "LC_ALL": "C.UTF-8", "TZ": "UTC"}  # fmt: skip
 
 
 def debootstrap_argv(twin: TwinPin, root: Path, *extra: str) -> list[str]:
@@ -146,7 +147,7 @@ def resolve_debian(lock: Lock, log: Log, platform: str = DEFAULT_PLATFORM) -> st
         with log.step(f"download the Debian package set ({twin.debian_suite}, minbase)"):
             argv = debootstrap_argv(twin, root, "--download-only")
             env = debootstrap_env(epoch_of(twin))
-            run(argv, log, capture=True, what="debootstrap --download-only", env=env)
+            run(argv, log, capture=True, what="debootstrap --download-only", env=env, sealed=True)
         debs = debs_in(root / "var/cache/apt/archives")
     if not debs:
         raise EngineError(

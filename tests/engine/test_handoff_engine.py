@@ -121,9 +121,16 @@ def _enroot_rc(config: dict[str, object]) -> str:
 
 
 def test_export_is_deterministic_and_laid_out_as_enroot_does(
-    project: Path, capsys: pytest.CaptureFixture[str], clean_probe_images: None
+    project: Path,
+    capsys: pytest.CaptureFixture[str],
+    clean_probe_images: None,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     a = run_json(capsys, "export", "--out", "a")["images"][0]
+    # The second from a shell like `nix develop`'s: its SOURCE_DATE_EPOCH made mksquashfs
+    # refuse the -mkfs-time the export gives it ("can't be used at the same time").
+    for name, value in {"SOURCE_DATE_EPOCH": "315532800", "TZ": "America/New_York"}.items():
+        monkeypatch.setenv(name, value)
     b = run_json(capsys, "export", "--out", "b")["images"][0]
     assert a["sha256"] == b["sha256"]
     assert Path(a["path"]).read_bytes() == Path(b["path"]).read_bytes()
