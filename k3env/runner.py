@@ -37,7 +37,7 @@ HOST_KEYS = ("PATH", "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTT
              "NO_PROXY")  # fmt: skip
 
 
-def child_env(env: Mapping[str, str] | None, *, sealed: bool = False) -> dict[str, str] | None:
+def _child_env(env: Mapping[str, str] | None, *, sealed: bool = False) -> dict[str, str] | None:
     """A child's environment: the host's with ``env`` over it (``None``: the host's as it
     is); ``sealed``, only the host's HOST_KEYS under ``env``."""
     if sealed:
@@ -67,7 +67,7 @@ def run(
             errors="replace",  # other programs' bytes: never a UnicodeDecodeError
             stdout=subprocess.PIPE if capture else None,
             stderr=subprocess.PIPE if capture else None,
-            env=child_env(env, sealed=sealed),
+            env=_child_env(env, sealed=sealed),
         )
     except FileNotFoundError as e:
         raise ToolError(f"`{argv[0]}` not found", where=what or argv[0], fix="install it") from e
@@ -117,7 +117,7 @@ def run_streaming(
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env=child_env(env, sealed=sealed),
+            env=_child_env(env, sealed=sealed),
         ) as proc:
             assert proc.stdin is not None and proc.stdout is not None
             _widen(proc.stdin.fileno())

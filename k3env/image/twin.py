@@ -52,12 +52,12 @@ from k3env.image.layer import archive_file, archive_parts, tree_layer
 from k3env.image.twindebian import (
     arch_of,
     debootstrap_argv,
-    debootstrap_env,
     debs_in,
     epoch_of,
     moved,
     python_release,
     read_debian_list,
+    run_debootstrap,
     trim_indexes,
     twin_pin,
 )
@@ -181,8 +181,8 @@ def ensure_stage1(
             f"{', '.join(twin.debian_packages)})"
         ):
             if p.platform == DEFAULT_PLATFORM:
-                run(debootstrap_argv(twin, root), log, capture=True, what="debootstrap",
-                    env=debootstrap_env(p.epoch), sealed=True)  # fmt: skip
+                run_debootstrap(debootstrap_argv(twin, root), log, epoch=p.epoch,
+                                what="debootstrap")  # fmt: skip
             else:
                 _foreign_debootstrap(twin, root, p, log)
         fetched = debs_in(root / "var/cache/apt/archives")
@@ -240,14 +240,13 @@ def _foreign_debootstrap(twin: TwinPin, root: Path, p: TwinPlan, log: Log) -> No
             fix="apt-get install qemu-user-static binfmt-support (scripts/host-setup.sh does, "
             "and mounts /proc/sys/fs/binfmt_misc)",
         )
-    env = debootstrap_env(p.epoch)
-    run(debootstrap_argv(twin, root, "--foreign"), log, capture=True,
-        what="debootstrap (first stage)", env=env, sealed=True)  # fmt: skip
+    run_debootstrap(debootstrap_argv(twin, root, "--foreign"), log, epoch=p.epoch,
+                    what="debootstrap (first stage)")  # fmt: skip
     # The second stage's Perl reads the suite's package index under emulation, several times.
     trim_indexes(root, log)
-    run(["chroot", str(root), "/debootstrap/debootstrap", "--second-stage"], log,
-        capture=True, what=f"debootstrap --second-stage (under {machine} emulation)",
-        env=env, sealed=True)  # fmt: skip
+    run_debootstrap(["chroot", str(root), "/debootstrap/debootstrap", "--second-stage"], log,
+                    epoch=p.epoch,
+                    what=f"debootstrap --second-stage (under {machine} emulation)")  # fmt: skip
 
 
 def _json(config: object) -> bytes:

@@ -117,11 +117,13 @@ def moved(pinned: dict[str, Deb], fetched: list[Deb]) -> list[str]:
     return out
 
 
-def debootstrap_env(epoch: int) -> dict[str, str]:
-    # debconf (Perl) writes its databases in hash order; dpkg and shadow read the epoch.
-    # Run sealed (runner.run): nothing else of the host's environment reaches it.
-    return {"SOURCE_DATE_EPOCH": str(epoch), "PERL_HASH_SEED": "0", "PERL_PERTURB_KEYS": "0",
-            "LC_ALL": "C.UTF-8", "TZ": "UTC"}  # fmt: skip
+def run_debootstrap(argv: list[str], log: Log, *, epoch: int, what: str) -> None:
+    """Run a debootstrap stage sealed (runner.run): the host's PATH and proxies, then the
+    epoch dpkg and shadow read and Perl's hash order fixed (debconf writes its databases
+    in it); nothing else of the host's environment reaches it or the maintainer scripts."""
+    env = {"SOURCE_DATE_EPOCH": str(epoch), "PERL_HASH_SEED": "0", "PERL_PERTURB_KEYS": "0",
+           "LC_ALL": "C.UTF-8", "TZ": "UTC"}  # fmt: skip
+    run(argv, log, capture=True, what=what, env=env, sealed=True)
 
 
 def debootstrap_argv(twin: TwinPin, root: Path, *extra: str) -> list[str]:
@@ -145,9 +147,8 @@ def resolve_debian(lock: Lock, log: Log, platform: str = DEFAULT_PLATFORM) -> st
     with tempfile.TemporaryDirectory(prefix="k3env-debs-") as tmp:
         root = Path(tmp) / "root"
         with log.step(f"download the Debian package set ({twin.debian_suite}, minbase)"):
-            argv = debootstrap_argv(twin, root, "--download-only")
-            env = debootstrap_env(epoch_of(twin))
-            run(argv, log, capture=True, what="debootstrap --download-only", env=env, sealed=True)
+            run_debootstrap(debootstrap_argv(twin, root, "--download-only"), log,
+                            epoch=epoch_of(twin), what="debootstrap --download-only")  # fmt: skip
         debs = debs_in(root / "var/cache/apt/archives")
     if not debs:
         raise EngineError(
