@@ -59,8 +59,9 @@ def dumps(value: Any, *, indent: int | None = None, compact: bool = False,
         raise
 
 
-def depth(value: Any) -> int:
-    """How deep ``value`` nests (a scalar 0, ``[]`` 1), found without recursion."""
+def depth(value: Any, *, finite: bool = False) -> int:
+    """How deep ``value`` nests (a scalar 0, ``[]`` 1), found without recursion; ``finite``:
+    a non-finite float anywhere in it (``1e999`` parses as one) raises ``NotFinite``."""
     deepest = 0
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
@@ -70,6 +71,8 @@ def depth(value: Any) -> int:
         elif isinstance(node, list):
             stack += [(v, level + 1) for v in node]
         else:
+            if finite and isinstance(node, float) and not math.isfinite(node):
+                _check_finite(value)  # names where it sits
             continue
         deepest = max(deepest, level + 1)
     return deepest
@@ -94,6 +97,7 @@ def loads(
                     where=where, fix=fix)  # fmt: skip
     try:
         value = json.loads(data, parse_constant=_refuse_constant)
+        levels = depth(value, finite=True)  # 1e999 parses as inf
     except RecursionError as e:
         raise error(f"JSON nested deeper than {max_depth} levels; not read", where=where,
                     fix=fix) from e  # fmt: skip
@@ -101,7 +105,7 @@ def loads(
         raise error(f"not strict JSON: {e}", where=where, fix=fix) from e
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError
         raise error(f"not JSON: {str(e)[:200]}", where=where, fix=fix) from e
-    if (levels := depth(value)) > max_depth:
+    if levels > max_depth:
         raise error(f"JSON nested {levels} levels deep, over the limit of {max_depth}; not read",
                     where=where, fix=fix)  # fmt: skip
     if expect is not object and not isinstance(value, expect):
