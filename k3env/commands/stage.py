@@ -11,11 +11,13 @@ one a job holds (the importer's hold file, from `get` to `release`)
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from pathlib import Path
 
 from k3env.commands.app import App, image_args, platform_arg
 from k3env.errors import ConfigError, StateError
+from k3env.quoting import one_line
 
 NAME = "stage"
 HELP = "stage exported images in a cluster cache for pyxis's importer"
@@ -35,7 +37,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace, app: App) -> int:
-    from k3env.handoff.stage import collect_garbage, staged
+    from k3env.handoff.stage import collect_garbage, survey
 
     if args.cache is None:
         raise ConfigError(
@@ -43,17 +45,26 @@ def run(args: argparse.Namespace, app: App) -> int:
         )
     cache: Path = args.cache
     if args.list:
-        entries = staged(cache) if cache.is_dir() else []
+        entries, skipped = survey(cache)
         app.emit(
-            {"cache": str(cache), "staged": [s.as_json() for s in entries]},
-            lambda: print("\n".join(_line(s) for s in entries) or f"nothing staged in {cache}"),
-        )
+            {"cache": str(cache), "staged": [s.as_json() for s in entries],
+             "refused": [s.as_json() for s in skipped]},
+            lambda: print(
+                "\n".join([*(_line(s) for s in entries),
+                           *(f"refused {one_line(s.path)}: {one_line(s.why)}" for s in skipped)])
+                or f"nothing staged in {one_line(str(cache))}"
+            ),
+        )  # fmt: skip
         return 0
     if args.gc:
         if args.max_age is None and args.max_bytes is None:
             raise ConfigError(
                 "--gc needs a bound", where="--gc", fix="add --max-age or --max-bytes"
             )
+        for flag, value in (("--max-age", args.max_age), ("--max-bytes", args.max_bytes)):
+            if value is not None and not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"{value} is not a bound", where=flag,
+                                  fix="a finite number, 0 or more")  # fmt: skip
         age = None if args.max_age is None else args.max_age * 86400
         removed, held = collect_garbage(cache, max_age=age, max_bytes=args.max_bytes)
         app.emit(
@@ -77,9 +88,10 @@ def _line(s: object) -> str:
 
     assert isinstance(s, Staged)
     holds = f", held by {len(s.holds)} job step(s)" if s.holds else ""
-    return (
+    text = (
         f"{s.platform} {s.digest[:19]} {s.image} ({s.size / 1e9:.2f} GB, lock {s.lock[:12]}{holds})"
     )
+    return one_line(text)  # an image name, a lock: what the entry says, escaped
 
 
 def _provenance(sqsh: Path, app: App) -> bytes | None:

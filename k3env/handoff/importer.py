@@ -25,27 +25,32 @@ runs on the nodes: k3env installed there.
 
 from __future__ import annotations
 
-import fcntl
-import json
 import os
 import platform
 import re
 import sys
 from pathlib import Path
-from typing import Any
 
+from k3env import jsontext
+from k3env.handoff.cachefs import CacheRefused, Dir, Identity, blocks, open_root
 from k3env.handoff.stage import (
     ATTESTED,
     HOLDS,
+    MAX_ATTESTED,
     SQSH,
+    Entry,
+    digest_hex_of,
     digest_lock,
     entry_dir,
-    lock_path,
+    platform_dir,
     read_entry,
+    shared_lock,
     stage_locked,
+    trusted,
 )
-from k3env.hashing import file_sha256
+from k3env.hashing import file_sha256, sha256_stream
 from k3env.log import Log
+from k3env.quoting import one_line
 from k3env.runner import attempt
 
 URI_RE = re.compile(
@@ -53,6 +58,7 @@ URI_RE = re.compile(
     r"(?::(?P<tag>[A-Za-z0-9_.-]{1,128}))?(?:@(?P<digest>sha256:[0-9a-f]{64}))?$"
 )
 MACHINES = {"x86_64": "linux/amd64", "aarch64": "linux/arm64", "arm64": "linux/arm64"}
+MAX_RECORD = 4 << 10
 
 
 class Refused(Exception):
@@ -60,7 +66,9 @@ class Refused(Exception):
 
 
 def say(text: str) -> None:
-    print(f"k3env-pyxis-importer: {text}", file=sys.stderr, flush=True)
+    """One line on stderr, which pyxis shows the job's user: what others wrote (an image name,
+    a path, an error) with its control characters escaped, so no line can be forged."""
+    print(f"k3env-pyxis-importer: {one_line(text)}", file=sys.stderr, flush=True)
 
 
 def _job() -> str:
@@ -74,12 +82,33 @@ def _runtime() -> Path:
     return Path(os.environ.get("PYXIS_RUNTIME_PATH") or "/run/pyxis")
 
 
-def _state_dir() -> Path:
-    """This node's record of what it checked (under pyxis's runtime path)."""
-    return _runtime() / "k3env-checked"
+def _private() -> Dir:
+    """This node's record of what this user's importer checked, and its imports: a directory
+    ``k3env-<uid>`` that only this user owns and can write (0700), opened by descriptor, under
+    the first base that takes it: pyxis's runtime path (root's, 0755: a job's user cannot write
+    there), ``$XDG_RUNTIME_DIR``, ``$TMPDIR`` or /tmp. A directory of that name another user
+    made is refused (never used), and the next base tried."""
+    me = os.geteuid()
+    bases = [str(_runtime()), os.environ.get("XDG_RUNTIME_DIR") or "",
+             os.environ.get("TMPDIR") or "/tmp"]  # fmt: skip
+    why = []
+    for base in dict.fromkeys(b for b in bases if b):
+        try:
+            root = open_root(Path(base))
+            if root is None:
+                continue
+            with root:
+                where = root.child(f"k3env-{me}", frozenset({me}), create=0o700)
+            if where is not None and where.mode & 0o077 == 0:
+                return where
+            if where is not None:
+                where.close()
+        except (CacheRefused, OSError) as e:
+            why.append(f"{base}: {getattr(e, 'message', None) or e}")
+    raise Refused(f"no private directory for this node's records ({'; '.join(why)[:600]})")
 
 
-def signed(where: Path, entry: dict[str, Any], key_path: str) -> str:
+def signed(where: Dir, entry: Entry, owners: frozenset[int], key_path: str) -> str:
     """The stage's SBOM and statement checked with the key at ``key_path``, or Refused."""
     from k3env.errors import K3envError
     from k3env.hashing import digest_hex, sha256_digest
@@ -89,58 +118,102 @@ def signed(where: Path, entry: dict[str, Any], key_path: str) -> str:
         key = load_verify_key(Path(key_path))
     except K3envError as e:
         raise Refused(f"K3ENV_STAGE_KEY: {e.message}") from e
-    missing = [n for n in ATTESTED.values() if not (where / n).is_file()]
+    found = {n: where.read(n, owners, limit=MAX_ATTESTED) for n in ATTESTED.values()}
+    missing = [n for n, data in found.items() if data is None]
     if missing:
-        raise Refused(f"{where} has no signed SBOM and provenance ({', '.join(missing)}): export "
-                      "it with `k3env export --sign-key`, then stage it")  # fmt: skip
-    sbom = (where / ATTESTED[".cdx.json"]).read_bytes()
-    sig = (where / ATTESTED[".cdx.json.sig"]).read_text(errors="replace")
+        raise Refused(f"{where.shown} has no signed SBOM and provenance ({', '.join(missing)}): "
+                      "export it with `k3env export --sign-key`, then stage it")  # fmt: skip
+    sbom = found[ATTESTED[".cdx.json"]] or b""
+    sig = (found[ATTESTED[".cdx.json.sig"]] or b"").decode(errors="replace")
     if not key.verify(sbom, sig):
-        raise Refused(f"{where}: the SBOM is not signed by K3ENV_STAGE_KEY ({key_path})")
+        raise Refused(f"{where.shown}: the SBOM is not signed by K3ENV_STAGE_KEY ({key_path})")
     try:
-        said, _ = open_envelope(key, (where / ATTESTED[".intoto.json"]).read_bytes())
+        said, _ = open_envelope(key, found[ATTESTED[".intoto.json"]] or b"")
         subject = said["subject"][0]["digest"]["sha256"]
         product = said["predicate"]["runDetails"]["byproducts"][0]["digest"]["sha256"]
-    except (ValueError, KeyError, IndexError, TypeError) as e:
-        raise Refused(f"{where}: the provenance statement is refused: {str(e)[:200]}") from e
-    if subject != entry["sha256"] or product != digest_hex(sha256_digest(sbom)):
-        raise Refused(f"{where}: the signed statement names another file or SBOM")
+    except K3envError as e:
+        raise Refused(f"{where.shown}: the provenance statement is refused: {e.message}") from e
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError) as e:
+        raise Refused(f"{where.shown}: the provenance statement is refused: "
+                      f"{type(e).__name__} {str(e)[:200]}") from e  # fmt: skip
+    if subject != entry.sha256 or product != digest_hex(sha256_digest(sbom)):
+        raise Refused(f"{where.shown}: the signed statement names another file or SBOM")
     return "SBOM and provenance signed by K3ENV_STAGE_KEY"
 
 
-def verify(where: Path, entry: dict[str, Any], policy: str) -> str:
-    """The staged file's evidence, or Refused: size, then sha256 (first use on this node, a
-    changed file, or always)."""
-    path = where / SQSH
+def verify(where: Dir, entry: Entry, owners: frozenset[int], policy: str) -> str:
+    """The staged file's evidence, or Refused: a regular file of a trusted owner, one link, its
+    recorded size, then its sha256 (on first use on this node, when its identity changed, or
+    always), read from the descriptor that was checked."""
+    got = where.open_file(SQSH, owners)
+    if got is None:
+        raise Refused(f"{where.path(SQSH)} is missing: stage it again (`k3env stage`)")
+    fd, st = got
     try:
-        st = os.lstat(path)
-    except OSError as e:
-        raise Refused(f"{path}: {e.strerror}") from e
-    if not os.path.isfile(path) or os.path.islink(path):
-        raise Refused(f"{path} is not a regular file")
-    if st.st_size != entry["size"]:
-        raise Refused(f"{path} has {st.st_size} bytes, the stage recorded {entry['size']}")
-    seen = {"sha256": entry["sha256"], "size": st.st_size, "ino": st.st_ino,
-            "mtime_ns": st.st_mtime_ns, "dev": st.st_dev}  # fmt: skip
-    record = _state_dir() / f"{where.name}.json"
-    try:
-        known = json.loads(record.read_text()[:4096])
-    except (OSError, ValueError):
-        known = None
-    if policy != "always" and known == seen:
-        return "size and file unchanged since this node checked its sha256"
-    got = file_sha256(path)
-    if got != entry["sha256"]:
-        raise Refused(
-            f"{path} has sha256 {got}, the stage recorded {entry['sha256']}: refusing to start "
-            "it (re-stage it from the build host: `k3env stage`)"
-        )
-    try:
-        record.parent.mkdir(parents=True, exist_ok=True)
-        record.write_text(json.dumps(seen))
-    except OSError as e:
-        say(f"could not record the check ({e.strerror}): the next use hashes it again")
+        if st.st_size != entry.size:
+            raise Refused(f"{where.path(SQSH)} has {st.st_size} bytes, the stage recorded "
+                          f"{entry.size}")  # fmt: skip
+        seen = {"sha256": entry.sha256, **Identity.of(st).__dict__}
+        with _private() as private:
+            record = f"checked-{digest_hex_of(entry.digest)}.json"
+            if policy != "always" and _known(private, record) == seen:
+                return (
+                    "size and file identity (inode, ctime) unchanged since this node checked its "
+                    "sha256"
+                )
+            got_sha = sha256_stream(blocks(fd)).hex()
+            if got_sha != entry.sha256:
+                raise Refused(
+                    f"{where.path(SQSH)} has sha256 {got_sha}, the stage recorded "
+                    f"{entry.sha256}: refusing to start it (re-stage it from the build host: "
+                    "`k3env stage`)"
+                )
+            try:
+                private.write_bytes(record, jsontext.dumps(seen).encode(), mode=0o600)
+            except OSError as e:
+                say(f"could not record the check ({e.strerror}): the next use hashes it again")
+    finally:
+        os.close(fd)
     return "sha256 checked"
+
+
+def _known(private: Dir, record: str) -> object:
+    try:
+        data = private.read(record, frozenset({os.geteuid()}), limit=MAX_RECORD)
+        return None if data is None else jsontext.loads(data, where=record, limit=MAX_RECORD)
+    except Exception:  # any doubt about the record: hash again
+        return None
+
+
+def _hold(where: Dir, owners: frozenset[int], image: str) -> None:
+    """This step's hold file in the entry's ``holds/`` (created by descriptor, never through a
+    link; a name another user planted is left alone, and said)."""
+    holds = where.child(HOLDS, owners)
+    if holds is None:
+        say("no holds/ in the entry: garbage collection cannot see this job")
+        return
+    with holds:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK
+        try:
+            fd = os.open(_job(), flags | os.O_CLOEXEC, 0o644, dir_fd=holds.fd)
+        except OSError as e:
+            say(f"no hold written ({e.strerror}): garbage collection cannot see this job")
+            return
+        try:
+            st = os.fstat(fd)
+            if st.st_uid != os.geteuid() or st.st_nlink != 1 or not _regular(st.st_mode):
+                say("no hold written (the name is another's file): garbage collection cannot "
+                    "see this job")  # fmt: skip
+                return
+            os.write(fd, f"{image}\n".encode())
+        finally:
+            os.close(fd)
+
+
+def _regular(mode: int) -> bool:
+    import stat
+
+    return stat.S_ISREG(mode)
 
 
 def get(uri: str, cache: Path, mode: str, policy: str) -> str:
@@ -152,65 +225,99 @@ def get(uri: str, cache: Path, mode: str, policy: str) -> str:
         if mode == "required":
             raise Refused(f"{uri} names a tag, no digest: k3env stages and serves images by digest")
         return _enroot_import(uri, "it names no digest")
-    plat = MACHINES.get(platform.machine(), "")
-    where = entry_dir(cache, plat or "unknown/unknown", digest)
-    lock = lock_path(cache, digest)
-    fd = os.open(lock, os.O_RDONLY) if lock.exists() else None
+    plat = MACHINES.get(platform.machine(), "unknown/unknown")
     try:
-        if fd is not None:
-            fcntl.flock(fd, fcntl.LOCK_SH)  # garbage collection waits for the hold
-        entry = read_entry(where)
-        if entry is None or entry.get("digest") != digest:
-            if mode == "required":
-                raise Refused(
-                    f"{digest} is not staged for {plat} in {cache}: run `k3env stage IMAGE "
-                    f"--cache {cache}` on the build host (mode required: no import here)"
-                )
-            if fd is not None:  # the import takes the digest's lock itself
-                os.close(fd)
-                fd = None
-            entry, evidence = _import_and_stage(uri, m.group("repo"), cache, plat, digest, policy)
-            fd = os.open(lock, os.O_RDONLY)
-            fcntl.flock(fd, fcntl.LOCK_SH)
-        else:
-            evidence = verify(where, entry, policy)
-        if key := os.environ.get("K3ENV_STAGE_KEY"):
-            evidence = f"{signed(where, entry, key)}; {evidence}"
+        return _get_staged(uri, m.group("repo"), cache, mode, policy, plat, digest)
+    except CacheRefused as e:
+        if mode == "auto":  # another user's entry: this step imports its own, and says why
+            return _enroot_import(uri, f"the staged entry is refused ({e.message})")
+        raise Refused(e.render().replace("\n", " ")) from e
+
+
+def _get_staged(
+    uri: str, repo: str, cache: Path, mode: str, policy: str, plat: str, digest: str
+) -> str:
+    root = open_root(cache)
+    if root is None:
+        raise Refused(f"the cache {cache} is not there (K3ENV_STAGE_CACHE)")
+    with root:
+        owners = trusted(root, me=mode == "auto")
+        fd = shared_lock(root, digest, owners)  # garbage collection waits for the hold
         try:
-            (where / HOLDS / _job()).write_text(f"{entry['image']}\n")
-        except OSError as e:
-            say(f"no hold written ({e.strerror}): garbage collection cannot see this job")
-    finally:
-        if fd is not None:
-            os.close(fd)
-    say(f"{entry['image']} ({digest[:19]}): staged, {evidence}")
-    return str(where / SQSH)
+            found = _lookup(root, owners, plat, digest)
+            if found is None:
+                if mode == "required":
+                    raise Refused(
+                        f"{digest} is not staged for {plat} in {cache}: run `k3env stage IMAGE "
+                        f"--cache {cache}` on the build host (mode required: no import here)"
+                    )
+                if fd is not None:  # the import takes the digest's lock itself
+                    os.close(fd)
+                    fd = None
+                evidence = _import_and_stage(uri, repo, root, owners, plat, digest, policy)
+                fd = shared_lock(root, digest, owners)
+                found = _lookup(root, owners, plat, digest)
+                if found is None:
+                    raise Refused(f"{digest}: staged, then gone before this job held it")
+                where, entry = found
+            else:
+                where, entry = found
+                evidence = verify(where, entry, owners, policy)
+            with where:
+                if key := os.environ.get("K3ENV_STAGE_KEY"):
+                    evidence = f"{signed(where, entry, owners, key)}; {evidence}"
+                _hold(where, owners, entry.image)
+        finally:
+            if fd is not None:
+                os.close(fd)
+    say(f"{entry.image} ({digest[:19]}): staged, {evidence}")
+    return str(entry_dir(cache, plat, digest) / SQSH)
+
+
+def _lookup(root: Dir, owners: frozenset[int], plat: str, digest: str) -> tuple[Dir, Entry] | None:
+    """The entry of ``digest`` for ``plat`` (its directory open: the caller closes it) and its
+    record; None when it is not staged. What is there and not trusted is refused."""
+    p = root.child(platform_dir(plat), owners)
+    if p is None:
+        return None
+    with p:
+        where = p.child(digest_hex_of(digest), owners)
+    if where is None:
+        return None
+    try:
+        entry = read_entry(where, owners)
+    except BaseException:
+        where.close()
+        raise
+    if entry is None or entry.digest != digest:
+        where.close()
+        return None
+    return where, entry
 
 
 def _import_and_stage(
-    uri: str, repo: str, cache: Path, plat: str, digest: str, policy: str
-) -> tuple[dict[str, Any], str]:
-    """Mode auto, on a miss: enroot imports the image and it is staged for the next job
-    (under the digest's lock: of two jobs that miss at once, one imports, the other waits and
-    finds it staged)."""
-    where = entry_dir(cache, plat, digest)
-    with digest_lock(cache, digest):
-        entry = read_entry(where)
-        if entry is not None:
-            return entry, "staged by another job meanwhile, " + verify(where, entry, policy)
-        where.parent.mkdir(parents=True, exist_ok=True)
-        tmp = where.parent / f".{where.name}.{_job()}.import.sqsh"
-        try:
-            _enroot_run(uri, tmp, "not staged")
-            staged = stage_locked(
-                cache, platform=plat, digest=digest, sqsh=tmp, sha256=file_sha256(tmp),
-                meta={"image": repo, "image_id": "",
-                      "lock": "", "uri": uri, "imported_on": platform.node()},
-            )  # fmt: skip
-        finally:
-            tmp.unlink(missing_ok=True)
-    entry = read_entry(where) or {}
-    return entry, f"imported by enroot and staged ({staged.size} bytes)"
+    uri: str, repo: str, root: Dir, owners: frozenset[int], plat: str, digest: str, policy: str
+) -> str:
+    """Mode auto, on a miss: enroot imports the image (into this user's private directory on
+    the node) and it is staged for the next job (under the digest's lock: of two jobs that miss
+    at once, one imports, the other waits and finds it staged)."""
+    with digest_lock(root, digest, owners):
+        found = _lookup(root, owners, plat, digest)
+        if found is not None:
+            with found[0] as where:
+                return "staged by another job meanwhile, " + verify(where, found[1], owners, policy)
+        with _private() as private:
+            tmp = Path(private.shown) / f"import-{_job()}.sqsh"
+            try:
+                _enroot_run(uri, tmp, "not staged")
+                staged = stage_locked(
+                    root, owners, platform=plat, digest=digest, sqsh=tmp, sha256=file_sha256(tmp),
+                    meta={"image": repo, "image_id": "",
+                          "lock": "", "uri": uri, "imported_on": platform.node()},
+                )  # fmt: skip
+            finally:
+                tmp.unlink(missing_ok=True)
+    return f"imported by enroot and staged ({staged.size} bytes)"
 
 
 def _enroot_run(uri: str, out: Path, why: str) -> None:
@@ -221,18 +328,49 @@ def _enroot_run(uri: str, out: Path, why: str) -> None:
 
 
 def _enroot_import(uri: str, why: str) -> str:
-    """Mode auto, a tag: imported for this step only (a tag is not a stage's key)."""
-    out = _runtime() / f"k3env-import-{_job()}.sqsh"
+    """Mode auto, a tag (or an entry this user may not trust): imported for this step only."""
+    with _private() as private:
+        out = Path(private.shown) / f"import-{_job()}.sqsh"
     _enroot_run(uri, out, why)
     return str(out)
 
 
 def release(cache: Path) -> None:
-    """This step's hold removed, and its own import; idempotent."""
+    """This step's hold removed (only a hold file this user owns, found by descriptor), and its
+    own import; idempotent."""
     job = _job()
-    for hold in cache.glob(f"*_*/*/{HOLDS}/{job}"):
-        hold.unlink(missing_ok=True)
-    (_runtime() / f"k3env-import-{job}.sqsh").unlink(missing_ok=True)
+    root = open_root(cache)
+    if root is not None:
+        with root:
+            _release_holds(root, trusted(root, me=True), job)
+    with _private() as private:
+        if private.lstat(f"import-{job}.sqsh") is not None:
+            private.unlink(f"import-{job}.sqsh")
+
+
+def _release_holds(root: Dir, owners: frozenset[int], job: str) -> None:
+    for pname in root.names():
+        try:
+            plat = root.child(pname, owners)
+        except CacheRefused:
+            continue
+        if plat is None:
+            continue
+        with plat:
+            for name in plat.names():
+                try:
+                    where = plat.child(name, owners)
+                    holds = where.child(HOLDS, owners) if where is not None else None
+                except CacheRefused:
+                    continue
+                if where is not None:
+                    where.close()
+                if holds is None:
+                    continue
+                with holds:
+                    st = holds.lstat(job)
+                    if st is not None and st.st_uid == os.geteuid():
+                        holds.unlink(job)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,13 @@ Layout (``CACHE``: e.g. a Lustre directory; made world-readable, files 0644, dir
     CACHE/linux_amd64/<manifest hex>/holds/J.S     job J step S uses it (importer get .. release)
     CACHE/.locks/<manifest hex>.lock               one stager per digest (flock)
 
+Who may write where (README "Staged images: who may write where"): the stager owns every
+directory and file but the holds; a job's importer, as the job's user, writes only its own
+hold file in ``holds/`` (mode 1777: sticky, none may remove another's) and reads the rest; other
+users of the cluster may have write access to nothing, and whatever they leave is refused by
+its type and owner (``cachefs``), never followed, opened, changed or served. Trusted owners: the
+cache root's owner and root; a stager also trusts itself.
+
 A file is copied beside its place, hashed as it is copied, checked against the export's
 recorded sha256, and renamed into place: a reader never sees a partial file. Stagers of the
 same digest take the digest's lock in turn; the second finds it staged and does nothing.
@@ -22,11 +29,9 @@ it hands the image to pyxis and removes it at ``release``.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import re
-import shutil
-import tempfile
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,10 +39,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from k3env import jsontext
 from k3env.errors import ConfigError, StateError
-from k3env.hashing import HashingWriter, digest_hex, file_sha256
+from k3env.handoff.cachefs import CacheRefused, Dir, blocks, open_root
+from k3env.hashing import HashingWriter, digest_hex, sha256_stream
 
 DIGEST_RE = re.compile(r"^sha256:[0-9a-f]{64}$")
+SHA_RE = re.compile(r"^[0-9a-f]{64}$")
 SQSH = "image.sqsh"
 ENTRY = "entry.json"
 PROVENANCE = "provenance.json"  # the image's own /etc/k3env/provenance.json
@@ -46,8 +54,25 @@ ATTESTED = {".cdx.json": "sbom.cdx.json", ".cdx.json.sig": "sbom.cdx.json.sig",
             ".intoto.json": "statement.intoto.json"}  # fmt: skip
 HOLDS = "holds"
 LOCKS = ".locks"
-CHUNK = 1 << 20
 MAX_ENTRY = 64 << 10
+MAX_ATTESTED = 64 << 20  # an SBOM of 20,000 packages is a few MiB
+MAX_TEXT = 4 << 10  # one field of an entry (an image name, a URI)
+DIR_MODE, FILE_MODE, HOLDS_MODE = 0o755, 0o644, 0o1777
+
+
+@dataclass(frozen=True, kw_only=True)
+class Entry:
+    """An entry's ``entry.json``, its fields' types and shapes checked (``read_entry``)."""
+
+    digest: str
+    platform: str
+    sha256: str
+    size: int
+    image: str
+    image_id: str
+    lock: str
+    staged_at: float
+    attested: tuple[str, ...]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -70,6 +95,17 @@ class Staged:
         }
 
 
+@dataclass(frozen=True, kw_only=True)
+class Skipped:
+    """A directory of the cache that is not an entry k3env may use, and why."""
+
+    path: str
+    why: str
+
+    def as_json(self) -> dict[str, str]:
+        return {"path": self.path, "why": self.why}
+
+
 def platform_dir(platform: str) -> str:
     """``linux/amd64`` as a directory name (``linux_amd64``)."""
     if not re.fullmatch(r"[a-z0-9]+/[a-z0-9]+(/[a-z0-9]+)?", platform):
@@ -77,46 +113,117 @@ def platform_dir(platform: str) -> str:
     return platform.replace("/", "_")
 
 
-def entry_dir(cache: Path, platform: str, digest: str) -> Path:
+def digest_hex_of(digest: str) -> str:
     if not DIGEST_RE.match(digest):
         raise ConfigError(
             f"{digest!r} is not a manifest digest",
             where="digest",
             fix="stage an image k3env pushed (sha256:<64 hex>)",
         )
-    return cache / platform_dir(platform) / digest.removeprefix("sha256:")
+    return digest.removeprefix("sha256:")
 
 
-def lock_path(cache: Path, digest: str) -> Path:
-    return cache / LOCKS / f"{digest.removeprefix('sha256:')}.lock"
+def entry_dir(cache: Path, platform: str, digest: str) -> Path:
+    """Where an entry is, as a path shown to people and handed to pyxis (never opened by it)."""
+    return cache / platform_dir(platform) / digest_hex_of(digest)
+
+
+def trusted(root: Dir, *, me: bool = False) -> frozenset[int]:
+    """The owners the cache's files may have: its root's owner and root (``me``: and this
+    process's user, a stager or an importer staging in mode auto)."""
+    return frozenset({root.owner, 0, *([os.geteuid()] if me else [])})
 
 
 @contextmanager
-def digest_lock(cache: Path, digest: str) -> Iterator[None]:
-    locks = cache / LOCKS
-    locks.mkdir(parents=True, exist_ok=True, mode=0o755)
-    path = lock_path(cache, digest)
-    with open(path, "a") as f:
-        path.chmod(0o644)  # the importer takes it shared, read-only
-        fcntl.flock(f, fcntl.LOCK_EX)
+def digest_lock(root: Dir, digest: str, owners: frozenset[int]) -> Iterator[None]:
+    """The digest's lock, exclusive (a stager): ``.locks/<hex>.lock``, opened by descriptor."""
+    with root.child(LOCKS, owners, create=DIR_MODE) as locks:  # type: ignore[union-attr]
+        name = f"{digest_hex_of(digest)}.lock"
+        flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
         try:
+            fd = os.open(name, flags, 0o644, dir_fd=locks.fd)
+        except OSError as e:  # ELOOP: a link; EACCES: another's file
+            raise locks.refuse(name, f"cannot be opened as a lock file ({e.strerror})") from e
+        try:
+            _check_lock(locks, name, fd, owners)
+            if os.fstat(fd).st_uid == os.geteuid():
+                os.fchmod(fd, FILE_MODE)  # the importer takes it shared, read-only
+            fcntl.flock(fd, fcntl.LOCK_EX)
             yield
         finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+            os.close(fd)  # releases the lock
 
 
-def read_entry(directory: Path) -> dict[str, Any] | None:
-    """An entry's record (shape checked), or None when there is none or it is not one."""
+def shared_lock(root: Dir, digest: str, owners: frozenset[int]) -> int | None:
+    """The digest's lock taken shared (an importer handing the entry out, so garbage collection
+    waits for its hold); None when there is none. The caller closes the descriptor."""
+    locks = root.child(LOCKS, owners)
+    if locks is None:
+        return None
+    with locks:
+        name = f"{digest_hex_of(digest)}.lock"
+        got = locks.open_file(name, owners, limit=0)
+        if got is None:
+            return None
+        fd, _ = got
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+
+def _check_lock(locks: Dir, name: str, fd: int, owners: frozenset[int]) -> None:
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode) or st.st_nlink != 1 or st.st_uid not in owners:
+        raise locks.refuse(name, "is not a lock file the cache's stager made (type, links or "
+                           "owner)")  # fmt: skip
+
+
+def read_entry(where: Dir, owners: frozenset[int]) -> Entry | None:
+    """An entry's record (shape checked), None when there is none. One that is not a regular
+    file of a trusted owner, or not the shape k3env writes, is refused (``CacheRefused``)."""
+    data = where.read(ENTRY, owners, limit=MAX_ENTRY)
+    if data is None:
+        return None
+    shown = where.path(ENTRY)
     try:
-        fd = os.open(directory / ENTRY, os.O_RDONLY | os.O_NOFOLLOW)
-        with os.fdopen(fd, "rb") as f:
-            data = json.loads(f.read(MAX_ENTRY))
-    except (OSError, ValueError):
-        return None
-    keys = {"digest": str, "sha256": str, "size": int, "image": str, "staged_at": float}
-    if not isinstance(data, dict) or not all(isinstance(data.get(k), t) for k, t in keys.items()):
-        return None
-    return data
+        doc = jsontext.loads(data, where=shown, limit=MAX_ENTRY, max_depth=4, error=CacheRefused)
+        entry = Entry(
+            digest=_text(doc, "digest", shown, DIGEST_RE),
+            platform=_text(doc, "platform", shown, default=""),
+            sha256=_text(doc, "sha256", shown, SHA_RE),
+            size=jsontext.field(doc, "size", int, where=shown, error=CacheRefused),
+            image=_text(doc, "image", shown),
+            image_id=_text(doc, "image_id", shown, default=""),
+            lock=_text(doc, "lock", shown, default=""),
+            staged_at=jsontext.field(doc, "staged_at", float, where=shown, error=CacheRefused),
+            attested=tuple(
+                a
+                for a in jsontext.field(
+                    doc, "attested", list, where=shown, default=[], error=CacheRefused
+                )
+                if isinstance(a, str) and a in ATTESTED.values()
+            ),
+        )
+    except CacheRefused as e:
+        raise CacheRefused(e.message, where=e.where, fix="stage the image again (`k3env stage`)"
+                           " after removing the entry") from e  # fmt: skip
+    if entry.size < 0:
+        raise CacheRefused(f"a size of {entry.size}", where=shown, fix="stage the image again")
+    return entry
+
+
+def _text(
+    doc: dict[str, Any], key: str, shown: str, shape: re.Pattern[str] | None = None,
+    default: str | None = None,
+) -> str:  # fmt: skip
+    value: str = jsontext.field(doc, key, str, where=shown, error=CacheRefused,
+                                **({} if default is None else {"default": default}))  # fmt: skip
+    if len(value) > MAX_TEXT or (shape is not None and not shape.match(value)):
+        raise CacheRefused(f"{key!r} is not the shape k3env writes", where=shown)
+    return value
 
 
 def stage(
@@ -131,13 +238,18 @@ def stage(
 ) -> Staged:
     """``sqsh`` (whose export recorded ``sha256``) staged under ``digest``: copied once, its
     provenance (k3env's, read from the image) beside it."""
-    with digest_lock(cache, digest):
-        return stage_locked(cache, platform=platform, digest=digest, sqsh=sqsh, sha256=sha256,
-                            meta=meta, provenance=provenance)  # fmt: skip
+    root = open_root(cache, create=True, owners=frozenset({os.geteuid(), 0}))
+    assert root is not None
+    with root:
+        owners = trusted(root, me=True)
+        with digest_lock(root, digest, owners):
+            return stage_locked(root, owners, platform=platform, digest=digest, sqsh=sqsh,
+                                sha256=sha256, meta=meta, provenance=provenance)  # fmt: skip
 
 
 def stage_locked(
-    cache: Path,
+    root: Dir,
+    owners: frozenset[int],
     *,
     platform: str,
     digest: str,
@@ -147,42 +259,60 @@ def stage_locked(
     provenance: bytes | None = None,
 ) -> Staged:
     """``stage``, its caller holding the digest's lock (``digest_lock``)."""
-    where = entry_dir(cache, platform, digest)
-    entry = read_entry(where)
-    target = where / SQSH
-    if (
-        entry
-        and entry["sha256"] == sha256
-        and _size(target) == entry["size"]
-        and file_sha256(target) == sha256  # a staged file whose bytes changed is replaced
+    name = digest_hex_of(digest)
+    shown = Path(root.shown) / platform_dir(platform) / name
+    with (
+        root.child(platform_dir(platform), owners, create=DIR_MODE) as plat,  # type: ignore[union-attr]
+        plat.child(name, owners, create=DIR_MODE) as where,  # type: ignore[union-attr]
     ):
-        return _staged(where, entry, copied=False)
-    where.mkdir(parents=True, exist_ok=True, mode=0o755)
-    for d in (where.parent, where):
-        d.chmod(0o755)
-    # Jobs run as their users: any may leave its hold, none may remove another's.
-    (where / HOLDS).mkdir(exist_ok=True)
-    (where / HOLDS).chmod(0o1777)
-    size = _copy_checked(sqsh, where, sha256)
-    entry = {
-        "digest": digest,
-        "platform": platform,
-        "sha256": sha256,
-        "size": size,
-        "staged_at": time.time(),
-        **meta,
-    }
-    if provenance is not None:
-        _write(where / PROVENANCE, provenance.decode(errors="replace"))
-    attested = _attested(sqsh)
-    for name, text in attested.items():
-        _write(where / name, text)
-    entry["attested"] = sorted(attested)
-    _write(where / ENTRY, json.dumps(entry, indent=1, sort_keys=True) + "\n")
-    return _staged(where, entry, copied=True)
+        if _already(where, owners, sha256):
+            entry = read_entry(where, owners)
+            assert entry is not None
+            return _staged(where, shown, entry, copied=False)
+        # Jobs run as their users: any may leave its hold, none may remove another's.
+        where.child(HOLDS, owners, create=HOLDS_MODE).close()  # type: ignore[union-attr]
+        size = _copy_checked(sqsh, where, sha256)
+        if provenance is not None:
+            where.write_bytes(PROVENANCE, provenance)
+        attested = _attested(sqsh)
+        for file, data in attested.items():
+            where.write_bytes(file, data)
+        doc = {"digest": digest, "platform": platform, "sha256": sha256, "size": size,
+               "staged_at": time.time(), **meta, "attested": sorted(attested)}  # fmt: skip
+        where.write_bytes(ENTRY, (jsontext.dumps(doc, indent=1) + "\n").encode())
+        entry = read_entry(where, owners)
+        assert entry is not None
+        return _staged(where, shown, entry, copied=True)
 
 
-def _attested(sqsh: Path) -> dict[str, str]:
+def _already(where: Dir, owners: frozenset[int], sha256: str) -> bool:
+    """Whether ``where`` holds the export of ``sha256``, whole. A changed file, and an entry
+    that is not what a stager wrote (a link, a FIFO, a stranger's file where a file belongs),
+    are staged again: each file is renamed over its name, never followed."""
+    try:
+        entry = read_entry(where, owners)
+        return bool(entry and entry.sha256 == sha256
+                    and _staged_sha256(where, owners, entry) == sha256)  # fmt: skip
+    except CacheRefused:
+        return False
+
+
+def _staged_sha256(where: Dir, owners: frozenset[int], entry: Entry) -> str | None:
+    """The staged file's sha256, read by descriptor; None when it is missing or not its size
+    (a link, a FIFO or a stranger's file there is refused)."""
+    got = where.open_file(SQSH, owners)
+    if got is None:
+        return None
+    fd, st = got
+    try:
+        if st.st_size != entry.size:
+            return None
+        return sha256_stream(blocks(fd)).hex()
+    finally:
+        os.close(fd)
+
+
+def _attested(sqsh: Path) -> dict[str, bytes]:
     """The export's SBOM, its signature and statement beside ``sqsh`` (all three, or none)."""
     from k3env.files import read_input
 
@@ -191,106 +321,149 @@ def _attested(sqsh: Path) -> dict[str, str]:
         beside = sqsh.with_name(sqsh.name + suffix)
         if not beside.is_file():
             return {}
-        found[name] = read_input(beside, limit=256 << 20).decode(errors="replace")
+        found[name] = read_input(beside, error=StateError, limit=MAX_ATTESTED)
     return found
 
 
-def _size(path: Path) -> int | None:
-    try:
-        st = path.lstat()
-    except OSError:
-        return None
-    return st.st_size if path.is_file() and not path.is_symlink() else None
+def _copy_checked(sqsh: Path, where: Dir, sha256: str) -> int:
+    """Copy ``sqsh`` (the build host's own export) to ``image.sqsh`` in ``where``, hashing it;
+    refuse bytes that are not the export's."""
+    got: dict[str, Any] = {}
 
-
-def _copy_checked(sqsh: Path, where: Path, sha256: str) -> int:
-    """Copy ``sqsh`` to ``where/image.sqsh`` through a temporary file, hashing it; refuse
-    bytes that are not the export's."""
-    fd, tmp = tempfile.mkstemp(dir=where, prefix=f".{SQSH}.", suffix=".partial")
-    try:
-        with open(sqsh, "rb") as src, os.fdopen(fd, "wb") as dst:
+    def fill(fd: int) -> None:
+        with open(sqsh, "rb") as src, os.fdopen(os.dup(fd), "wb") as dst:
             out = HashingWriter(dst)
-            shutil.copyfileobj(src, out, CHUNK)
-            dst.flush()
-            os.fsync(dst.fileno())
-        got, size = digest_hex(out.digest), out.size
-        if got != sha256:
+            while block := src.read(1 << 20):
+                out.write(block)
+        got["sha256"], got["size"] = digest_hex(out.digest), out.size
+        if got["sha256"] != sha256:
             raise StateError(
-                f"{sqsh} has sha256 {got}, its export recorded {sha256}",
+                f"{sqsh} has sha256 {got['sha256']}, its export recorded {sha256}",
                 where=str(sqsh),
                 fix="export the image again (`k3env export`), then stage it",
             )
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, where / SQSH)
-        return size
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+
+    where.write(SQSH, fill, mode=FILE_MODE)
+    return int(got["size"])
 
 
-def _write(path: Path, text: str) -> None:
-    """``text`` renamed over ``path`` itself: in a shared cache a link at ``path`` is replaced,
-    never followed (``files.write_atomic`` writes through a link to its target)."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".partial")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def _holds(where: Dir, owners: frozenset[int]) -> tuple[str, ...]:
+    holds = where.child(HOLDS, owners)
+    if holds is None:
+        return ()
+    with holds:
+        return tuple(holds.names())
 
 
-def _staged(where: Path, entry: dict[str, Any], *, copied: bool) -> Staged:
-    holds = sorted(p.name for p in (where / HOLDS).glob("*")) if (where / HOLDS).is_dir() else []
+def _staged(where: Dir, shown: Path, entry: Entry, *, copied: bool) -> Staged:
     return Staged(
-        digest=str(entry["digest"]),
-        platform=str(entry.get("platform", "")),
-        path=where / SQSH,
-        sha256=str(entry["sha256"]),
-        size=int(entry["size"]),
-        image=str(entry["image"]),
-        image_id=str(entry.get("image_id", "")),
-        lock=str(entry.get("lock", "")),
-        staged_at=float(entry["staged_at"]),
+        digest=entry.digest,
+        platform=entry.platform,
+        path=shown / SQSH,
+        sha256=entry.sha256,
+        size=entry.size,
+        image=entry.image,
+        image_id=entry.image_id,
+        lock=entry.lock,
+        staged_at=entry.staged_at,
         copied=copied,
-        holds=tuple(holds),
+        holds=_holds(where, frozenset({where.owner, 0})),
     )
 
 
+def _walk(root: Dir, owners: frozenset[int]) -> Iterator[tuple[Dir, str, Staged | Skipped]]:
+    """Each entry of the cache as (its platform directory, its name, what it is): walked by
+    descriptor; what is not an entry of a trusted owner is Skipped, with the reason."""
+    for pname in root.names():
+        if not re.fullmatch(r"[a-z0-9]+_[a-z0-9]+(_[a-z0-9]+)?", pname):
+            continue
+        try:
+            plat = root.child(pname, owners)
+        except CacheRefused as e:
+            yield root, pname, Skipped(path=root.path(pname), why=e.message)
+            continue
+        if plat is None:
+            continue
+        with plat:
+            for name in plat.names():
+                if not SHA_RE.match(name):
+                    continue
+                yield plat, name, _entry_at(plat, name, owners)
+
+
+def _entry_at(plat: Dir, name: str, owners: frozenset[int]) -> Staged | Skipped:
+    try:
+        where = plat.child(name, owners)
+        if where is None:
+            return Skipped(path=plat.path(name), why="gone meanwhile")
+        with where:
+            entry = read_entry(where, owners)
+            if entry is None:
+                return Skipped(path=plat.path(name), why="no entry.json (a stage under way?)")
+            if entry.digest != f"sha256:{name}":
+                return Skipped(path=plat.path(name), why=f"entry.json names {entry.digest}")
+            return _staged(where, Path(plat.path(name)), entry, copied=False)
+    except CacheRefused as e:
+        return Skipped(path=plat.path(name), why=e.message)
+
+
 def staged(cache: Path) -> list[Staged]:
-    """Every entry of the cache (oldest first); a directory that is not one is skipped."""
-    out = []
-    for platform in sorted(p for p in cache.glob("*_*") if p.is_dir() and not p.is_symlink()):
-        for where in sorted(platform.iterdir()):
-            entry = read_entry(where) if where.is_dir() and not where.is_symlink() else None
-            if entry is not None:
-                out.append(_staged(where, entry, copied=False))
-    return sorted(out, key=lambda s: s.staged_at)
+    """Every entry of the cache (oldest first)."""
+    return survey(cache)[0]
+
+
+def survey(cache: Path) -> tuple[list[Staged], list[Skipped]]:
+    """Every entry of the cache (oldest first), and what was not one (with why)."""
+    root = open_root(cache)
+    if root is None:
+        return [], []
+    with root:
+        found = [s for _, _, s in _walk(root, trusted(root, me=True))]
+    entries = sorted((s for s in found if isinstance(s, Staged)), key=lambda s: s.staged_at)
+    return entries, [s for s in found if isinstance(s, Skipped)]
 
 
 def collect_garbage(
     cache: Path, *, max_age: float | None, max_bytes: int | None, now: float | None = None
 ) -> tuple[list[Staged], list[Staged]]:
     """Remove entries older than ``max_age`` seconds, then the oldest until the cache holds at
-    most ``max_bytes``; never one a job holds (its importer's hold file). (removed, kept
-    because held)."""
+    most ``max_bytes``; never one a job holds (its importer's hold file), never one that is
+    not a trusted owner's. (removed, kept because held)."""
     now = time.time() if now is None else now
     entries = staged(cache)
     total = sum(s.size for s in entries)
     removed, held = [], []
-    for s in entries:
-        old = max_age is not None and now - s.staged_at > max_age
-        big = max_bytes is not None and total > max_bytes
-        if not (old or big):
-            continue
-        with digest_lock(cache, s.digest):  # an importer holds it shared while it hands out
-            holds = s.path.parent / HOLDS
-            if holds.is_dir() and any(holds.iterdir()):
-                held.append(s)
+    root = open_root(cache)
+    if root is None:
+        return [], []
+    with root:
+        owners = trusted(root, me=True)
+        for s in entries:
+            old = max_age is not None and now - s.staged_at > max_age
+            big = max_bytes is not None and total > max_bytes
+            if not (old or big):
                 continue
-            shutil.rmtree(s.path.parent)
-        total -= s.size
-        removed.append(s)
+            with digest_lock(root, s.digest, owners):  # an importer holds it shared meanwhile
+                if _remove_unheld(root, owners, s):
+                    total -= s.size
+                    removed.append(s)
+                else:
+                    held.append(s)
     return removed, held
+
+
+def _remove_unheld(root: Dir, owners: frozenset[int], s: Staged) -> bool:
+    """Remove ``s``'s entry unless a job holds it (or it is no longer a trusted entry)."""
+    plat = root.child(platform_dir(s.platform), owners) if s.platform else None
+    if plat is None:
+        return False
+    with plat:
+        name = digest_hex_of(s.digest)
+        where = plat.child(name, owners)
+        if where is None:
+            return False
+        with where:
+            if _holds(where, owners):
+                return False
+        plat.remove_tree(name)
+    return True
