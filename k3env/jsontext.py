@@ -30,7 +30,7 @@ class NotFinite(ValueError):
 
 
 def _refuse_constant(name: str) -> float:
-    raise NotFinite(f"{name} is not a JSON number")
+    raise NotFinite(f"{name} is not a finite number: JSON has no {name}")
 
 
 def _check_finite(value: Any, path: str = "$") -> None:
