@@ -4,7 +4,7 @@
 ``get IMAGE_URI``: for ``docker://[REGISTRY#]REPO@sha256:HEX``, the staged ``.sqsh`` of that
 manifest digest for this node's platform (``handoff.stage``), after checking its bytes: its
 size against the stage's record, then its sha256, in full the first time this node hands it
-out (and whenever the file's inode, size or modification time changed since), so a tampered or
+out (and whenever the file's device, inode, size, mtime or ctime changed since), so a tampered or
 swapped file is refused before the job's container starts. A hold file says a job uses it
 (garbage collection skips it) until ``release``. Prints the path on stdout; what it did on
 stderr (pyxis shows it when the importer fails).
