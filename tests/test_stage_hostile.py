@@ -42,8 +42,8 @@ def _user(name: str) -> int:
     try:
         return pwd.getpwnam(name).pw_uid
     except KeyError:
-        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
-                        name], check=True)  # fmt: skip
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/sh", name],
+                       check=True)  # fmt: skip
         return pwd.getpwnam(name).pw_uid
 
 

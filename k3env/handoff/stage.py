@@ -265,12 +265,12 @@ def stage_locked(
         root.child(platform_dir(platform), owners, create=DIR_MODE) as plat,  # type: ignore[union-attr]
         plat.child(name, owners, create=DIR_MODE) as where,  # type: ignore[union-attr]
     ):
+        # Jobs run as their users: any may leave its hold, none may remove another's.
+        where.child(HOLDS, owners, create=HOLDS_MODE).close()  # type: ignore[union-attr]
         if _already(where, owners, sha256):
             entry = read_entry(where, owners)
             assert entry is not None
             return _staged(where, shown, entry, copied=False)
-        # Jobs run as their users: any may leave its hold, none may remove another's.
-        where.child(HOLDS, owners, create=HOLDS_MODE).close()  # type: ignore[union-attr]
         size = _copy_checked(sqsh, where, sha256)
         if provenance is not None:
             where.write_bytes(PROVENANCE, provenance)

@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import time
@@ -44,20 +45,32 @@ def pyxis_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, 
 
 
 @contextlib.contextmanager
-def _pyxis(root: Path, importer: Path | None = None) -> Iterator[dict[str, str]]:
+def _pyxis(
+    root: Path, importer: Path | None = None, *, per_user: bool = False
+) -> Iterator[dict[str, str]]:
+    """``per_user``: jobs of any user (enroot's paths made per uid by the wrapper; no
+    squashfuse, whose /dev/fuse only root opens here: the image is unpacked)."""
     if not (PYXIS.is_file() and (ENROOT / "enroot").is_file()):
         _require(f"pyxis and enroot in {PREFIX} (scripts/host-setup.sh builds them)")
     wrapper = root / "bin/enroot"
     wrapper.parent.mkdir(exist_ok=True)
-    paths = {k: root / "enroot" / k.lower() for k in ("RUNTIME", "DATA", "CACHE", "TEMP")}
-    for p in paths.values():
-        p.mkdir(parents=True)
+    base = f"{root}/enroot/$(id -u)" if per_user else f"{root}/enroot"
+    kinds = ("RUNTIME", "DATA", "CACHE", "TEMP", *(("CONFIG",) if per_user else ()))
+    paths = {k: f"{base}/{k.lower()}" for k in kinds}
+    if per_user:
+        (root / "enroot").mkdir(mode=0o1777)
+        (root / "enroot").chmod(0o1777)
+    else:
+        for p in paths.values():
+            Path(p).mkdir(parents=True)
     exports = "".join(f"export ENROOT_{k}_PATH={p}\n" for k, p in paths.items())
     exports += "export ENROOT_ALLOW_HTTP=yes\n"  # the local registry speaks plain HTTP
-    wrapper.write_text(f'#!/bin/sh\n{exports}exec {ENROOT}/enroot "$@"\n')
+    made = f"mkdir -p {' '.join(paths.values())}\n" if per_user else ""
+    wrapper.write_text(f'#!/bin/sh\n{exports}{made}exec {ENROOT}/enroot "$@"\n')
     wrapper.chmod(0o755)
     (root / "pyxis-run").mkdir()
-    plugstack = f"required {PYXIS} runtime_path={root}/pyxis-run use_squashfuse=1"
+    fuse = "" if per_user else " use_squashfuse=1"
+    plugstack = f"required {PYXIS} runtime_path={root}/pyxis-run{fuse}"
     plugstack += f" importer={importer}\n" if importer else "\n"
     path = f"{root}/bin:{ENROOT}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     with running_slurm(root, plugstack=plugstack, slurmd_path=path) as env:
@@ -344,3 +357,96 @@ def _two_jobs_miss_at_once(env: dict[str, str], cache: Path, uri: str) -> float:
     entry = json.loads((where / "entry.json").read_text())
     assert entry["imported_on"] and entry["sha256"]
     return seconds
+
+
+JOB_USER = "k3env-job"
+
+
+@pytest.fixture
+def shared_slurm() -> Iterator[tuple[dict[str, str], Path, Path]]:
+    """README's admin setup where every user reaches it (pytest's tmp_path is root's, 0700):
+    k3env installed where a job's user can read it, the importer wrapper running it with the
+    system's python3 (root's interpreter is not theirs to run), enroot's paths per user.
+    Yields the Slurm env, the cache, and an outside directory (root's, 0700)."""
+    import pwd
+    import tempfile
+
+    try:  # a job's user has a login shell: enroot starts the container's command with it
+        pwd.getpwnam(JOB_USER)
+        subprocess.run(["usermod", "--shell", "/bin/sh", JOB_USER], check=True)
+    except KeyError:
+        subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/sh",
+                        JOB_USER], check=True)  # fmt: skip
+    root = Path(tempfile.mkdtemp(prefix="k3env-slurm-"))
+    root.chmod(0o755)
+    try:
+        shutil.copytree(REPO / "k3env", root / "pkg/k3env",
+                        ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+        for d, _, files in os.walk(root / "pkg"):
+            os.chmod(d, 0o755)
+            for f in files:
+                os.chmod(os.path.join(d, f), 0o644)
+        cache = root / "cache"
+        importer = root / "k3env-importer"
+        importer.write_text(f"#!/bin/sh\nexport K3ENV_STAGE_CACHE={cache}\n"
+                            f"export PYTHONPATH={root}/pkg PYTHONDONTWRITEBYTECODE=1\n"
+                            'exec /usr/bin/python3 -m k3env.handoff.importer "$@"\n')  # fmt: skip
+        importer.chmod(0o755)
+        outside = root / "outside"
+        outside.mkdir(mode=0o700)
+        with _pyxis(root, importer, per_user=True) as env:
+            yield env, cache, outside
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _srun_as(user: str, env: dict[str, str], *argv: str) -> subprocess.CompletedProcess[str]:
+    """``srun ARGV`` submitted by ``user`` (its step, its importer, its enroot)."""
+    full = {"PATH": os.environ["PATH"], "SLURM_CONF": env["SLURM_CONF"], "TMPDIR": "/tmp"}
+    return subprocess.run(["runuser", "-u", user, "--", "srun", "--chdir=/tmp", "--nodes=1",
+                           "--ntasks=1", *argv], capture_output=True, text=True, timeout=300,
+                          env=full, cwd="/tmp")  # fmt: skip
+
+
+def test_a_job_of_another_user_starts_a_staged_image_and_never_a_planted_one(
+    project: Path,
+    shared_slurm: tuple[dict[str, str], Path, Path],
+    capsys: pytest.CaptureFixture[str],
+    clean_probe_images: None,
+) -> None:
+    """The importer as pyxis runs it for a job of an unprivileged user (not root): the staged
+    image starts; a symlink planted at the entry's holds/ (to a 0700 directory outside) and a
+    FIFO at its entry.json fail the step in the importer's words, at once, and nothing outside
+    the cache is touched."""
+    if not Path("/usr/bin/python3").is_file() or shutil.which("runuser") is None:
+        _require("the system's python3 and runuser (a job's user runs the importer)")
+    env, cache, outside = shared_slurm
+    pushed = run_json(capsys, "push")["images"][0]
+    run_json(capsys, "export", "--out", "sqsh")
+    (entry,) = run_json(capsys, "stage", "--cache", str(cache))["staged"]
+    where = Path(entry["path"]).parent
+    image = "--container-image=" + pushed["enroot_uri"].removeprefix("docker://")
+    done = _srun_as(JOB_USER, env, image, "cat", "/etc/k3env/provenance.json")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f'"image": "{entry["image"]}"' in done.stdout
+    assert list((where / "holds").iterdir()) == []  # held by the job, released after it
+    for plant in ("holds", "entry.json"):
+        started = time.monotonic()
+        target = where / plant
+        if plant == "holds":
+            target.rmdir()
+            target.symlink_to(outside)
+        else:
+            target.unlink()
+            os.mkfifo(target, 0o666)
+        failed = _srun_as(JOB_USER, env, image, "true")
+        words = failed.stdout + failed.stderr
+        assert failed.returncode != 0, words
+        assert "refused" in words and ("symlink" in words or "FIFO" in words), words
+        assert "Traceback" not in words
+        assert time.monotonic() - started < 60  # no hang on the FIFO
+        assert list(outside.iterdir()) == [] and stat.S_IMODE(outside.stat().st_mode) == 0o700
+        target.unlink()
+        done = run_json(capsys, "stage", "--cache", str(cache))["staged"]
+        # Staged again: the planted file replaced, the removed link's holds/ made anew.
+        assert done[0]["copied"] is (plant == "entry.json") and (where / "holds").is_dir()
