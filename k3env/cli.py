@@ -4,17 +4,16 @@ errors into exit codes: the only place they are caught."""
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from k3env import __version__
+from k3env import __version__, jsontext
 from k3env.commands import all_commands, command, named
 from k3env.commands.app import App, docker_engine
 from k3env.config.lock import DEFAULT_LOCK
-from k3env.errors import EngineError, K3envError, StateError, UsageError
+from k3env.errors import K3envError, StateError, UsageError
 from k3env.log import Log
 
 if TYPE_CHECKING:
@@ -110,6 +109,8 @@ def main(argv: Sequence[str] | None = None, *, engine: Engine | None = None) -> 
         code = int(args.run(args, app))
     except K3envError as e:
         return _fail(app, e)
+    except jsontext.NotFinite as e:  # a NaN or an infinity on its way into a JSON document
+        return _fail(app, _not_json(e, args.command))
     except KeyboardInterrupt:
         print("k3env: interrupted", file=sys.stderr)
         return 130
@@ -124,26 +125,46 @@ def main(argv: Sequence[str] | None = None, *, engine: Engine | None = None) -> 
                 fix="check the path, its permissions and the free disk space",
             ),
         )
-    if app.as_json and not _print_json(app.result):
-        return EngineError.return_code
+    if app.as_json:
+        try:
+            text = jsontext.dumps(app.result, indent=2)
+        except jsontext.NotFinite as e:  # the whole document is refused, not printed in part
+            return _fail(app, _not_json(e, args.command), keep_result=False)
+        if not _print_json(text):
+            return StateError.return_code
     return code
 
 
-def _fail(app: App, error: K3envError) -> int:
+def _not_json(e: jsontext.NotFinite, command: str) -> StateError:
+    return StateError(
+        f"the JSON result cannot be written: {e}",
+        where=command,
+        fix="a number that is not finite reached k3env's output: report it as a k3env bug "
+        "(its source should refuse it or say it in words)",
+    )
+
+
+def _fail(app: App, error: K3envError, *, keep_result: bool = True) -> int:
     """Report ``error``: on stderr, and with ``--json`` in the one document on stdout (the
-    command's result so far, plus ``error``)."""
+    command's result so far, plus ``error``; the error alone when the result cannot be
+    written as JSON)."""
     if app.as_json:
-        result = app.result if isinstance(app.result, dict) else {}
-        _print_json({**result, "error": error.as_json()})
+        result = app.result if keep_result and isinstance(app.result, dict) else {}
+        try:
+            text = jsontext.dumps({**result, "error": error.as_json()}, indent=2)
+        except jsontext.NotFinite:
+            text = jsontext.dumps({"error": error.as_json()}, indent=2)
+        _print_json(text)
     print(f"k3env: error: {error.render()}", file=sys.stderr)
     return error.return_code
 
 
-def _print_json(payload: Any) -> bool:
-    """The one JSON document on stdout; False (said on stderr) when stdout cannot take it (a
-    full disk, a closed pipe): never a traceback, never half a document claimed as whole."""
+def _print_json(text: str) -> bool:
+    """The one JSON document (``text``, encoded whole before a byte is written) on stdout;
+    False (said on stderr) when stdout cannot take it (a full disk, a closed pipe): never a
+    traceback, never half a document claimed as whole."""
     try:
-        sys.stdout.write(json.dumps(payload, indent=2, sort_keys=True) + "\n")
+        sys.stdout.write(text + "\n")
         sys.stdout.flush()
     except OSError as e:
         print(f"k3env: error: cannot write the JSON result to stdout: {e.strerror or e}",

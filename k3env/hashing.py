@@ -4,19 +4,19 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import json
 import os
 import stat
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from k3env import jsontext
 from k3env.errors import ConfigError
 
 
 def canonical_sha256(data: Any) -> str:
     """Semantic hash of parsed data: comments and formatting do not change it."""
-    blob = json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=False, default=str)
+    blob = jsontext.dumps(data, compact=True, ensure_ascii=False, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from k3env.errors import K3envError, StateError
@@ -36,27 +37,46 @@ def _refuse_constant(name: str) -> float:
 def _check_finite(value: Any, path: str = "$") -> None:
     """Refuse a non-finite float anywhere in ``value`` (iteratively: no recursion limit)."""
     stack: list[tuple[Any, str]] = [(value, path)]
+    seen: set[int] = set()  # a container met twice is walked once (and a cycle ends)
     while stack:
         node, where = stack.pop()
         if isinstance(node, float) and not math.isfinite(node):
             raise NotFinite(f"{where} is {node!r}, not a finite number: JSON has no {node!r}")
+        if isinstance(node, (dict, list, tuple)):
+            if id(node) in seen:
+                continue
+            seen.add(id(node))
         if isinstance(node, dict):
+            for k in node:  # json.dumps spells a float key as a number
+                if isinstance(k, float) and not math.isfinite(k):
+                    raise NotFinite(f"a key of {where} is {k!r}: JSON has no {k!r}")
             stack += [(v, f"{where}.{k}") for k, v in node.items()]
         elif isinstance(node, (list, tuple)):
             stack += [(v, f"{where}[{i}]") for i, v in enumerate(node)]
 
 
-def dumps(value: Any, *, indent: int | None = None, compact: bool = False,
-          sort_keys: bool = True) -> str:  # fmt: skip
+def dumps(
+    value: Any,
+    *,
+    indent: int | None = None,
+    compact: bool = False,
+    sort_keys: bool = True,
+    ensure_ascii: bool = True,
+    default: Callable[[Any], Any] | None = None,
+) -> str:
     """``value`` as strict JSON; a NaN or an infinity anywhere in it raises ``NotFinite``
-    (a ValueError) naming its path. ``compact``: no spaces (a canonical form)."""
+    (a ValueError) naming its path. ``compact``: no spaces (a canonical form);
+    ``ensure_ascii`` and ``default`` as ``json.dumps`` takes them."""
     separators = (",", ":") if compact else None
     try:
         return json.dumps(value, indent=indent, sort_keys=sort_keys, allow_nan=False,
-                          separators=separators)  # fmt: skip
-    except ValueError:
+                          separators=separators, ensure_ascii=ensure_ascii,
+                          default=default)  # fmt: skip
+    except ValueError as e:
+        if "JSON compliant" not in str(e):  # a circular reference: not ours to rename
+            raise
         _check_finite(value)  # names where the number sits
-        raise
+        raise NotFinite(f"a number in it is not finite ({e}): JSON has none") from e
 
 
 def depth(value: Any, *, finite: bool = False) -> int:

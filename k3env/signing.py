@@ -21,6 +21,7 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from k3env import jsontext
 from k3env.errors import ConfigError
 from k3env.files import read_input
 
@@ -100,7 +101,7 @@ def envelope(key: SigningKey, payload: bytes, payload_type: str = INTOTO) -> byt
         "payload": base64.b64encode(payload).decode(),
         "signatures": [{"keyid": "", "sig": key.sign(pae(payload_type, payload))}],
     }
-    return (json.dumps(doc, sort_keys=True, separators=(",", ":")) + "\n").encode()
+    return (jsontext.dumps(doc, compact=True) + "\n").encode()
 
 
 def open_envelope(key: VerifyKey | None, data: bytes) -> tuple[Any, str]:

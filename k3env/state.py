@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from k3env import jsontext
 from k3env.errors import StateError
 from k3env.files import write_atomic
 from k3env.hashing import digest_hex
@@ -36,7 +37,7 @@ class State:
             return None
 
     def write_json(self, value: Any, *parts: str) -> None:
-        self.write_bytes(json.dumps(value, indent=2, sort_keys=True).encode(), *parts)
+        self.write_bytes(jsontext.dumps(value, indent=2).encode(), *parts)
 
     def read_bytes(self, *parts: str) -> bytes | None:
         try:

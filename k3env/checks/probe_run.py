@@ -15,6 +15,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from k3env import jsontext
 from k3env.engine.protocol import BaseImage, Engine
 from k3env.errors import EngineError
 from k3env.hashing import canonical_sha256, digest_hex, sha256_digest
@@ -93,7 +94,7 @@ def run_probe(
             (package / name).chmod(0o644)
         package.chmod(0o755)
         payload = {"plans": plans, "envs": envs, "timeout": timeout}
-        (workdir / "plan.json").write_text(json.dumps(payload))
+        (workdir / "plan.json").write_text(jsontext.dumps(payload, sort_keys=False))
         workdir.chmod(0o755)
         result = engine.run(
             image,

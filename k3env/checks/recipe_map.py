@@ -16,13 +16,13 @@ judge that Dynamo, and the image's facts about its own Dynamo are dropped, and s
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from k3env import jsontext
 from k3env.checks.argv import ParsedCommand, parse_options
 from k3env.checks.known import DYNAMO_COMMITS, MODELS, SRT_CONNECTORS, SRT_DEFAULTS
 from k3env.checks.preflight import Context, Finding
@@ -100,10 +100,20 @@ def flag_args(flags: Mapping[str, Any]) -> list[str]:
         elif isinstance(value, list):
             out += [flag, *(str(v) for v in value)]
         elif isinstance(value, dict):
-            out += [flag, json.dumps(value, separators=(",", ":"))]
+            out += [flag, json_flag(flag, value)]
         elif value is not None:
             out += [flag, str(value)]
     return out
+
+
+def json_flag(flag: str, value: Mapping[str, Any]) -> str:
+    """A mapping as the JSON word of ``flag``; a NaN or an infinity in it is refused (it has
+    no JSON spelling a server could read)."""
+    try:
+        return jsontext.dumps(value, compact=True, sort_keys=False)
+    except jsontext.NotFinite as e:
+        raise ConfigError(f"{flag}: {e}", where="the recipe's flags",
+                          fix="write a finite number there") from e  # fmt: skip
 
 
 def _multinode(nodes: int) -> list[str]:
@@ -155,14 +165,17 @@ def commands(recipe: Recipe, notes: list[str]) -> tuple[Command, ...]:
     if connector is None:
         connector = recipe.backend.get("connector", SRT_DEFAULTS["backend.connector"])
         if "connector" not in recipe.backend and connector:
+            given = jsontext.dumps(SRT_CONNECTORS.get(connector, connector), sort_keys=False)
             notes.append(
                 f"srt-slurm default backend.connector: {connector} gives the Dynamo worker "
-                f"--kv-transfer-config {json.dumps(SRT_CONNECTORS.get(connector, connector))} "
-                "(set backend.connector: null for none)"
+                f"--kv-transfer-config {given} (set backend.connector: null for none)"
             )
     if connector and str(connector).lower() not in ("null", "none"):
         preset = SRT_CONNECTORS.get(str(connector).lower())
-        worker += ["--kv-transfer-config", json.dumps(dict(preset)) if preset else str(connector)]
+        worker += [
+            "--kv-transfer-config",
+            jsontext.dumps(dict(preset), sort_keys=False) if preset else str(connector),
+        ]
     worker += [*_multinode(nodes), *flag_args(flags)]
     return (
         Command(role="dynamo-frontend", argv=FRONTEND_ARGV),

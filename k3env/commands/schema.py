@@ -6,9 +6,9 @@ read `#:schema` comments (taplo, Even Better TOML) check the files against them.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
+from k3env import jsontext
 from k3env.commands.app import App
 from k3env.config.lock import load_lock
 from k3env.config.spec import DEFAULT_IMAGES
@@ -44,7 +44,7 @@ def run(args: argparse.Namespace, app: App) -> int:
         schema = record_schema(
             lambda: [load_spec(path, lock) for path in paths], "k3env image spec (images/*.toml)"
         )
-    text = json.dumps(schema, indent=2, sort_keys=True) + "\n"
+    text = jsontext.dumps(schema, indent=2) + "\n"
     if args.out:
         write_atomic(args.out, text)
         log.info(f"schema written to {args.out}")

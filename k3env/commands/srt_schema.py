@@ -9,8 +9,8 @@ if not)
 from __future__ import annotations
 
 import argparse
-import json
 
+from k3env import jsontext
 from k3env.commands.app import SOURCE_HELP, App
 from k3env.errors import CheckFailed, ConfigError
 
@@ -42,7 +42,7 @@ def run(args: argparse.Namespace, app: App) -> int:
         )
     m = materialize(lock, app.state(), app.log, source=args.source)
     doc = {"srt_slurm": identity(srt), **record_schema(m, app.log)}
-    text = json.dumps(doc, indent=1, sort_keys=True) + "\n"
+    text = jsontext.dumps(doc, indent=1) + "\n"
     path = lock.resolve_path(srt.schema, key="srt_slurm.schema")
     same = path.is_file() and path.read_text() == text
     payload = {"path": str(path), "version": srt.version, "unchanged": same, "written": False}

@@ -94,23 +94,25 @@ def load_spec(path: Path, lock: Lock) -> ImageSpec:
             raise t.fail(f"allow_credentials[{i}]", f"{a!r} is not set in [env]", "remove it")
     refuse_credentials(env_t, env, allow)
     profiles = each_entry(t.table("profiles", required=False), _profile)
-    spec = ImageSpec(
+    description = t.string("description", required=False, default="")
+    repository = _repository(t, name)
+    dynamo_install = _dynamo_install(t)
+    t.done()  # every key read and checked (a NaN refused in the reader's words) before the hash
+    return ImageSpec(
         name=name,
         path=path,
         sha256=canonical_sha256(data),
-        description=t.string("description", required=False, default=""),
+        description=description,
         base=base,
-        repository=_repository(t, name),
+        repository=repository,
         patches=patches,
         components=components,
         env=env,
         env_readers=readers,
         allow_credentials=allow,
         profiles=profiles,
-        dynamo_install=_dynamo_install(t),
+        dynamo_install=dynamo_install,
     )
-    t.done()
-    return spec
 
 
 DYNAMO_INSTALLS = ("baked", "from-commit")

@@ -6,12 +6,12 @@ module only reads it. ``k3env lock --check`` fails on every disagreement listed 
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
+from k3env import jsontext
 from k3env.config.pins import OVERLAYS, ComponentPin, Lock, TwinPin, VariantPin
 from k3env.config.shapes import platform_option
 from k3env.errors import LockError
@@ -50,7 +50,7 @@ class Inputs:
         fields = {"tops": list(self.tops), "overrides": list(self.overrides),
                   "platform": self.platform, "resolved_before": self.resolved_before,
                   "preferences": self.preferences}  # fmt: skip
-        return sha256_digest(json.dumps(fields, sort_keys=True).encode())
+        return sha256_digest(jsontext.dumps(fields).encode())
 
     @property
     def line(self) -> str:

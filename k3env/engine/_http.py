@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from k3env import jsontext
+
 DEFAULT_TIMEOUT = 30.0  # metadata calls: the daemon answers these in milliseconds
 # base64 of ``{}``: no credentials. The daemon requires the header on push (it falls back to
 # decoding the body otherwise); k3env pushes only to registries that need no login.
@@ -189,7 +191,10 @@ class EngineHTTP:
         """One exchange, the whole reply read; raises ``EngineHTTPError`` for status >= 400
         (but returns a 404 when ``ok_404``: "not there" is an answer for some verbs)."""
         if json_body is not None:
-            body, content_type = json.dumps(json_body).encode(), "application/json"
+            body, content_type = (
+                jsontext.dumps(json_body, sort_keys=False).encode(),
+                "application/json",
+            )
         sock, status, first = self._open(
             method,
             path,

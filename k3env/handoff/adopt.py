@@ -11,13 +11,13 @@ aiperf for a benchmark).
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from k3env.checks.recipe_map import FRONTEND_ARGV, frontend_type, model_type
+from k3env import jsontext
+from k3env.checks.recipe_map import FRONTEND_ARGV, frontend_type, json_flag, model_type
 from k3env.config.pins import Lock
 from k3env.config.spec import RECIPE_REPLACED, RECIPE_WRITTEN
 from k3env.config.srtrecipe import Recipe
@@ -86,7 +86,7 @@ def engine_argv(prefix: tuple[str, ...], flags: Mapping[str, Any], notes: list[s
             out += [flag, *(str(v) for v in value)]
             notes.append(f"{key}: a list becomes {len(value)} words on the command line")
         elif isinstance(value, dict):
-            out += [flag, json.dumps(value, separators=(",", ":"))]
+            out += [flag, json_flag(flag, value)]
             notes.append(f"{key}: a mapping is written as its JSON string")
         else:
             out += [flag, str(value)]
@@ -226,7 +226,7 @@ class Difference:
 
     def text(self) -> str:
         original, regenerated = _shown(self.original), _shown(self.regenerated)
-        return f"{self.key}: {original} in the original, {regenerated} regenerated"
+        return f"{one_line(self.key)}: {original} in the original, {regenerated} regenerated"
 
     def as_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"key": self.key}
@@ -238,7 +238,12 @@ class Difference:
 
 
 def _shown(value: Any) -> str:
-    return "absent" if value is ABSENT else json.dumps(value, default=str)
+    if value is ABSENT:
+        return "absent"
+    try:
+        return jsontext.dumps(value, sort_keys=False, default=str)
+    except jsontext.NotFinite:  # a line for a person, not a document: Python's spelling
+        return repr(value)
 
 
 def recipe_diff(original: Any, regenerated: Any, prefix: str = "") -> list[Difference]:

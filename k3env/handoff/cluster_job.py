@@ -13,6 +13,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from k3env import jsontext
 from k3env.config.cluster import Cluster
 from k3env.config.pins import Lock
 from k3env.config.shapes import platform_option
@@ -194,7 +195,7 @@ def write_job(
     validation = _validate(lock, state, log, text)
     job = manifest(smoke, container=image.container, digest=image.digest, image_id=image.image_id)
     files = {
-        f"bin/{MANIFEST}": json.dumps(job, indent=1, sort_keys=True) + "\n",
+        f"bin/{MANIFEST}": jsontext.dumps(job, indent=1) + "\n",
         "bin/plan.json": plan_json(smoke),
         "bin/driver.py": DRIVER.read_text(),
         RECIPE: text,
@@ -274,7 +275,7 @@ def write_cpu_job(
         write_bin(root / "bin", plan, pin.absent)
         job = cpu_manifest(smoke, container=image.container, digest=image.digest,
                            image_id=build.image_id, stand_in=stand_in)  # fmt: skip
-        (root / "bin" / MANIFEST).write_text(json.dumps(job, indent=1, sort_keys=True) + "\n")
+        (root / "bin" / MANIFEST).write_text(jsontext.dumps(job, indent=1) + "\n")
         with log.step(f"cpu partition job of {spec.name} / {profile.name} in {out}"):
             place_tree(root / "bin", out / "bin", link=False)
             place_tree(root / "model", out / "model", link=False)

@@ -21,12 +21,12 @@ into the recipe a YAML scalar (``handoff.recipe.to_yaml``).
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from k3env import jsontext
 from k3env.config.cluster import Cluster
 from k3env.config.spec import ImageSpec, ServeProfile
 from k3env.errors import SpecError
@@ -264,4 +264,4 @@ def _env_name(name: str) -> bool:
 
 def plan_json(smoke: ClusterSmoke) -> str:
     """The driver's plan file."""
-    return json.dumps(dict(smoke.battery), indent=1, sort_keys=True) + "\n"
+    return jsontext.dumps(dict(smoke.battery), indent=1) + "\n"

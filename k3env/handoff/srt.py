@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from k3env import jsontext
 from k3env.config.pinned_files import verify_pinned_file
 from k3env.config.pins import Lock, SrtPatchPin, SrtSlurmPin
 from k3env.config.shapes import require_git_source
@@ -293,7 +294,7 @@ def _write_record(
 ) -> dict[str, Any]:
     """Record every file of the venv, then what was materialized (the marker, written last)."""
     manifest = venv_files(tmp / "venv")
-    (tmp / VENV_MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+    (tmp / VENV_MANIFEST).write_text(jsontext.dumps(manifest, indent=1))
     record = {
         "source": origin,
         "version": srt.version,
@@ -302,7 +303,7 @@ def _write_record(
         "patches": applied,
         "venv_sha256": canonical_sha256(manifest),
     }
-    (tmp / MARKER).write_text(json.dumps(record, indent=2))
+    (tmp / MARKER).write_text(jsontext.dumps(record, indent=2, sort_keys=False))
     return record
 
 

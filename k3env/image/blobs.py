@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from k3env import jsontext
 from k3env.errors import StateError
 from k3env.hashing import HashingWriter, digest_hex, sha256_digest
 from k3env.state import State
@@ -61,7 +62,7 @@ def oci_manifest(config: Described, layers: Sequence[Described]) -> bytes:
         "config": {"mediaType": config.media_type, "digest": config.digest, "size": config.size},
         "layers": [{"mediaType": x.media_type, "digest": x.digest, "size": x.size} for x in layers],
     }
-    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    return jsontext.dumps(doc, compact=True).encode()
 
 
 def _layer_path(state: State, diff_id: str, level: int) -> Path:

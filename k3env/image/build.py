@@ -18,7 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from k3env import __version__
+from k3env import __version__, jsontext
 from k3env.config.patchfile import PatchFile, load_patch_file
 from k3env.config.pinned_files import verify_patch_file
 from k3env.config.pins import BasePin, ComponentPin, Lock
@@ -466,7 +466,7 @@ class Builder:
             "config": {k: runtime.get(k) for k in RUNTIME_KEYS},
             "files": {f.path: digest_hex(sha256_digest(f.content)) for f in files if not f.is_dir},
         }
-        return (json.dumps(doc, indent=2, sort_keys=True) + "\n").encode()
+        return (jsontext.dumps(doc, indent=2) + "\n").encode()
 
     def _labels(
         self, spec: ImageSpec, base: ResolvedBase, inputs: str, patches: list[PatchResult]

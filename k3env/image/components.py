@@ -20,7 +20,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from k3env import __version__
+from k3env import __version__, jsontext
 from k3env.config.pins import ComponentPin, Lock
 from k3env.config.shapes import platform_name
 from k3env.config.twinreq import Pinned, parse_pinned, pinned_line
@@ -155,7 +155,7 @@ def bake(
         # What the layer holds is said by the image itself: a cache hit on a clean state
         # reads it back, so everything built over it is the same bytes.
         labels[LABEL] = key
-        labels[f"{LABEL}.replaced"] = json.dumps(replaced, sort_keys=True)
+        labels[f"{LABEL}.replaced"] = jsontext.dumps(replaced)
         labels[f"{LABEL}.files"] = str(sum(1 for f in out.rglob("*") if f.is_file()))
         layer, archive = Path(tmp) / "layer.tar", Path(tmp) / "image.tar"
         diff_id = tree_layer(out, layer, mtime=epoch, owners=False, dirs=info["dirs"])
@@ -167,7 +167,7 @@ def bake(
             created_by=f"k3env components {names}",
             comment=f"k3env {__version__}",
         )
-        config_json = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+        config_json = jsontext.dumps(config, compact=True).encode()
         image_id = archive_file(config_json, layer, [*base.image.diff_ids, diff_id], archive)
         keep_layer(state, layer, diff_id)
         keep_config(state, config_json)

@@ -22,6 +22,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from k3env import jsontext
 from k3env.engine.protocol import Engine
 from k3env.errors import EngineError
 from k3env.log import Log
@@ -145,7 +146,7 @@ def _in(
 ) -> None:
     result = engine.run(
         image,
-        [python, "-c", _SCRIPT, json.dumps(config)],
+        [python, "-c", _SCRIPT, jsontext.dumps(config, sort_keys=False)],
         timeout=3600,
         env={"PYTHONHASHSEED": "0", "SOURCE_DATE_EPOCH": str(config["epoch"])},
         mounts=dict(mounts),

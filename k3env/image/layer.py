@@ -14,7 +14,6 @@ engine resolves the base's chain from its layer store and never reads or copies 
 from __future__ import annotations
 
 import io
-import json
 import os
 import shutil
 import stat
@@ -25,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from k3env import jsontext
 from k3env.config.shapes import control_character, is_normal_absolute_path
 from k3env.engine.protocol import BaseImage, HistoryEntry
 from k3env.errors import PatchError
@@ -154,7 +154,7 @@ def assemble(
     config = image_config(
         base, diff_id=diff_id, env=env, labels=labels, created_by=created_by, comment=comment
     )
-    config_json = json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+    config_json = jsontext.dumps(config, compact=True).encode()
     return Assembled(
         config_json=config_json,
         image_id=sha256_digest(config_json),
@@ -178,7 +178,7 @@ def docker_archive(assembled: Assembled, base_diff_ids: Sequence[str]) -> bytes:
         for name, data in (
             (config_name, assembled.config_json),
             (layers[-1], assembled.layer_tar),
-            ("manifest.json", json.dumps(manifest).encode()),
+            ("manifest.json", jsontext.dumps(manifest, sort_keys=False).encode()),
         ):
             info = tarfile.TarInfo(name)
             info.size = len(data)
@@ -249,7 +249,9 @@ def archive_parts(
     image_id = sha256_digest(config_json)
     layers = [f"{d.split(':', 1)[1]}/layer.tar" for d in diff_ids]
     config_name = image_id.split(":", 1)[1] + ".json"
-    manifest = json.dumps([{"Config": config_name, "RepoTags": None, "Layers": layers}]).encode()
+    manifest = jsontext.dumps(
+        [{"Config": config_name, "RepoTags": None, "Layers": layers}], sort_keys=False
+    ).encode()
     head = b""
     for name, data in ((config_name, config_json), ("manifest.json", manifest)):
         head += _member(name, len(data)) + data + _padding(len(data))

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from k3env import __version__
+from k3env import __version__, jsontext
 from k3env.config.pinned_files import verify_pinned_file
 from k3env.config.pins import BasePin, Lock, TwinPin
 from k3env.config.shapes import DEFAULT_PLATFORM, MACHINES, platform_option
@@ -250,7 +250,7 @@ def _foreign_debootstrap(twin: TwinPin, root: Path, p: TwinPlan, log: Log) -> No
 
 
 def _json(config: object) -> bytes:
-    return json.dumps(config, sort_keys=True, separators=(",", ":")).encode()
+    return jsontext.dumps(config, compact=True).encode()
 
 
 # --- stage 2 ------------------------------------------------------------------------------

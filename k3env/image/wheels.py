@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from k3env import jsontext
 from k3env.config.shapes import DEFAULT_PLATFORM, MACHINES
 from k3env.config.twinreq import parse_pinned
 from k3env.errors import ConfigError
@@ -61,7 +62,7 @@ def held_files(wheelhouse: Path) -> dict[str, Path]:
         key = f"{f.name}:{st.st_size}:{st.st_mtime_ns}"
         fresh[key] = index.get(key) or file_sha256(f)
     if fresh != index:
-        write_atomic(index_path, json.dumps(fresh, sort_keys=True).encode())
+        write_atomic(index_path, jsontext.dumps(fresh).encode())
     return {sha: wheelhouse / key.split(":", 1)[0] for key, sha in fresh.items()}
 
 

@@ -21,12 +21,12 @@ the CPU smoke, which is said.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from k3env import jsontext
 from k3env.checks.argv import parse_options
 from k3env.config.cluster import Cluster
 from k3env.config.spec import ImageSpec, ServeProfile
@@ -182,14 +182,10 @@ def smoke_argv(
             out += [flag, str(topology.pp)]
             said.append(f"{flag} {value} -> {topology.pp}: the {layers} layers on one stage")
         elif flag == "--hf-overrides" and layers is not None:
-            try:
-                given = json.loads(value or "{}")
-            except ValueError as e:
-                raise SpecError(
-                    f"--hf-overrides {value!r} is not JSON",
-                    where="serve profile",
-                    fix="write the overrides as a JSON object",
-                ) from e
+            # Strict: a NaN or 1e999 here could not be written back as JSON.
+            given = jsontext.loads(value or "{}", where="serve profile: --hf-overrides",
+                                   expect=object, error=SpecError,
+                                   fix="write the overrides as a JSON object")  # fmt: skip
             overrides = given if isinstance(given, dict) else {}
         else:
             out += argv[i : i + step]
@@ -198,7 +194,10 @@ def smoke_argv(
         out += ["--load-format", "dummy"]
         said.append("--load-format dummy: added (random weights, no checkpoint read)")
     if layers is not None:
-        out += ["--hf-overrides", json.dumps({**overrides, "num_hidden_layers": layers})]
+        out += [
+            "--hf-overrides",
+            jsontext.dumps({**overrides, "num_hidden_layers": layers}, sort_keys=False),
+        ]
         said.append(
             f'--hf-overrides {{"num_hidden_layers": {layers}}}: the model cut to {layers} layers'
         )

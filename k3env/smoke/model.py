@@ -10,11 +10,10 @@ started with ``--load-format dummy`` (random weights of the configured shape).
 from __future__ import annotations
 
 import base64
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import files
+from .. import files, jsontext
 
 # The markers each parser family reads in generated text, as dedicated special tokens (the
 # parsers' own docstrings name them: Kimi K3's XTML channels, Hermes' tool_call tags).
@@ -86,7 +85,7 @@ def _declared(model_type: str, llama: dict[str, object]) -> dict[str, object]:
 
 
 def dump(value: object) -> str:
-    return json.dumps(value, indent=1, sort_keys=True) + "\n"
+    return jsontext.dumps(value, indent=1) + "\n"
 
 
 def _template(parsers: tuple[str, ...]) -> str:

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from k3env import jsontext
 from k3env.checks.argv import parse_options
 from k3env.config.spec import ImageSpec, ServeProfile
 from k3env.smoke.model import STEER, SmokeModel, thinks
@@ -145,10 +146,10 @@ class SmokePlan:
         """What a record of this run is keyed by: the plan without its time bounds."""
         data = self.as_json()
         del data["timeouts"]
-        return json.dumps(data, sort_keys=True)
+        return jsontext.dumps(data)
 
     def dumps(self) -> str:
-        return json.dumps(self.as_json(), indent=1, sort_keys=True) + "\n"
+        return jsontext.dumps(self.as_json(), indent=1) + "\n"
 
 
 def _value(argv: Sequence[str], flag: str) -> str | None:
