@@ -4,11 +4,16 @@ into plain values and the line of each key; the one place that imports ``yaml``.
 PyYAML's safe loader (no Python tags), one document, a bounded regular file
 (``files.read_input``). A key given twice is refused naming both lines: srt-slurm's loader
 keeps the last one silently, and a hand-edit that adds a key a second time is exactly the
-edit that is then not the one that runs. Anchors and aliases are read as YAML defines them;
-each node's line is recorded once (an alias is not walked again), so a file of aliases cannot
-make the walk grow beyond the file; and a document whose aliases expand past ``MAX_EXPANDED``
-values (a "billion laughs") is refused before it is built, since every reader after this one
-(flags joined into a command line, JSON written) would write it out.
+edit that is then not the one that runs.
+
+Anchors and aliases are read as YAML defines them; each node's line is recorded once (an alias
+is not walked again), so a file of aliases cannot make the walk grow beyond the file. What a
+document stands for with every alias written out is bounded while it is composed, in values
+(``MAX_EXPANDED``) and in bytes (``MAX_DOCUMENT``: each scalar counted at its length over every
+path it is reached by), and one scalar in bytes (``MAX_SCALAR``): every reader after this one
+(a flag joined into a command line, the TOML ``adopt`` writes, JSON printed) writes the value
+out, so a "billion laughs" of counts or of bytes is refused at the alias that crosses the
+budget, naming its line, before the document is built.
 """
 
 from __future__ import annotations
@@ -26,6 +31,16 @@ from k3env.files import read_input
 MAX_YAML_BYTES = 1 << 20  # a recipe or a cluster config: a few KiB
 # Values a document may stand for with its aliases written out: a recipe has hundreds.
 MAX_EXPANDED = 100_000
+# Bytes of scalars a document may stand for with its aliases written out. A recipe is a few
+# KiB (the largest in tests/data, 1.4 KB as JSON) and anchors reuse a table a few times; the
+# file itself is at most MAX_YAML_BYTES. 16 MiB is 16 files' worth and thousands of recipes',
+# and still a size every writer after this one (adopt's TOML, preflight's JSON) gets through in
+# a second; 95,000 aliases of one 600 KB string (57 GB written out) kept `adopt` busy for hours.
+MAX_DOCUMENT = 16 << 20
+# Bytes of one scalar: a name, a path, a flag's value, an inline script (the longest in
+# tests/data is 191 characters). Aliases never make a scalar longer than the file, so this
+# bound must sit under MAX_YAML_BYTES to mean anything: 256 KiB is a thousand times the longest.
+MAX_SCALAR = 256 << 10
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,18 +72,14 @@ def load_yaml(
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
         raise error(f"not UTF-8: {e}", where=str(path), fix="save the file as UTF-8") from e
-    loader = yaml.SafeLoader(text)
+    loader = _Loader(text)
     try:
         node = loader.get_single_node()
-        if node is not None and _expanded(node, {}) > MAX_EXPANDED:
-            raise error(
-                f"its aliases expand to more than {MAX_EXPANDED:,} values (an alias of an "
-                "alias of a list, a 'billion laughs'): nothing a recipe needs, and a reader "
-                "that walks it would not end",
-                where=str(path),
-                fix="write the values out, or use anchors for whole tables only",
-            )
         data = loader.construct_document(node) if node is not None else None
+    except _OverBudget as e:
+        raise error(
+            str(e), where=f"{path}:{e.mark.line + 1}:{e.mark.column + 1}", fix=e.fix
+        ) from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         at = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else str(path)
@@ -87,28 +98,91 @@ def load_yaml(
     return YamlDoc(path=path, data=data, lines=lines)
 
 
-def _expanded(node: Any, memo: dict[int, int]) -> int:
-    """How many values ``node`` stands for once every alias in it is written out (a node
-    reached again through an alias counts again; a node that contains itself is endless)."""
-    key = id(node)
-    if key in memo:
-        if memo[key] < 0:  # inside itself: a recursive alias
-            return MAX_EXPANDED + 1
-        return memo[key]
-    memo[key] = -1
-    total = 1
-    if isinstance(node, yaml.MappingNode):
-        children = [n for pair in node.value for n in pair]
-    elif isinstance(node, yaml.SequenceNode):
-        children = list(node.value)
-    else:
-        children = []
-    for child in children:
-        total += _expanded(child, memo)
-        if total > MAX_EXPANDED:
-            break
-    memo[key] = min(total, MAX_EXPANDED + 1)
-    return memo[key]
+class _OverBudget(Exception):
+    """A document over one of the budgets, at ``mark`` (where the alias or scalar starts)."""
+
+    def __init__(self, message: str, mark: Any, fix: str) -> None:
+        super().__init__(message)
+        self.mark, self.fix = mark, fix
+
+
+class _Loader(yaml.SafeLoader):  # type: ignore[misc]
+    """PyYAML's safe loader, counting while it composes what the document stands for with
+    every alias written out: a node composed adds itself (a scalar its bytes), an alias adds
+    the whole of the node it names (measured when that node was composed). The count is the
+    expanded document so far, so the alias that crosses a budget is the one refused, after
+    reading no more of the file than that."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text)
+        self.values = 0
+        self.size = 0
+        self.anchored: dict[int, tuple[int, int]] = {}  # id(node) -> (values, bytes) it stands for
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            node = super().compose_node(parent, index)  # an undefined alias: its error
+            if id(node) not in self.anchored:
+                raise _OverBudget(
+                    f"alias *{event.anchor} refers to the value that contains it: written "
+                    "out, it would not end",
+                    event.start_mark,
+                    "write the values out; an anchor can only be used after its value ends",
+                )
+            values, size = self.anchored[id(node)]
+            self._spend(values, size, event.start_mark, event.anchor, node)
+            return node
+        event = self.peek_event()
+        values, size = self.values, self.size
+        node = super().compose_node(parent, index)
+        if isinstance(node, yaml.ScalarNode):
+            length = len(str(node.value).encode("utf-8", "surrogatepass"))
+            if length > MAX_SCALAR:
+                raise _OverBudget(
+                    f"a value of {length:,} bytes, over the {MAX_SCALAR:,} bytes one value "
+                    "may have (a recipe's are names, paths, flags, short scripts)",
+                    node.start_mark,
+                    "keep long text in a file the recipe names, not in the recipe",
+                )
+            self._spend(1, length, event.start_mark, None, node)
+        else:
+            self._spend(1, 0, event.start_mark, None, node)
+        if event.anchor is not None:
+            self.anchored[id(node)] = (self.values - values, self.size - size)
+        return node
+
+    def _spend(self, values: int, size: int, mark: Any, alias: str | None, node: Any) -> None:
+        self.values += values
+        self.size += size
+        if self.values <= MAX_EXPANDED and self.size <= MAX_DOCUMENT:
+            return
+        if alias is None:  # no alias: the file alone is this large
+            over = (
+                f"more than {MAX_EXPANDED:,} values"
+                if self.values > MAX_EXPANDED
+                else f"more than {MAX_DOCUMENT:,} bytes of values"
+            )
+            raise _OverBudget(
+                f"the document holds {over}: no recipe or cluster config is near that",
+                mark,
+                "split the file, or keep long data in a file the recipe names",
+            )
+        line = node.start_mark.line + 1
+        stands = f"{values:,} value{'s' if values != 1 else ''}, {size:,} bytes"
+        over = (
+            f"more than {MAX_EXPANDED:,} values"
+            if self.values > MAX_EXPANDED
+            else f"more than {MAX_DOCUMENT:,} bytes"
+        )
+        raise _OverBudget(
+            f"alias *{alias} (of the value anchored at line {line}, {stands} written out) "
+            f"makes the document stand for {over} once its aliases are written out (an alias "
+            "repeated, or of an alias of a list: a 'billion laughs'): nothing a recipe needs, "
+            "and every reader after this one writes it out",
+            mark,
+            "write the values out, or use anchors for whole tables only",
+        )
 
 
 def _walk(
