@@ -9,7 +9,9 @@ still a dependency):
   commands < cli
   (probes/ runs inside images and imports nothing of k3env but its own package's modules);
 - every module opens with a docstring;
-- each external library is imported by exactly one module.
+- each external library is imported by exactly one module;
+- every JSON document is emitted through ``k3env.jsontext.dumps`` (strict: no NaN or Infinity):
+  no other module calls ``json.dumps`` or ``json.dump`` (probes/ excepted: stdlib only).
 
 Exit 1 with one line per violation.
 """
@@ -42,6 +44,36 @@ OWNERS = {
     "cryptography": "k3env.signing",
     "docker": None,  # not a dependency: k3env speaks to dockerd itself (engine/_http.py)
 }
+
+
+# The one JSON encoder, and the modules that still call json.dumps until their owners move
+# them to it (issue 50; each is dropped from here when it does).
+JSON_ENCODER = "jsontext"
+JSON_PENDING = ("handoff.attest", "handoff.publish", "handoff.referrers", "handoff.squashfs_check")
+JSON_WRITERS = ("dumps", "dump")
+
+
+def json_encodes(path: Path) -> list[int]:
+    """Lines where ``path`` calls ``json.dumps`` / ``json.dump`` (under any name ``import json``
+    or ``from json import`` gave it)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    modules_as = {"json"}
+    functions_as: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules_as |= {a.asname or a.name for a in node.names if a.name == "json"}
+        elif isinstance(node, ast.ImportFrom) and node.module == "json" and not node.level:
+            functions_as |= {a.asname or a.name for a in node.names if a.name in JSON_WRITERS}
+    lines = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in JSON_WRITERS
+            and isinstance(node.value, ast.Name)
+            and node.value.id in modules_as
+        ) or (isinstance(node, ast.Name) and node.id in functions_as):
+            lines.append(node.lineno)
+    return sorted(lines)
 
 
 def modules(package: Path) -> dict[str, Path]:
@@ -136,6 +168,13 @@ def check(package: Path) -> list[str]:
                 if target == lib or target.startswith(lib + "."):
                     owners.setdefault(lib, set()).add(name)
         is_probe = name.startswith(f"{root}.probes")
+        exempt = {f"{root}.{m}" for m in (JSON_ENCODER, *JSON_PENDING)}
+        if not is_probe and name not in exempt:
+            problems += [
+                f"{path}:{line}: json.dumps/json.dump: emit JSON through "
+                f"{root}.{JSON_ENCODER}.dumps (strict: no NaN or Infinity)"
+                for line in json_encodes(path)
+            ]
         for target in sorted(graph[name]):
             if is_probe and _same_probe(name, target, root):
                 continue  # the probe package's own modules (relative imports, carried whole)

@@ -67,6 +67,27 @@ def test_an_upward_import_a_second_owner_and_a_missing_docstring_are_named(
     )
 
 
+def test_json_emitted_outside_jsontext_is_named_but_probes_may(tmp_path: Path) -> None:
+    """Every JSON document goes through the one strict encoder: json.dumps / json.dump under
+    any name is refused outside jsontext.py; json.loads and the probes (stdlib only) are not."""
+    pkg = _package(
+        tmp_path,
+        {
+            "__init__.py": '"""x"""\n',
+            "jsontext.py": '"""x"""\nimport json\nOUT = json.dumps(1)\n',
+            "state.py": '"""x"""\nimport json\nA = json.loads("1")\nB = json.dumps(A)\n',
+            "signing.py": '"""x"""\nimport json as j\n\ndef f(x, fp):\n    j.dump(x, fp)\n',
+            "hashing.py": '"""x"""\nfrom json import dumps as d\nC = d(2)\n',
+            "probes/__init__.py": '"""x"""\n',
+            "probes/facts.py": '"""x"""\nimport json\nD = json.dumps({})\n',
+        },
+    )
+    problems = _checker().check(pkg)
+    named = sorted(p.split(": json.dumps")[0].removeprefix(f"{pkg}/") for p in problems)
+    assert named == ["hashing.py:3", "signing.py:5", "state.py:4"], problems
+    assert all("emit JSON through k3env.jsontext.dumps" in p for p in problems)
+
+
 def test_no_function_is_over_80_lines() -> None:
     """#23's rule, held by a test: the long ones crept back in twice."""
     import ast
