@@ -17,6 +17,7 @@ from k3env.config.cluster import Cluster
 from k3env.config.pins import Lock
 from k3env.config.shapes import DEFAULT_PLATFORM
 from k3env.config.spec import ImageSpec, ServeProfile
+from k3env.config.srtrecipe import JobShape
 from k3env.image.envpolicy import merged_env
 from k3env.image.records import last_build
 from k3env.state import State
@@ -51,6 +52,10 @@ class Context:
     # False: the image's base is not known (an image k3env cannot place): no rule judges
     # what the base carries.
     base_known: bool = True
+    # What an srt-slurm recipe asks of Slurm (nodes, GPUs, each role's parallel sizes) and its
+    # frontend type; None for a spec's profile (the cluster profile is all there is).
+    job: JobShape | None = None
+    frontend_type: str | None = None
 
     @property
     def bench_env(self) -> Mapping[str, str]:

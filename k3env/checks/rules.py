@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from k3env.checks.argv import ParsedCommand, kv_transfer_config
+from k3env.checks.jobrules import job_cluster, job_ranks, job_tp_nvlink
 from k3env.checks.known import (
     DYNAMO_TIKTOKEN,
     DYNAMO_TIKTOKEN_KNOWN_UNTIL,
@@ -585,6 +586,9 @@ def image_platform(ctx: Context) -> Iterable[Hit]:
 
 
 def tp_nvlink(ctx: Context) -> Iterable[Hit]:
+    if ctx.job is not None:  # a recipe: each role's TP, on the nodes the job asks for
+        yield from job_tp_nvlink(ctx)
+        return
     domain = ctx.cluster.nvlink_domain_gpus
     for cmd in ctx.engine_commands():
         tp = _tp(cmd)
@@ -757,6 +761,28 @@ RULES: tuple[Rule, ...] = (
         fix="match --tensor-parallel-size x --pipeline-parallel-size and --nnodes to the cluster",
         source="TP8 x PP2 on 2 x 8 B200",
         check=topology,
+    ),
+    Rule(
+        id="K3-JOB-RANKS",
+        title="each worker's TP x PP x DP is the GPUs the recipe gives it",
+        symptom="16 ranks on a node of 8 GPUs: the worker never starts (or GPUs sit idle)",
+        components="srt-slurm resources (nodes, workers, gpus_per_node), vLLM parallel sizes",
+        severity=ERROR,
+        fix="size the role's nodes x gpus_per_node / workers to TP x PP x DP (or write "
+        "gpus_per_<role>); leave --nnodes to srt-slurm",
+        source="TP8 x PP2 on 2 x 8 B200 (the bring-up); srt-slurm ResourceConfig.gpus_per_<role>",
+        check=job_ranks,
+    ),
+    Rule(
+        id="K3-JOB-CLUSTER",
+        title="the recipe's gpu_type, gpus_per_node and nodes are the cluster profile's",
+        symptom="Slurm cannot give --gpus-per-node, or every verdict is for another machine",
+        components="srt-slurm resources, cluster profile",
+        severity=ERROR,
+        fix="write the cluster's gpu_type and gpus_per_node, or judge with --cluster for the "
+        "machine the recipe was written for",
+        source="b200-dgxc (8 B200 a node) beside gb200-nvl72 (4 a node) recipes",
+        check=job_cluster,
     ),
     Rule(
         id="K3-IMAGE-PLATFORM",

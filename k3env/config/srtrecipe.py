@@ -207,3 +207,212 @@ def str_mapping(doc: YamlDoc, key: str) -> dict[str, str]:
             fix='write NAME: "VALUE" lines',
         )
     return dict(table)
+
+
+# --- what the job asks of Slurm: nodes, GPUs and each role's parallel sizes --------------------
+# srt-slurm's roles and their v1 mode names (``backend.<engine>_config.<mode>``).
+ROLES = (("agg", "aggregated"), ("prefill", "prefill"), ("decode", "decode"))
+# srt-slurm's ResourceConfig.gpus_per_node default (src/srtctl/core/schema.py, v1.0.36 and 2.x).
+SRT_GPUS_PER_NODE = 4
+# vLLM's parallel sizes, as a recipe spells the flags (srt-slurm turns `_` into `-`).
+PARALLEL = {
+    "tensor": "tensor-parallel-size",
+    "pipeline": "pipeline-parallel-size",
+    "data": "data-parallel-size",
+}
+_ASKS = ("nodes", "workers", "gpus")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RoleAsk:
+    """One role's workers as srt-slurm places them: nodes (``None``: on the prefill role's
+    nodes), workers, the GPUs each worker gets (srt-slurm's ``gpus_per_<role>``) and how that
+    was derived, and the parallel sizes its engine flags give (``None``: not a whole number)."""
+
+    role: str  # agg | prefill | decode
+    nodes: int | None
+    workers: int
+    gpus: int
+    gpus_said: str
+    keys: Mapping[str, str]  # nodes / workers / gpus -> the recipe key (written, or to write)
+    written: frozenset[str]  # which of those the recipe writes itself
+    flags_key: str
+    parallel: Mapping[str, int | None]  # tensor / pipeline / data -> size
+    parallel_keys: Mapping[str, str]  # -> the recipe key of the flag (or where to add it)
+    nnodes: tuple[str, Any] | None = None  # (key, value) of an `nnodes` flag the recipe sets
+
+    @property
+    def ranks(self) -> int | None:
+        """TP x PP x DP of one worker (``None``: a size is not a whole number)."""
+        out = 1
+        for size in self.parallel.values():
+            if size is None:
+                return None
+            out *= size
+        return out
+
+    def key(self, what: str) -> str:
+        """The recipe key that decides ``what`` (nodes / workers / gpus)."""
+        return self.keys[what]
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobShape:
+    """What a recipe asks of the cluster, in either srt-slurm schema."""
+
+    schema: int
+    gpu_type: str | None
+    gpus_per_node: int
+    gpus_per_node_written: bool
+    roles: tuple[RoleAsk, ...]
+
+    def role(self, name: str) -> RoleAsk | None:
+        return next((r for r in self.roles if r.role == name), None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class _Layout:
+    """One role of a recipe in srt-slurm's internal (v1) names, with its own keys."""
+
+    role: str
+    keys: Mapping[str, str]  # nodes / workers / gpus
+    written: frozenset[str]
+    flags_key: str
+    flags: Any
+
+
+def _count(value: Any) -> int | None:
+    """A whole number as srt-slurm's marshmallow Integer takes it (a bool is not one)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def _spelled(flags: Mapping[str, Any], flag: str) -> str | None:
+    return next((str(k) for k in flags if str(k).replace("_", "-") == flag), None)
+
+
+def _derive_gpus(
+    role: str, res: Mapping[str, Any], gpn: int, prefill: RoleAsk | None
+) -> tuple[int, str]:
+    """srt-slurm's ``ResourceConfig.gpus_per_<role>``, and how it got there."""
+    explicit = _count(res.get(f"gpus_per_{role}"))
+    nodes, workers = _count(res.get(f"{role}_nodes")), _count(res.get(f"{role}_workers"))
+    if explicit is not None:
+        return explicit, f"{explicit} as written"
+    if nodes and workers:
+        gpus = (nodes * gpn) // workers
+        return gpus, f"{nodes} node(s) x {gpn} GPUs / {workers} worker(s)"
+    if role == "decode" and nodes == 0 and workers and prefill is not None:
+        return prefill.gpus, "as prefill's: decode shares its nodes"
+    return gpn, "gpus_per_node: srt-slurm's fallback"
+
+
+def _role(lay: _Layout, res: Mapping[str, Any], gpn: int, prefill: RoleAsk | None) -> RoleAsk:
+    flags = lay.flags if isinstance(lay.flags, Mapping) else {}
+    gpus, said = _derive_gpus(lay.role, res, gpn, prefill)
+    nodes = _count(res.get(f"{lay.role}_nodes"))
+    if lay.role == "agg":
+        nodes = nodes or 1  # srt-slurm's total_nodes: `agg_nodes or 1`
+    parallel: dict[str, int | None] = {}
+    parallel_keys = {}
+    for what, flag in PARALLEL.items():
+        spelled = _spelled(flags, flag)
+        parallel_keys[what] = f"{lay.flags_key}.{spelled or flag}"
+        parallel[what] = 1 if spelled is None else _count(flags[spelled])  # vLLM's default: 1
+    nn = _spelled(flags, "nnodes")
+    return RoleAsk(
+        role=lay.role,
+        nodes=nodes or None,
+        workers=_count(res.get(f"{lay.role}_workers")) or 0,  # srt-slurm: `<role>_workers or 0`
+        gpus=gpus,
+        gpus_said=said,
+        keys=lay.keys,
+        written=lay.written,
+        flags_key=lay.flags_key,
+        parallel=parallel,
+        parallel_keys=parallel_keys,
+        nnodes=None if nn is None else (f"{lay.flags_key}.{nn}", flags[nn]),
+    )
+
+
+def job_shape(doc: YamlDoc) -> JobShape:
+    """What a recipe (schema 1 or ``schema: 2``) asks of the cluster, as srt-slurm reads it:
+    schema 2's ``roles.<role>.{nodes,workers,gpus,args}`` are schema 1's
+    ``resources.<role>_nodes|_workers``, ``gpus_per_<role>``, ``backend.<engine>_config.<mode>``
+    (srt-slurm 2.x's ``expand_roles``), each keyed on the recipe's own spelling."""
+    data = doc.data if isinstance(doc.data, Mapping) else {}
+    resources = data.get("resources")
+    resources = resources if isinstance(resources, Mapping) else {}
+    schema = 2 if data.get("schema") == 2 else 1
+    gpn = _count(resources.get("gpus_per_node"))
+    gpn = SRT_GPUS_PER_NODE if gpn is None else gpn
+    res, layout = _v2_layout(data) if schema == 2 else _v1_layout(data, resources)
+    roles: list[RoleAsk] = []
+    for lay in layout:
+        roles.append(_role(lay, res, gpn, next((r for r in roles if r.role == "prefill"), None)))
+    gpu_type = resources.get("gpu_type")
+    return JobShape(
+        schema=schema,
+        gpu_type=None if gpu_type is None else str(gpu_type),
+        gpus_per_node=gpn,
+        gpus_per_node_written="gpus_per_node" in resources,
+        roles=tuple(roles),
+    )
+
+
+def _v1_layout(
+    data: Mapping[str, Any], res: Mapping[str, Any]
+) -> tuple[Mapping[str, Any], list[_Layout]]:
+    backend = data.get("backend")
+    backend = backend if isinstance(backend, Mapping) else {}
+    engine = str(backend.get("type", "sglang"))
+    config = backend.get(f"{engine}_config")
+    config = config if isinstance(config, Mapping) else {}
+    disagg = res.get("prefill_nodes") is not None or res.get("decode_nodes") is not None
+    layout = []
+    for role, mode in ROLES:
+        if (role == "agg") == disagg:
+            continue
+        names = {"nodes": f"{role}_nodes", "workers": f"{role}_workers", "gpus": f"gpus_per_{role}"}
+        layout.append(
+            _Layout(
+                role=role,
+                keys={k: f"resources.{n}" for k, n in names.items()},
+                written=frozenset(k for k, n in names.items() if n in res),
+                flags_key=f"backend.{engine}_config.{mode}",
+                flags=config.get(mode),
+            )
+        )
+    return res, layout
+
+
+def _v2_layout(data: Mapping[str, Any]) -> tuple[Mapping[str, Any], list[_Layout]]:
+    """Schema 2's roles in the v1 names srt-slurm 2.x expands them to (``colocate``: 0)."""
+    roles = data.get("roles")
+    roles = roles if isinstance(roles, Mapping) else {}
+    res: dict[str, Any] = {}
+    layout = []
+    for role, _ in ROLES:
+        spec = roles.get(role)
+        if not isinstance(spec, Mapping):
+            continue
+        for key, name in zip(
+            _ASKS, (f"{role}_nodes", f"{role}_workers", f"gpus_per_{role}"), strict=True
+        ):
+            if key in spec:
+                res[name] = 0 if spec[key] == "colocate" else spec[key]
+        layout.append(
+            _Layout(
+                role=role,
+                keys={k: f"roles.{role}.{k}" for k in _ASKS},
+                written=frozenset(k for k in _ASKS if k in spec),
+                flags_key=f"roles.{role}.args",
+                flags=spec.get("args"),
+            )
+        )
+    return res, layout

@@ -17,11 +17,18 @@ from pathlib import Path
 from typing import Any
 
 from k3env.checks.preflight import ERROR, WARNING, Finding, Rule, run_rules
-from k3env.checks.recipe_map import EnvEntry, ImageOf, Mapped, map_recipe, recipe_key
+from k3env.checks.recipe_map import (
+    EnvEntry,
+    ImageOf,
+    Mapped,
+    frontend_type,
+    map_recipe,
+    recipe_key,
+)
 from k3env.config.cluster import Cluster
 from k3env.config.pins import Lock
 from k3env.config.spec import ImageSpec, load_spec
-from k3env.config.srtrecipe import Recipe
+from k3env.config.srtrecipe import Recipe, job_shape
 from k3env.config.srtschema import SrtSchema, check, load_srt_schema
 from k3env.config.yamlread import YamlDoc, load_yaml
 from k3env.errors import ConfigError
@@ -326,7 +333,8 @@ def check_recipe(
     model_type: str | None = None,
 ) -> RecipeResult:
     mapped = map_recipe(recipe, lock, cluster, image, model_type_given=model_type)
-    report = run_rules([mapped.context], rules)
+    ctx = replace(mapped.context, job=job_shape(recipe.doc), frontend_type=frontend_type(recipe))
+    report = run_rules([ctx], rules)
     findings = [_finding(recipe, mapped, f) for f in report.findings]
     for key, message, stage in loader.errors:
         where = key or "(recipe)"
