@@ -110,7 +110,7 @@ def main(argv: Sequence[str] | None = None, *, engine: Engine | None = None) -> 
     except K3envError as e:
         return _fail(app, e)
     except jsontext.NotFinite as e:  # a NaN or an infinity on its way into a JSON document
-        return _fail(app, _not_json(e, args.command))
+        return _fail(app, _not_json(e, args.command, "a JSON document"))
     except KeyboardInterrupt:
         print("k3env: interrupted", file=sys.stderr)
         return 130
@@ -129,15 +129,15 @@ def main(argv: Sequence[str] | None = None, *, engine: Engine | None = None) -> 
         try:
             text = jsontext.dumps(app.result, indent=2)
         except jsontext.NotFinite as e:  # the whole document is refused, not printed in part
-            return _fail(app, _not_json(e, args.command), keep_result=False)
+            return _fail(app, _not_json(e, args.command, "the JSON result"), keep_result=False)
         if not _print_json(text):
             return StateError.return_code
     return code
 
 
-def _not_json(e: jsontext.NotFinite, command: str) -> StateError:
+def _not_json(e: jsontext.NotFinite, command: str, what: str) -> StateError:
     return StateError(
-        f"the JSON result cannot be written: {e}",
+        f"{what} cannot be written: {e}",
         where=command,
         fix="a number that is not finite reached k3env's output: report it as a k3env bug "
         "(its source should refuse it or say it in words)",

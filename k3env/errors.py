@@ -9,27 +9,49 @@ outside world, 4 for a check that ran and found a problem.
 
 from __future__ import annotations
 
+from k3env.quoting import one_line
+
 
 class K3envError(Exception):
-    """Base of every error k3env reports to a user."""
+    """Base of every error k3env reports to a user. ``message``, ``where`` and ``fix`` are
+    one line each when rendered; ``output``: what another program printed (its lines shown
+    quoted under the message)."""
 
     return_code = 1
 
-    def __init__(self, message: str, *, where: str | None = None, fix: str | None = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        where: str | None = None,
+        fix: str | None = None,
+        output: str | None = None,
+    ) -> None:
         self.message = message
         self.where = where
         self.fix = fix
+        self.output = output
         super().__init__(self.render())
 
     def render(self) -> str:
-        parts = []
-        if self.where:
-            parts.append(f"{self.where}: {self.message}")
-        else:
-            parts.append(self.message)
+        """For a person: a line ``where: message``, the other program's output a quoted line
+        each, then ``fix``. The line breaks are k3env's: every control character in the
+        parts themselves (a name, a message, a file someone else wrote), a line break
+        included, is escaped, so no part can clear the screen or forge a line of its own."""
+        head = one_line(self.message)
+        parts = [f"{one_line(self.where)}: {head}" if self.where else head]
+        if self.output:
+            parts += [f"  | {one_line(line)}" for line in self.output.splitlines()]
         if self.fix:
-            parts.append(f"  fix: {self.fix}")
+            parts.append(f"  fix: {one_line(self.fix)}")
         return "\n".join(parts)
+
+    @property
+    def said(self) -> str:
+        """The message on one line (a table cell, a note), with the last line the other
+        program printed when there is one."""
+        last = (self.output or "").strip().splitlines()[-1:]
+        return one_line(" ".join([self.message, *last]))
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -37,6 +59,7 @@ class K3envError(Exception):
             "message": self.message,
             "where": self.where,
             "fix": self.fix,
+            "output": self.output,
             "exit_code": self.return_code,
         }
 

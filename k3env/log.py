@@ -2,14 +2,24 @@
 
 stdout is kept for results (tables, or JSON with ``--json``), so a machine can read it while
 a person watches the steps scroll by on stderr.
+
+What reaches a person's terminal carries names others wrote (a tag, a registry's answer, a
+recipe's keys): a progress message is one line, every control character in it (an escape
+sequence, a carriage return, a line break) escaped; a result printed for a person
+(``human_stdout``) keeps its line breaks and escapes every other control character.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TextIO, cast
+
+from k3env.quoting import one_line, visible
 
 
 class Log:
@@ -32,12 +42,12 @@ class Log:
     def info(self, message: str) -> None:
         if not self.quiet:
             self._end_live()
-            print(message, file=sys.stderr, flush=True)
+            print(one_line(message), file=sys.stderr, flush=True)
 
     def detail(self, message: str) -> None:
         if not self.quiet and message:
             self._end_live()
-            print(f"    {message}", file=sys.stderr, flush=True)
+            print(f"    {one_line(message)}", file=sys.stderr, flush=True)
 
     def live(self, message: str) -> None:
         """A status that replaces the previous one (a transfer's bar): redrawn in place on a
@@ -52,15 +62,15 @@ class Log:
                 print(f"    {self._live_text}", file=sys.stderr, flush=True)
             self._live_shown = True
             return
-        self._live_text, self._live_shown = message, False
+        self._live_text, self._live_shown = one_line(message), False
         if self.tty:
-            sys.stderr.write(f"\r\x1b[K    {message}")
+            sys.stderr.write(f"\r\x1b[K    {self._live_text}")
             sys.stderr.flush()
             self._live_open = True
             self._live_shown = True
         elif (now := time.monotonic()) - self._live_at >= self.LIVE_INTERVAL:
             self._live_at = now
-            print(f"    {message}", file=sys.stderr, flush=True)
+            print(f"    {self._live_text}", file=sys.stderr, flush=True)
             self._live_shown = True
 
     def command(self, argv: list[str]) -> None:
@@ -74,3 +84,27 @@ class Log:
             yield
         finally:
             self.info(f"<== {title} ({time.monotonic() - start:.2f} s)")
+
+
+class _Visible(io.TextIOBase):
+    """A text stream that escapes every control character but the line break on its way to
+    ``out``."""
+
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+
+    def write(self, text: str) -> int:
+        self._out.write(visible(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self._out.flush()
+
+
+@contextmanager
+def human_stdout() -> Iterator[None]:
+    """Within it, what is printed on stdout for a person has its control characters escaped
+    (its line breaks kept): a name someone else wrote cannot move the cursor or clear the
+    screen."""
+    with contextlib.redirect_stdout(cast(TextIO, _Visible(sys.stdout))):
+        yield

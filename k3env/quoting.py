@@ -95,6 +95,12 @@ def one_line(text: str) -> str:
     )
 
 
+def visible(text: str) -> str:
+    """``text`` for a person's terminal: its line breaks (``\\n``) kept, every other control
+    character (an escape sequence, a carriage return) escaped as ``one_line`` does."""
+    return "\n".join(one_line(line) for line in text.split("\n"))
+
+
 def shell_word(text: str) -> str:
     """``text`` as one shell word (POSIX quoting)."""
     return shlex.quote(text)

@@ -74,10 +74,10 @@ def run(
     if proc.returncode != 0:
         output = ((proc.stdout or "") + (proc.stderr or "")).strip()[-4000:]
         raise ToolError(
-            f"`{' '.join(argv[:3])} ...` exited {proc.returncode}"
-            + (f":\n{output}" if output else ""),
+            f"`{' '.join(argv[:3])} ...` exited {proc.returncode}" + (":" if output else ""),
             where=what or argv[0],
             fix="read the command's output above",
+            output=output or None,
         )
     return proc.stdout or ""
 
@@ -134,10 +134,10 @@ def run_streaming(
         raise ToolError(f"`{argv[0]}` not found", where=what or argv[0], fix="install it") from e
     if proc.returncode != 0 or broken:
         raise ToolError(
-            f"`{' '.join(argv[:3])} ...` exited {proc.returncode}"
-            + (f":\n{output[-4000:]}" if output else ""),
+            f"`{' '.join(argv[:3])} ...` exited {proc.returncode}" + (":" if output else ""),
             where=what or argv[0],
             fix="read the command's output above (disk full? wrong options?)",
+            output=output[-4000:] or None,
         )
     return output
 

@@ -102,7 +102,7 @@ def twin_outdated(
         cutoff, moves = closure_moves(lock, log, find_links=find_links, index_url=index_url,
                                       debian=debian, now=now)  # fmt: skip
     except K3envError as e:
-        return Outdated(pin=PIN, current=current, error=e.message)
+        return Outdated(pin=PIN, current=current, error=e.said)
     return Outdated(pin=PIN, current=current, newer=tuple(moves),
                     bump=(f"k3env bump {PIN} {cutoff}",) if moves else ())  # fmt: skip
 

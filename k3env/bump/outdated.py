@@ -71,7 +71,7 @@ def outdated(
             newer = newer_than(base.tag, tags)
             now = digest_of(base.repository, base.tag) if base.tag in tags else None
         except K3envError as e:
-            out.append(Outdated(pin=pin, current=current, error=e.message))
+            out.append(Outdated(pin=pin, current=current, error=e.said))
             continue
         moved = now if now and base.digest and now != base.digest else None
         bumps = [f"k3env bump {pin} {t}" for t in newer]
@@ -90,7 +90,7 @@ def outdated(
         try:
             newer = newer_than(version, [t for t in git_tags(git) if REF_RE.match(t)])
         except K3envError as e:
-            out.append(Outdated(pin=pin, current=version, error=e.message))
+            out.append(Outdated(pin=pin, current=version, error=e.said))
             continue
         out.append(Outdated(pin=pin, current=version, newer=tuple(newer),
                             bump=tuple(f"k3env bump {pin} {t}" for t in newer)))  # fmt: skip
@@ -98,7 +98,7 @@ def outdated(
         try:
             newer = newer_than(lock.aiperf.version, index_versions("aiperf", log, index_args))
         except K3envError as e:
-            out.append(Outdated(pin="aiperf", current=lock.aiperf.version, error=e.message))
+            out.append(Outdated(pin="aiperf", current=lock.aiperf.version, error=e.said))
         else:
             out.append(Outdated(pin="aiperf", current=lock.aiperf.version, newer=tuple(newer),
                                 bump=tuple(f"k3env bump aiperf {v}" for v in newer)))  # fmt: skip

@@ -20,6 +20,7 @@ from k3env.config.spec import ImageSpec, ServeProfile
 from k3env.config.srtrecipe import JobShape
 from k3env.image.envpolicy import merged_env
 from k3env.image.records import last_build
+from k3env.quoting import one_line
 from k3env.state import State
 
 ERROR = "error"
@@ -125,8 +126,11 @@ class Finding:
     line: int | None = None
 
     def text(self) -> str:
+        """Two lines for a person; a recipe's key or value in them is escaped (no line or
+        escape sequence of its own)."""
         at = f"{self.file}:{self.line}" if self.line else self.file
-        return f"{at}: {self.key}: {self.rule} {self.severity}: {self.message}\n    fix: {self.fix}"
+        said = f"{at}: {self.key}: {self.rule} {self.severity}: {self.message}"
+        return f"{one_line(said)}\n    fix: {one_line(self.fix)}"
 
     def as_json(self) -> dict[str, Any]:
         return dict(self.__dict__)

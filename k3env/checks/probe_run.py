@@ -137,10 +137,10 @@ def run_probe(
         else f"exited {result.exit_code}"
     )
     raise EngineError(
-        f"the probe printed no verdict: it {how}:\n"
-        f"{(result.stdout + result.stderr).strip()[-3000:]}",
+        f"the probe printed no verdict: it {how}",
         where=image,
         fix="the image's Python could not run the probe: check `python` in the base pin",
+        output=(result.stdout + result.stderr).strip()[-3000:] or None,
     )
 
 

@@ -36,7 +36,7 @@ def runtime_supports(wheel: WheelPin, state: State, log: Log) -> list[str] | Non
             req.write_text(wheel.requirement + "\n")
             path = held_files(download_wheels(req, state, log)).get(wheel.sha256)
     except K3envError as e:
-        log.detail(f"{wheel.name} {wheel.version}: not inspected ({e.message})")
+        log.detail(f"{wheel.name} {wheel.version}: not inspected ({e.said})")
         return None
     supported = None
     if path is not None:

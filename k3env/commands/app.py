@@ -20,7 +20,7 @@ from k3env.config.pins import Lock
 from k3env.config.shapes import DEFAULT_PLATFORM, MACHINES
 from k3env.config.spec import DEFAULT_IMAGES, ImageSpec, load_specs
 from k3env.errors import ConfigError
-from k3env.log import Log
+from k3env.log import Log, human_stdout
 from k3env.state import State
 
 if TYPE_CHECKING:
@@ -61,7 +61,8 @@ class App:
         if self.as_json:
             self.result = payload
         else:
-            human()
+            with human_stdout():  # a name someone else wrote cannot drive the terminal
+                human()
 
     def builds(
         self, args: argparse.Namespace, *, registry_form: bool = False

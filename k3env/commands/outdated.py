@@ -12,6 +12,7 @@ from pathlib import Path
 
 from k3env.commands.app import App
 from k3env.config.lock import load_lock
+from k3env.quoting import one_line
 
 NAME = "outdated"
 HELP = "list, for every pin, the newer versions its source offers"
@@ -50,20 +51,23 @@ def run(args: argparse.Namespace, app: App) -> int:
     payload = {"lock": str(args.lock), "pins": [o.as_json() for o in found],
                "outdated": [o.pin for o in found if o.outdated]}  # fmt: skip
 
+    def say(line: str) -> None:  # a tag or an error a registry sent: one line, escaped
+        print(one_line(line))
+
     def human() -> None:
         for o in found:
             if o.error:
-                print(f"?  {o.pin:24} {o.current}: could not ask its source: {o.error}")
+                say(f"?  {o.pin:24} {o.current}: could not ask its source: {o.error}")
             elif not o.outdated:
-                print(f"ok {o.pin:24} {o.current}")
+                say(f"ok {o.pin:24} {o.current}")
             else:
                 what = ", ".join(o.newer[:8]) + (
                     f" (+{len(o.newer) - 8} more)" if len(o.newer) > 8 else ""
                 )
                 what += f" (tag now names {o.moved})" if o.moved else ""
-                print(f"-> {o.pin:24} {o.current}: {what}")
+                say(f"-> {o.pin:24} {o.current}: {what}")
                 for line in o.bump[:3]:
-                    print(f"     {line}")
+                    say(f"     {line}")
 
     app.emit(payload, human)
     return 0

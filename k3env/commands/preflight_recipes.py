@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from k3env.commands.app import App
 from k3env.config.lock import load_lock
 from k3env.errors import CheckFailed
+from k3env.quoting import one_line
 
 if TYPE_CHECKING:
     from k3env.config.cluster import Cluster
@@ -119,31 +120,36 @@ def _cluster_config(
 
 
 def _show(results: list[RecipeResult], lines: list[str], rules: int, cluster: str) -> None:
-    """The recipes' verdicts, for a person."""
+    """The recipes' verdicts, for a person: a line each (a recipe's names and values in it
+    escaped: no line of their own)."""
+
+    def say(line: str) -> None:
+        print(one_line(line))
+
     for line in lines:
-        print(line)
+        say(line)
     for r in results:
-        print(f"{r.recipe.path}: model.container {r.recipe.container}: {r.image.how}")
+        say(f"{r.recipe.path}: model.container {r.recipe.container}: {r.image.how}")
         for f in r.findings:
-            print(f.text())
+            print(f.text())  # two lines, each escaped
         for e in r.env:
             if e.changed:
-                print(
+                say(
                     f"{r.recipe.path}: {e.key}: {e.name}={e.value} changes the value the "
                     f"image bakes ({e.baked})"
                 )
         for note in r.notes:
-            print(f"{r.recipe.path}: note: {note}")
+            say(f"{r.recipe.path}: note: {note}")
         if r.lacked:
-            print(
+            say(
                 f"{r.recipe.path}: lacked facts {list(r.lacked)} (no verify record of "
                 "this image: `k3env verify` the image k3env built)"
             )
-        print(
+        say(
             f"{r.recipe.path}: srt-slurm's loader and dry-run: {r.loader.verdict} "
             f"({r.loader.detail})"
         )
-        print(
+        say(
             f"{r.recipe.path}: {rules} rules, on {cluster}: {r.errors} "
             f"error(s), {r.warnings} warning(s)"
         )

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from k3env.commands.app import App
 from k3env.errors import CheckFailed, ConfigError
+from k3env.quoting import one_line
 
 if TYPE_CHECKING:
     from k3env.config.cluster import Cluster
@@ -64,9 +65,10 @@ def run_cluster(args: argparse.Namespace, app: App) -> int:
         )
     payload = {"written": written.as_json()}
     if not args.submit:
-        app.emit(payload, lambda: print(_written(written)))
+        app.emit(payload, lambda: print("\n".join(_written(written))))
         return 0
-    app.log.info(_written(written))
+    for line in _written(written):
+        app.log.info(line)
     verdict = submit_and_collect(written, state, app.log, job_timeout=args.job_timeout)
     app.emit({**payload, "collected": verdict.as_json()}, lambda: print(table(verdict)))
     return _verdict(verdict.ok, verdict.failures, str(written.out))
@@ -105,7 +107,9 @@ def _cpu_job(args: argparse.Namespace, app: App, cluster: Cluster) -> Written:
     )  # fmt: skip
 
 
-def _written(w: object) -> str:
+def _written(w: object) -> list[str]:
+    """What was written and how to run it, for a person: lines, each one line (a name in it
+    escaped)."""
     from k3env.handoff.cluster_job import RECIPE, SCRIPT, Written
 
     assert isinstance(w, Written)
@@ -134,7 +138,7 @@ def _written(w: object) -> str:
         f"  run: {run}" if no_recipe else f"  run: srtctl apply -f {w.out / RECIPE}   or   {run}",
         "  then: k3env smoke --collect JOB_DIR (the script prints it)",
     ]
-    return "\n".join(lines)
+    return [one_line(line) for line in lines]
 
 
 def _verdict(ok: bool, failures: object, where: str) -> int:

@@ -12,6 +12,7 @@ from pathlib import Path
 from k3env.commands.app import SOURCE_HELP, App
 from k3env.config.lock import load_lock
 from k3env.errors import CheckFailed, ConfigError
+from k3env.quoting import one_line
 
 NAME = "srt validate"
 HELP = "validate recipes with srt-slurm's own config loading"
@@ -44,10 +45,10 @@ def run(args: argparse.Namespace, app: App) -> int:
         {"srt_slurm": m.as_json(), "recipes": [str(r) for r in recipes],
          "errors": [e.__dict__ for e in errors], "not_checked": result.not_checked},
         lambda: print(
-            "\n".join(f"{e.file}: {e.key or '(recipe)'}: {e.message} [{e.stage}]"
+            "\n".join(one_line(f"{e.file}: {e.key or '(recipe)'}: {e.message} [{e.stage}]")
                       for e in errors)
             or f"{len(recipes)} recipe(s) valid for srt-slurm {m.version} + {list(m.patches)}"
-            + "".join(f"\n  not checked: {n}" for n in result.not_checked)
+            + "".join(f"\n  not checked: {one_line(n)}" for n in result.not_checked)
         ),
     )  # fmt: skip
     if errors:
