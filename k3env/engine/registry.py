@@ -11,6 +11,11 @@ What a registry answers is untrusted data:
   the host it was fetched for;
 - a ``Docker-Content-Digest`` is checked against the sha256 of the manifest bytes received,
   and the digest k3env records is the one it computed;
+- whatever is fetched by digest (a manifest, a blob) is hashed as it arrives and compared with
+  that digest before anything uses it: a registry (or a proxy, a cache) that answers a digest
+  with other bytes is an error naming the digest, and a blob's file is removed;
+- JSON is read through ``jsontext`` (a size and a nesting cap, no NaN or infinity) and
+  written through it (strict);
 - JSON of the wrong shape, tags outside the OCI tag grammar, and any transport error
   (``OSError``, ``http.client`` protocol errors) are an ``EngineError`` naming the registry.
 
@@ -29,19 +34,19 @@ site), only over https (or loopback http), and never printed.
 from __future__ import annotations
 
 import http.client
-import json
 import re
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
+from k3env import jsontext
 from k3env.engine import credentials
 from k3env.engine._http import cut
 from k3env.errors import CheckFailed, EngineError, LockError
-from k3env.hashing import sha256_digest
+from k3env.hashing import sha256_digest, sha256_stream
 from k3env.quoting import one_line
 
 INDEX_TYPES = (
@@ -107,10 +112,13 @@ def _refuse(message: str, where: str) -> NoReturn:
 
 
 class _Reply:
-    """One answer: status, headers (lower-case names), body (empty when streamed to a file)."""
+    """One answer: status, headers (lower-case names), body (empty when streamed to a file,
+    then ``streamed`` is the sha256 digest of what was written)."""
 
-    def __init__(self, status: int, headers: http.client.HTTPMessage, body: bytes) -> None:
-        self.status, self.headers, self.body = status, headers, body
+    def __init__(
+        self, status: int, headers: http.client.HTTPMessage, body: bytes, streamed: str = ""
+    ) -> None:
+        self.status, self.headers, self.body, self.streamed = status, headers, body, streamed
 
     def header(self, name: str) -> str:
         return str(self.headers.get(name) or "")
@@ -139,8 +147,8 @@ def _exchange(
         _send_request(conn, method, path, headers, body, progress)
         response = conn.getresponse()
         if into is not None and response.status == 200:
-            _stream(response, into, watch)
-            return _Reply(response.status, response.headers, b"")
+            streamed = _stream(response, into, watch)
+            return _Reply(response.status, response.headers, b"", streamed)
         data = response.read(limit + 1) if method != "HEAD" else b""
         if len(data) > limit:
             raise EngineError(f"the answer is over {limit} bytes", where=url,
@@ -182,14 +190,22 @@ def _send_request(
                 progress(sent)
 
 
-def _stream(response: http.client.HTTPResponse, into: Path, watch: _Watchdog) -> None:
+def _stream(response: http.client.HTTPResponse, into: Path, watch: _Watchdog) -> str:
+    """The body into the file ``into``, hashed as it is written: its sha256 digest."""
     got = 0
-    with into.open("wb") as f:
-        while block := response.read1(1 << 20):
-            f.write(block)
-            got += len(block)
-            watch.received(len(block))
+
+    def blocks() -> Iterator[bytes]:
+        nonlocal got
+        with into.open("wb") as f:
+            while block := response.read1(1 << 20):
+                f.write(block)
+                got += len(block)
+                watch.received(len(block))
+                yield block
+
+    digest = "sha256:" + sha256_stream(blocks()).hex()
     _whole(response, got, "GET")
+    return digest
 
 
 def _whole(response: http.client.HTTPResponse, got: int, method: str) -> None:
@@ -309,16 +325,43 @@ def _token(
 
 
 def _json(data: bytes, shape: type, where: str) -> Any:
-    """``data`` parsed, if it is JSON of ``shape`` (dict or list); else an EngineError."""
+    """``data`` parsed, if it is strict JSON of ``shape`` (dict or list) within the size and
+    nesting caps; else an EngineError naming ``where``."""
+    fix = "check the registry (or a proxy in front of it)"
     try:
-        value = json.loads(data)
-    except (ValueError, RecursionError) as e:
-        message = f"the registry sent JSON that does not parse ({e})"[:300]
-        raise EngineError(message, where=where, fix="check the registry") from e
+        value = jsontext.loads(data, where=where, limit=MAX_TAGS, expect=object,
+                               error=EngineError, fix=fix)  # fmt: skip
+    except EngineError as e:  # not JSON, a NaN, too deep: said as the registry's
+        raise EngineError(f"the registry sent JSON that does not parse ({e.message})"[:300],
+                          where=where, fix=fix) from e  # fmt: skip
     if not isinstance(value, shape):
-        raise EngineError(f"the registry sent a JSON {type(value).__name__}, not an "
-                          f"{shape.__name__}", where=where, fix="check the registry")  # fmt: skip
+        raise EngineError(f"the registry sent a JSON {type(value).__name__}, not a "
+                          f"{shape.__name__}", where=where, fix=fix)  # fmt: skip
     return value
+
+
+def _field(doc: dict[str, Any], key: str, kind: type, where: str, default: Any = ...) -> Any:
+    return jsontext.field(doc, key, kind, where=where, default=default, error=EngineError)
+
+
+def check_digest(digest: str, where: str) -> None:
+    """A digest k3env puts into a URL or asks a registry for: ``sha256:<64 hex>`` only (a
+    digest read from a manifest could be ``../..``: a path on the registry)."""
+    if not DIGEST.fullmatch(digest):
+        raise EngineError(f"not a sha256 digest: {one_line(digest)[:80]!r}", where=where,
+                          fix="check the manifest that named it")  # fmt: skip
+
+
+def _same_bytes(digest: str, got: str, what: str, where: str) -> None:
+    """What was fetched by ``digest`` hashes to ``got``: the same, or an EngineError."""
+    if got != digest:
+        raise EngineError(
+            f"the registry answered {what} {digest} with bytes that hash to {got}: not what "
+            "was asked for, and not used",
+            where=where,
+            fix="do not trust this registry's answer (or the proxy or cache in front of it); "
+            "fetch it from the image's own registry",
+        )
 
 
 def _shaped_manifest(body: bytes, content_type: str, url: str) -> None:
@@ -347,10 +390,14 @@ def _head_manifest(repository: str, reference: str) -> str:
     return _manifest(repository, reference, "HEAD")[0]
 
 
-def _manifest(repository: str, reference: str, method: str) -> tuple[str, bytes]:
+def _manifest(
+    repository: str, reference: str, method: str, *, shaped: bool = True
+) -> tuple[str, bytes]:
     """A manifest by tag or digest: its digest and (for GET) its body. For GET the digest is
-    the sha256 of the bytes received (the registry's ``Docker-Content-Digest`` must agree);
-    a HEAD's header is taken only in the digest grammar."""
+    the sha256 of the bytes received (by digest: that digest; the registry's
+    ``Docker-Content-Digest`` must agree), and the body strict JSON of a manifest's or an
+    index's shape unless ``shaped`` is False (the caller reads it); a HEAD's header is taken
+    only in the digest grammar."""
     if not (TAG.fullmatch(reference) or DIGEST.fullmatch(reference)):
         # Checked before any request: a "tag" like ../../../v2/_catalog is a path on the
         # registry, never sent.
@@ -374,12 +421,15 @@ def _manifest(repository: str, reference: str, method: str) -> tuple[str, bytes]
     said = reply.header("Docker-Content-Digest")
     if method == "GET":
         digest = sha256_digest(reply.body)
+        if DIGEST.fullmatch(reference):  # fetched by digest: the bytes must be those
+            _same_bytes(reference, digest, "manifest", url)
         if said and said != digest:
             raise EngineError(
                 f"the registry says manifest {reference} is {said[:80]}, but its bytes hash "
                 f"to {digest}", where=url, fix="do not trust this registry's answer",
             )  # fmt: skip
-        _shaped_manifest(reply.body, reply.header("Content-Type"), url)
+        if shaped:
+            _shaped_manifest(reply.body, reply.header("Content-Type"), url)
         return digest, reply.body
     if not DIGEST.fullmatch(said):
         raise EngineError(f"the registry sent no valid Docker-Content-Digest ({said[:80]!r})",
@@ -404,11 +454,10 @@ def tagged_config(repository: str, tag: str) -> str | None:
         _digest, body = _manifest(repository, tag, "GET")
     except LockError:
         return None  # 404: no such tag
-    try:
-        config = json.loads(body).get("config", {}).get("digest")
-    except (ValueError, AttributeError, RecursionError):
-        config = None
-    return config if isinstance(config, str) and DIGEST.fullmatch(config) else None
+    where = f"{repository}:{tag}"
+    config = _field(_json(body, dict, where), "config", dict, where, default={})
+    digest = _field(config, "digest", str, where, default=None)
+    return digest if isinstance(digest, str) and DIGEST.fullmatch(digest) else None
 
 
 def enroot_probe(repository: str, digest: str) -> int:
@@ -519,6 +568,7 @@ def _refused(status: int, data: bytes, what: str, url: str) -> EngineError:
 
 
 def blob_exists(repository: str, digest: str) -> bool:
+    check_digest(digest, repository)
     base, repo = _base_url(repository)
     status, _h, _b = _send("HEAD", f"{base}/v2/{repo}/blobs/{digest}")
     return status == 200
@@ -537,6 +587,7 @@ def _location(url: str, headers: Any) -> str | None:
 def mount_blob(repository: str, digest: str, source: str) -> bool:
     """Ask the registry to link ``digest`` from ``source`` (a repository on the same host)
     into ``repository`` without sending it; whether it did."""
+    check_digest(digest, repository)
     base, repo = _base_url(repository)
     _src_host, src_repo = split_repository(source)
     query = urllib.parse.urlencode({"mount": digest, "from": src_repo})
@@ -556,6 +607,7 @@ def put_blob(
     repository: str, digest: str, source: Path, progress: Callable[[int], None] | None = None
 ) -> None:
     """Upload ``source`` as ``digest`` (one monolithic PUT); the registry checks the digest."""
+    check_digest(digest, repository)
     base, repo = _base_url(repository)
     url = f"{base}/v2/{repo}/blobs/uploads/"
     status, headers, data = _send("POST", url)
@@ -573,15 +625,22 @@ def put_blob(
 
 def read_blob(repository: str, digest: str, into: Path) -> None:
     """A blob of ``repository`` into the file ``into`` (streamed, at FLOOR_RATE or better;
-    an anonymous token when the registry asks for one)."""
+    an anonymous token when the registry asks for one), hashed as it arrives: bytes that are
+    not ``digest`` are an EngineError, and ``into`` is removed."""
+    check_digest(digest, repository)
     base, repo = _base_url(repository)
     url = f"{base}/v2/{repo}/blobs/{digest}"
-    reply = _request(url, into=into)
-    if reply.status != 200:
-        raise EngineError(
-            f"cannot read blob {digest[:19]} of {repository} (HTTP {reply.status})",
-            where=url, fix="check that the image is still in its registry",
-        )  # fmt: skip
+    try:
+        reply = _request(url, into=into)
+        if reply.status != 200:
+            raise EngineError(
+                f"cannot read blob {digest[:19]} of {repository} (HTTP {reply.status})",
+                where=url, fix="check that the image is still in its registry",
+            )  # fmt: skip
+        _same_bytes(digest, reply.streamed, "blob", url)
+    except BaseException:
+        into.unlink(missing_ok=True)  # nothing half-read or of other bytes is left to use
+        raise
 
 
 def copy_blob(source: str, repository: str, digest: str, into: Path) -> None:
@@ -594,10 +653,7 @@ def get_manifest(repository: str, reference: str) -> tuple[str, str, bytes]:
     """(digest, media type, body) of a manifest or index, by tag or digest."""
     digest, body = _manifest(repository, reference, "GET")
     where = f"{repository}@{reference}"
-    media_type = _json(body, dict, where).get("mediaType") or ""
-    if not isinstance(media_type, str):
-        raise EngineError("the manifest's mediaType is not a string", where=where,
-                          fix="check the registry")  # fmt: skip
+    media_type = _field(_json(body, dict, where), "mediaType", str, where, default="")
     return digest, media_type, body
 
 
@@ -638,15 +694,13 @@ def referrers(repository: str, digest: str) -> bytes | None:
 
 
 def tagged_index(repository: str, tag: str) -> bytes | None:
-    """The OCI index a tag names, or None when there is no such tag."""
+    """The bytes a tag names (meant to be an OCI index), or None when there is no such tag.
+    Not parsed here: the caller reads them entry by entry (a referrers fallback index is a
+    list others append to, and one malformed entry is dropped, not the whole list)."""
     try:
-        _digest, media_type, body = get_manifest(repository, tag)
+        return _manifest(repository, tag, "GET", shaped=False)[1]
     except LockError:  # 404
         return None
-    if media_type != INDEX_TYPES[0]:
-        raise EngineError(f"tag {tag} of {repository} is a {media_type or 'manifest'}, not an "
-                          "OCI index", where=repository, fix="check the registry")  # fmt: skip
-    return body
 
 
 def download(url: str, *, limit: int, timeout: float = 60) -> bytes:

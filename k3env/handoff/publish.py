@@ -8,11 +8,15 @@ manifest's config is the base image ID the image's labels name, and its diff IDs
 ones of the image's. A base layer the target repository lacks is mounted from the base's
 repository (same registry) or copied (another registry); a kept layer it lacks is uploaded.
 The index lists each platform's manifest; enroot and pyxis import the per-platform digest.
+
+What the base's registry answers is read as data: each manifest and config is fetched by digest
+and hashed against it (``registry``), parsed strictly (``jsontext``), and each field this module
+builds on (a platform, a layer's digest, size and media type, the diff IDs) checked for its type
+before use; the manifests and indexes written are strict JSON.
 """
 
 from __future__ import annotations
 
-import json
 import tempfile
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -20,9 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from k3env import jsontext
 from k3env.config.shapes import platform_name
 from k3env.engine import registry
-from k3env.errors import CheckFailed, EngineError, LockError, StateError
+from k3env.errors import CheckFailed, EngineError, K3envError, LockError, StateError
 from k3env.hashing import canonical_sha256, sha256_digest
 from k3env.image.blobs import (
     LAYER_MEDIA_TYPE,
@@ -108,7 +113,45 @@ def _platform_json(platform: str) -> dict[str, str]:
 
 
 def _json(doc: object) -> bytes:
-    return json.dumps(doc, sort_keys=True, separators=(",", ":")).encode()
+    return jsontext.dumps(doc, compact=True).encode()
+
+
+def _registry_doc(body: bytes, where: str) -> dict[str, Any]:
+    """A manifest, an index or a config a registry sent: a strict JSON object, or an
+    EngineError naming it."""
+    doc: dict[str, Any] = jsontext.loads(
+        body, where=where, limit=registry.MAX_MANIFEST, error=EngineError,
+        fix="check the registry (or a proxy in front of it)",
+    )  # fmt: skip
+    return doc
+
+
+def _get(doc: dict[str, Any], key: str, kind: type, where: str, default: Any = ...) -> Any:
+    return jsontext.field(doc, key, kind, where=where, default=default, error=EngineError)
+
+
+def _descriptor(entry: Any, where: str) -> tuple[str, int, str]:
+    """(digest, size, media type) of a manifest's layer entry, each checked."""
+    if not isinstance(entry, dict):
+        raise EngineError("a layer entry is not an object", where=where,
+                          fix="check the registry (or a proxy in front of it)")  # fmt: skip
+    digest = _get(entry, "digest", str, where)
+    registry.check_digest(digest, where)
+    size = _get(entry, "size", int, where)
+    if size < 0:
+        raise EngineError(f"layer {digest[:19]} has a negative size", where=where,
+                          fix="check the registry (or a proxy in front of it)")  # fmt: skip
+    return digest, size, _get(entry, "mediaType", str, where, default=LAYER_MEDIA_TYPE)
+
+
+def _diff_ids(config: dict[str, Any], where: str, error: type[K3envError]) -> list[str]:
+    """An image config's ``rootfs.diff_ids``: a list of strings, or ``error``."""
+    rootfs = jsontext.field(config, "rootfs", dict, where=where, error=error)
+    ids = jsontext.field(rootfs, "diff_ids", list, where=where, error=error)
+    if not all(isinstance(i, str) for i in ids):
+        raise error("rootfs.diff_ids holds something other than strings", where=where,
+                    fix="the image config is not one k3env can build on")  # fmt: skip
+    return list(ids)
 
 
 def _base_manifest(name: str, digest: str, platform: str) -> tuple[str, dict[str, Any]]:
@@ -118,22 +161,28 @@ def _base_manifest(name: str, digest: str, platform: str) -> tuple[str, dict[str
     last = repository.rsplit("/", 1)[-1]
     if ":" in last:
         repository = repository.rsplit(":", 1)[0]
+    where = f"{repository}@{digest}"
+    registry.check_digest(digest, where)  # by digest: the bytes are hashed against it
     _d, media_type, body = registry.get_manifest(repository, digest)
-    doc = json.loads(body)
+    doc = _registry_doc(body, where)
     if media_type in (INDEX, _DOCKER_LIST) or "manifests" in doc:
         match = [
             m
-            for m in doc.get("manifests") or []
-            if platform_of(m.get("platform") or {}) == platform
+            for m in _get(doc, "manifests", list, where)
+            if isinstance(m, dict)
+            and isinstance(m.get("platform"), dict)
+            and platform_of(m["platform"]) == platform
         ]
         if not match:
             raise CheckFailed(
                 f"the base index {repository}@{digest[:19]} has no {platform} manifest",
-                where=f"{repository}@{digest}",
+                where=where,
                 fix="pin a base that is built for this platform",
             )
-        _d, _t, body = registry.get_manifest(repository, str(match[0]["digest"]))
-        doc = json.loads(body)
+        chosen = _get(match[0], "digest", str, where)
+        registry.check_digest(chosen, where)
+        _d, _t, body = registry.get_manifest(repository, chosen)
+        doc = _registry_doc(body, f"{repository}@{chosen}")
     return repository, doc
 
 
@@ -147,9 +196,10 @@ def plan_image(state: State, image_id: str) -> PlatformImage:
             fix="publish with `k3env push` (it makes what is not kept again: the same bytes, "
             "checked by image ID), or push through the engine with --via-engine",
         )
-    config = json.loads(config_blob.path.read_bytes())
+    kept = str(config_blob.path)
+    config = jsontext.loads(config_blob.path.read_bytes(), where=kept, error=StateError)
     platform = platform_of(config)
-    diff_ids: list[str] = list(config["rootfs"]["diff_ids"])
+    diff_ids = _diff_ids(config, kept, StateError)
     labels = (config.get("config") or {}).get("Labels") or {}
     own: list[Blob] = []
     while diff_ids and (blob := kept_layer(state, diff_ids[-1])) is not None:
@@ -165,7 +215,8 @@ def plan_image(state: State, image_id: str) -> PlatformImage:
                 where=image_id, fix="build it with k3env over a base pinned by digest",
             )  # fmt: skip
         source, base = _base_manifest(str(name), str(digest), platform)
-        base_config = base.get("config") or {}
+        where = f"{source}@{digest}"
+        base_config = _get(base, "config", dict, where, default={})
         if base_config.get("digest") != labels.get(_BASE_ID):
             raise CheckFailed(
                 f"the base {source}@{str(digest)[:19]} is image "
@@ -174,10 +225,13 @@ def plan_image(state: State, image_id: str) -> PlatformImage:
                 where=f"{source}@{digest}",
                 fix="the registry's base moved: build again over the pinned digest",
             )
-        base_diff_ids = json.loads(_config_of(source, str(base_config["digest"])))["rootfs"][
-            "diff_ids"
-        ]
-        base_layers = base.get("layers") or []
+        config_digest = str(base_config["digest"])
+        base_diff_ids = _diff_ids(
+            _registry_doc(_config_of(source, config_digest), f"{source}@{config_digest}"),
+            f"{source}@{config_digest}",
+            EngineError,
+        )
+        base_layers = _get(base, "layers", list, where, default=[])
         if base_diff_ids != diff_ids or len(base_layers) != len(diff_ids):
             raise CheckFailed(
                 f"the layers of {source}@{str(digest)[:19]} are not the first layers of image "
@@ -186,12 +240,12 @@ def plan_image(state: State, image_id: str) -> PlatformImage:
                 fix="build the image again (its base layers are not the pinned base's)",
             )
         for entry in base_layers:
-            media_type = str(entry.get("mediaType") or LAYER_MEDIA_TYPE)
+            layer_digest, size, media_type = _descriptor(entry, where)
             if media_type == "application/vnd.docker.image.rootfs.diff.tar.gzip":
                 media_type = LAYER_MEDIA_TYPE  # the same bytes, named the OCI way
             layers.append(
-                Layer(digest=str(entry["digest"]), size=int(entry["size"]),
-                      media_type=media_type, kept=None, source=source)
+                Layer(digest=layer_digest, size=size, media_type=media_type, kept=None,
+                      source=source)
             )  # fmt: skip
     layers += [
         Layer(digest=b.digest, size=b.size, media_type=b.media_type, kept=b, source="") for b in own
@@ -204,17 +258,14 @@ def plan_image(state: State, image_id: str) -> PlatformImage:
 
 
 def _config_of(repository: str, digest: str) -> bytes:
-    """An image config from its registry, checked against its digest."""
+    """An image config from its registry (``read_blob`` hashes it against its digest)."""
     with tempfile.TemporaryDirectory(prefix="k3env-config-") as tmp:
         path = Path(tmp) / "config.json"
         registry.read_blob(repository, digest, path)
-        data = path.read_bytes()
-    if sha256_digest(data) != digest:
-        raise EngineError(
-            f"the registry sent config {digest[:19]} with other bytes",
-            where=repository, fix="check the registry",
-        )  # fmt: skip
-    return data
+        if path.stat().st_size > registry.MAX_MANIFEST:
+            raise EngineError(f"config {digest[:19]} is over {registry.MAX_MANIFEST} bytes",
+                              where=repository, fix="check the registry")  # fmt: skip
+        return path.read_bytes()
 
 
 def index_body(images: Sequence[PlatformImage]) -> bytes:
@@ -340,15 +391,17 @@ def _refuse_to_move(
         return
     if current == digest:
         return
-    doc = json.loads(body)
+    where = f"{repository}:{tag}"
+    doc = _registry_doc(body, where)
     if media_type in (INDEX, _DOCKER_LIST) or "manifests" in doc:
-        named = sorted(str(m.get("digest")) for m in doc.get("manifests") or [])
+        entries = _get(doc, "manifests", list, where, default=[])
+        named = sorted(str(m.get("digest")) if isinstance(m, dict) else "" for m in entries)
         ours = sorted(p.digest for p in images)
         what = f"an index of {[n[:19] for n in named]}"
         if named == ours:
             return
     else:
-        config = str((doc.get("config") or {}).get("digest"))
+        config = str(_get(doc, "config", dict, where, default={}).get("digest"))
         what = f"image {config[:19]}"
         if len(images) == 1 and config == images[0].image_id:
             return
