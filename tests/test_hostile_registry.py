@@ -489,3 +489,173 @@ def test_a_credential_helper_that_hangs_is_cut_with_everything_it_started(
         time.sleep(0.1)
     else:
         pytest.fail(f"the helper's child {child} still runs")
+
+
+# --- what is fetched by digest is those bytes, or nothing --------------------------------------
+OTHER = "sha256:" + "1" * 64  # a digest the bytes served below never hash to
+
+
+@pytest.mark.parametrize("header", ["none", "the-bytes", "the-reference"])
+def test_a_manifest_fetched_by_digest_whose_bytes_are_other_is_refused(
+    hostile: Hostile, header: str
+) -> None:
+    """A registry, a proxy or a pull-through cache that answers a digest with another manifest:
+    with no Docker-Content-Digest, with one computed from the bytes it sends (consistent, but
+    not what was asked for), or with the digest asked for (a lie the bytes give away). Refused
+    naming the digest, through ``get_manifest`` and through publish's read of a base."""
+    from k3env.handoff import publish
+
+    body = manifest_json(config={"digest": "sha256:" + "2" * 64})
+    said = {"none": {}, "the-bytes": {"Docker_Content_Digest": sha(body)},
+            "the-reference": {"Docker_Content_Digest": OTHER}}[header]  # fmt: skip
+    hostile.answer = lambda path, headers, conn, host: reply(conn, "200 OK", body, **said)
+    repository = f"{hostile.host}/team/app"
+    with pytest.raises(EngineError, match=f"manifest {OTHER} with bytes that hash to {sha(body)}"):
+        get_manifest(repository, OTHER)
+    with pytest.raises(EngineError, match=f"manifest {OTHER} with bytes that hash to"):
+        publish._base_manifest(f"{repository}:1@{OTHER}", OTHER, "linux/amd64")
+    if header != "the-reference":  # by tag: no digest to compare with, the bytes are the tag's
+        assert get_manifest(repository, "1")[0] == sha(body)
+
+
+def test_a_blob_whose_bytes_are_other_is_refused_removed_and_never_sent_on(
+    hostile: Hostile, tmp_path: Path
+) -> None:
+    """``read_blob`` hashes as it streams; ``copy_blob`` never uploads what did not match."""
+    hostile.answer = lambda path, headers, conn, host: reply(conn, "200 OK", b"other bytes")
+    into = tmp_path / "blob"
+    with pytest.raises(
+        EngineError, match=f"blob {OTHER} with bytes that hash to {sha(b'other bytes')}"
+    ):
+        read_blob(f"{hostile.host}/team/app", OTHER, into)
+    assert not into.exists()
+    with pytest.raises(EngineError, match=f"blob {OTHER}"):
+        registry.copy_blob(f"{hostile.host}/team/app", f"{hostile.host}/team/copy", OTHER, into)
+    assert not into.exists()
+    assert [path for path, _ in hostile.seen] == [f"/v2/team/app/blobs/{OTHER}"] * 2  # no upload
+    # The right bytes are kept.
+    hostile.answer = lambda path, headers, conn, host: reply(conn, "200 OK", b"right")
+    read_blob(f"{hostile.host}/team/app", sha(b"right"), into)
+    assert into.read_bytes() == b"right"
+
+
+@pytest.mark.parametrize("digest", ["../../../v2/_catalog", "sha256:" + "A" * 64, "md5:00", ""])
+def test_a_blob_digest_outside_the_grammar_is_refused_before_any_request(
+    hostile: Hostile, tmp_path: Path, digest: str
+) -> None:
+    for call in (
+        lambda: read_blob(f"{hostile.host}/team/app", digest, tmp_path / "blob"),
+        lambda: registry.blob_exists(f"{hostile.host}/team/app", digest),
+        lambda: registry.mount_blob(f"{hostile.host}/team/app", digest, "team/other"),
+    ):
+        with pytest.raises(EngineError, match="not a sha256 digest"):
+            call()
+    assert hostile.seen == []
+
+
+class Recording(Hostile):
+    """A Hostile that reads each request's body (by Content-Length) into ``bodies``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.bodies: dict[str, bytes] = {}
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            data = b""
+            while b"\r\n\r\n" not in data:
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                data += chunk
+            head_bytes, body = data.split(b"\r\n\r\n", 1)
+            head = head_bytes.decode("latin-1").split("\r\n")
+            method, path = head[0].split()[:2]
+            headers = dict(line.split(": ", 1) for line in head[1:] if ": " in line)
+            while len(body) < int(headers.get("Content-Length", "0")):
+                chunk = conn.recv(65536)
+                if not chunk:
+                    return
+                body += chunk
+            self.seen.append((f"{method} {path}", headers))
+            self.bodies[f"{method} {path}"] = body
+            with contextlib.suppress(OSError):
+                self.answer(path, headers, conn, self.host)
+
+
+def test_a_fallback_index_with_nan_and_junk_is_published_again_without_them(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The sha256-<hex> tag holds others' entries: a size NaN, Infinity, 1e999, -1, 1.5 or
+    "9", a digest that is a path, no mediaType, a string, a number, a duplicate. Each is
+    dropped with a note naming it; the well-formed ones and ours are published, as strict
+    JSON, and nothing else."""
+    from k3env import jsontext
+    from k3env.handoff import referrers
+    from k3env.log import Log
+
+    manifest = "application/vnd.oci.image.manifest.v1+json"
+
+    def entry(n: str, **over: object) -> dict[str, object]:
+        return {"mediaType": manifest, "digest": "sha256:" + n * 64, "size": 7, **over}
+
+    good = [entry("a", artifactType="application/spdx+json"),
+            entry("e", annotations={"org.example": "kept"})]  # fmt: skip
+    junk = [entry("b", size=-1), entry("b", size=1.5), entry("b", size="9"),
+            entry("b", size=True), entry("b", digest="../../x"), {"digest": "sha256:" + "b" * 64},
+            entry("b", mediaType="not a type"), "junk", 42, entry("a")]  # fmt: skip
+    text = json.dumps({"schemaVersion": 2, "mediaType": referrers.OCI_INDEX,
+                       "manifests": [good[0], *junk, good[1]]})  # fmt: skip
+    nan = ', '.join(f'{{"mediaType": "{manifest}", "digest": "sha256:{"c" * 64}", "size": {n}}}'
+                    for n in ("NaN", "Infinity", "1e999"))  # fmt: skip
+    held = (text[:-2] + ", " + nan + ', {"mediaType": "' + manifest + '", "digest": "sha256:'
+            + "d" * 64 + '", "size": 1, "annotations": {"x": NaN}}]}').encode()  # fmt: skip
+    subject = "sha256:" + "f" * 64
+    tag = "sha256-" + "f" * 64
+    server = Recording()
+    try:
+
+        def answer(path: str, headers: dict[str, str], conn: socket.socket, host: str) -> None:
+            if server.seen[-1][0] == f"GET /v2/team/app/manifests/{tag}":
+                return reply(conn, "200 OK", held, Content_Type=referrers.OCI_INDEX)
+            put = server.bodies[server.seen[-1][0]]
+            reply(conn, "201 Created", Docker_Content_Digest=sha(put))
+
+        server.answer = answer
+        ours = {"mediaType": manifest, "digest": "sha256:" + "9" * 64, "size": 5,
+                "artifactType": "application/vnd.cyclonedx+json"}  # fmt: skip
+        capsys.readouterr()
+        referrers._fallback(f"{server.host}/team/app", subject, [ours], Log())
+        sent = server.bodies[f"PUT /v2/team/app/manifests/{tag}"]
+        index = jsontext.loads(sent, where="the index sent")  # strict: no NaN anywhere
+        assert index["manifests"] == [*good, ours]
+        assert [p for p, _ in server.seen] == [f"GET /v2/team/app/manifests/{tag}",
+                                               f"PUT /v2/team/app/manifests/{tag}"]  # fmt: skip
+        notes = [line for line in capsys.readouterr().err.splitlines() if "dropped" in line]
+        assert len(notes) == len(junk) + 4, notes
+        for why in ("size is NaN, not a finite number", "size is Infinity", "size is 1e999",
+                    "a NaN or an infinity in it", "size -1 is out of range",
+                    "size is not an integer", "digest is not a digest", "no mediaType",
+                    "mediaType is not a media type", "not an object",
+                    "a second entry for the same digest"):  # fmt: skip
+            assert any(why in n for n in notes), (why, notes)
+    finally:
+        server.sock.close()
+
+
+@pytest.mark.parametrize(
+    "held",
+    [b"not json", b"[" * 10_000 + b"]" * 10_000, b'{"mediaType": "application/vnd.oci.image.'
+     b'manifest.v1+json", "config": {}, "layers": []}', b'{"manifests": {}}'],
+    ids=["not-json", "deep", "a-manifest", "manifests-not-a-list"],
+)  # fmt: skip
+def test_a_fallback_tag_that_is_no_index_is_left_alone(hostile: Hostile, held: bytes) -> None:
+    """Not ours to replace: an error naming the tag, no PUT."""
+    from k3env.handoff import referrers
+    from k3env.log import Log
+
+    hostile.answer = lambda path, headers, conn, host: reply(conn, "200 OK", held)
+    with pytest.raises(EngineError, match=r"not JSON|nests|not an OCI index") as e:
+        referrers._fallback(f"{hostile.host}/team/app", "sha256:" + "f" * 64, [], Log(quiet=True))
+    assert e.value.where == f"{hostile.host}/team/app:sha256-{'f' * 64}"
+    assert len(hostile.seen) == 1
