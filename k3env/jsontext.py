@@ -162,6 +162,7 @@ def field(
     ok = isinstance(value, kinds) and not (isinstance(value, bool) and bool not in kinds)
     if not ok:
         names = " or ".join(_name(k) for k in kinds)
-        raise error(f"{key!r} is a JSON {_name(type(value))}, not a {names}", where=where,
+        article = "an" if names[0] in "aeiou" else "a"
+        raise error(f"{key!r} is a JSON {_name(type(value))}, not {article} {names}", where=where,
                     fix="the document is not the shape k3env expects there")  # fmt: skip
     return value  # type: ignore[no-any-return]
