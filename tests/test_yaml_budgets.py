@@ -66,8 +66,9 @@ def test_a_long_value_aliased_95000_times_is_refused_at_once(
     assert time.monotonic() - start < 10
     assert says in e.value.message
     assert str(e.value.where).startswith(f"{bomb}:")
-    if scalar == 200_000:  # the alias that crossed: the 83rd (200 KB + 83 x 200 KB > 16 MiB)
-        assert e.value.where == f"{bomb}:2:{7 + 3 * 82}"
+    if scalar == 200_000:  # the alias that crossed: the n-th, 200 KB (+ 6, the keys) + n x 200 KB
+        n = (MAX_DOCUMENT - 200_006) // 200_000 + 1
+        assert e.value.where == f"{bomb}:2:{7 + 3 * (n - 1)}"
         assert "alias *a (of the value anchored at line 1, 1 value, 200,000 bytes" in str(e.value)
 
 
@@ -124,11 +125,15 @@ def test_an_alias_inside_its_own_value_is_refused_naming_it(tmp_path: Path) -> N
         load_yaml(doc)
 
 
-def test_a_file_of_many_small_values_is_refused_without_aliases(tmp_path: Path) -> None:
+def test_a_file_of_many_small_values_is_refused_without_aliases(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(yamlread, "MAX_EXPANDED", 1_000)  # 100,000 values: 3 s of PyYAML
     doc = tmp_path / "doc.yaml"
-    doc.write_text("v: [" + ",".join(["1"] * 150_000) + "]\n")
-    with pytest.raises(ConfigError, match="the document holds more than 100,000 values"):
+    doc.write_text("v: [" + ",".join(["1"] * 1_500) + "]\n")
+    with pytest.raises(ConfigError, match="the document holds more than 1,000 values") as e:
         load_yaml(doc)
+    assert e.value.where == f"{doc}:1:{5 + 2 * 999}"  # the 1,001st value: "v" is the first
 
 
 def test_every_recipe_and_config_in_the_repository_still_loads() -> None:
@@ -142,3 +147,24 @@ def test_every_recipe_and_config_in_the_repository_still_loads() -> None:
         except yaml.YAMLError:
             continue  # a file kept broken on purpose
         assert load_yaml(path).data == expected, path
+
+
+def test_a_recipe_just_under_the_budget_is_adopted_in_seconds_within_memory(
+    tmp_path: Path,
+) -> None:
+    """The most a document may stand for (a flag's list of 2,000 aliases of a 2 KB string:
+    4 MB written out) goes through `adopt` and its TOML writer: no hang, under 512 MB."""
+    recipe = (REPO / "tests/data/recipes/d.yaml").read_text()
+    flag = "      served-model-name: Kimi-K3"
+    assert flag in recipe
+    aliases = ",".join(["*a"] * 2_000)
+    near = tmp_path / "near.yaml"
+    near.write_text(
+        f"big: &a {'x' * 2_090}\n" + recipe.replace(flag, f"      bomb: [{aliases}]\n{flag}")
+    )
+    out = tmp_path / "near.toml"
+    done, rss, seconds = _k3env("adopt", "--json", str(near), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    assert out.stat().st_size > 4_000_000
+    assert rss < 512 << 10, rss
+    assert seconds < 30, seconds

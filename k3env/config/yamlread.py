@@ -33,10 +33,12 @@ MAX_YAML_BYTES = 1 << 20  # a recipe or a cluster config: a few KiB
 MAX_EXPANDED = 100_000
 # Bytes of scalars a document may stand for with its aliases written out. A recipe is a few
 # KiB (the largest in tests/data, 1.4 KB as JSON) and anchors reuse a table a few times; the
-# file itself is at most MAX_YAML_BYTES. 16 MiB is 16 files' worth and thousands of recipes',
-# and still a size every writer after this one (adopt's TOML, preflight's JSON) gets through in
-# a second; 95,000 aliases of one 600 KB string (57 GB written out) kept `adopt` busy for hours.
-MAX_DOCUMENT = 16 << 20
+# file itself is at most MAX_YAML_BYTES. 4 MiB is four files' worth and thousands of recipes',
+# and what the writers after this one take is linear in it: at 16 MiB `adopt` (its TOML
+# written a character at a time) took 10 s and 120 MB, at 4 MiB 4 s (3 of them PyYAML reading
+# 95,000 aliases) and 70 MB. (95,000 aliases of one 600 KB string, 57 GB written out, kept
+# `adopt` busy for hours.)
+MAX_DOCUMENT = 4 << 20
 # Bytes of one scalar: a name, a path, a flag's value, an inline script (the longest in
 # tests/data is 191 characters). Aliases never make a scalar longer than the file, so this
 # bound must sit under MAX_YAML_BYTES to mean anything: 256 KiB is a thousand times the longest.
