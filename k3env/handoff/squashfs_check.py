@@ -351,12 +351,23 @@ def _short(match: re.Match[bytes] | None) -> str:
     return match.group(1).decode()[:16] if match else "absent"
 
 
+# enroot >= 4.2 (NVIDIA/enroot main since 8ea147d; doc/image-format.md) writes the URI it
+# imported from as /etc/rc's first line, "# enroot-provenance: <uri>", before the labels, and
+# a blank line after them even when there are none. A comment: it runs nothing, and says where
+# the file came from, not what the image is.
+_ENROOT_PROVENANCE = re.compile(r"# enroot-provenance: ([^\n]{0,4096})\n")
+
+
 def _rc_items(expected: str, actual: bytes | None) -> list[Gate]:
     if actual is None:
         return [_item(what="etc/rc", ok=False, detail="missing")]
     text = actual.decode(errors="replace")
     if text == expected:
         return [_item(what="etc/rc", ok=True, detail="labels and command as the config says")]
+    if (m := _ENROOT_PROVENANCE.match(text)) and text[m.end() :] in (expected, "\n" + expected):
+        uri = one_line(m.group(1))[:200]
+        return [_item(what="etc/rc", ok=True, detail="labels and command as the config says, "
+                      f"after the line enroot >= 4.2 adds: enroot-provenance {uri}")]  # fmt: skip
     exp, act = expected.splitlines(), text.splitlines()
     items = [
         _item(what="etc/rc", ok=False, detail=f"unexpected line {line!r}")
