@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
+import shutil
 import threading
 import zipfile
 from collections.abc import Iterator
@@ -274,3 +275,36 @@ def test_the_committed_debian_sets_are_pinned_by_sha256_each() -> None:
         assert len(debs) > 80, name
         assert {"python3", "ca-certificates", "dpkg"} <= set(debs), name
         assert all(len(d.sha256) == 64 for d in debs.values())
+
+
+@pytest.mark.parametrize(("interrupt", "code"), [(KeyboardInterrupt, 130), (OSError, 3)])
+def test_a_twin_bump_ended_while_it_is_judged_restores_the_lock_and_the_twin_files(
+    minimal: Path,
+    index: str,
+    monkeypatch: pytest.MonkeyPatch,
+    interrupt: type[BaseException],
+    code: int,
+) -> None:
+    """`bump twin` writes the twin's files before it judges them: a Ctrl-C or an OSError while
+    they are built and checked puts them back as they were, the lock included."""
+    from k3env.bump.evaluate import Outcome
+
+    from .fake_engine import FakeEngine
+
+    assert main(["twin", "--resolve", "--index-url", index, "-q"]) == 0
+    shutil.copytree(REPO / "clusters", minimal / "clusters")
+    lock_before, req_before = LOCK.read_bytes(), REQ.read_bytes()
+    seen = []
+
+    def judge(lock: object, specs: object, **_: object) -> Outcome:
+        seen.append(REQ.read_bytes())
+        if len(seen) == 2:  # the bumped files are on disk, being judged
+            raise interrupt("ended while judged")
+        return Outcome(reports=(), preflight_errors={}, patches=(), twin=True)
+
+    monkeypatch.setattr("k3env.bump.evaluate.evaluate", judge)
+    monkeypatch.setattr("k3env.commands.bump.load_specs", lambda *_: [])  # the twin alone
+    argv = ["bump", "twin", settled_cutoff(), "--twin-index-url", index, "--twin", "-q"]
+    assert main(argv, engine=FakeEngine()) == code
+    assert len(seen) == 2 and b"k3probe-b==1.1 " in seen[1]
+    assert LOCK.read_bytes() == lock_before and REQ.read_bytes() == req_before

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,7 @@ from k3env.errors import CheckFailed, LockError
 
 if TYPE_CHECKING:
     from k3env.bump.closures import Regenerated
+    from k3env.bump.evaluate import Outcome
     from k3env.config.lock_edit import Change
 
 NAME = "bump"
@@ -75,10 +77,9 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, app: App) -> int:
     log = app.log
-    from k3env.bump.body import as_json, body, title
-    from k3env.bump.closures import restore
+    from k3env.bump.body import as_json, title
     from k3env.bump.evaluate import evaluate
-    from k3env.bump.pins import candidate_lock, commit_branch, commit_to_tag, finish, leaf_changes
+    from k3env.bump.pins import candidate_lock, commit_branch, commit_to_tag, leaf_changes
     from k3env.config.cluster import load_cluster
     from k3env.engine.registry import resolve_digest
     from k3env.image.wheels import wheel_sha256s
@@ -110,31 +111,23 @@ def run(args: argparse.Namespace, app: App) -> int:
     engine = app.engine()
     state = app.state()
     cluster = load_cluster(args.cluster)
+    judge = partial(
+        evaluate,
+        engine=engine,
+        state=state,
+        log=log,
+        cluster=cluster,
+        run_verify=not args.skip_verify,
+        srt_source=srt_source,
+        twin=args.twin,
+    )
     with log.step("before: build, verify, preflight on the current lock"):
-        before = evaluate(lock, load_specs(args.images, lock), engine=engine, state=state,
-                          log=log, cluster=cluster, run_verify=not args.skip_verify,
-                          srt_source=srt_source, twin=args.twin)  # fmt: skip
-    regenerated = None
-    if twin:
-        # The files the twin is built from, written now (the old bytes kept): `after` builds
-        # the twin they pin.
-        regenerated = regenerate_twin(lock, changes_wanted)
-        new_lock, changes = load_lock(args.lock), list(regenerated.changes)
-        if not changes:
-            restore(regenerated.saved)
-            raise LockError("nothing to bump: the lock already pins that", where=str(lock.path),
-                            fix="none needed")  # fmt: skip
+        before = judge(lock, load_specs(args.images, lock))
     with log.step("after: build, verify, preflight on the bumped lock"):
-        after = evaluate(new_lock, load_specs(args.images, new_lock), engine=engine, state=state,
-                         log=log, cluster=cluster, run_verify=not args.skip_verify,
-                         srt_source=srt_source, twin=args.twin)  # fmt: skip
-    text = body(new_lock, args.pin, changes, before, after)
-    if regenerated is not None:
-        written = not after.failed or args.keep_failing
-        if not written:
-            restore(regenerated.saved)
-    else:
-        written = finish(lock, changes_wanted, after, args.keep_failing)
+        new_lock, changes, after, text, written = _after(
+            args, lock, new_lock, changes, changes_wanted, regenerate_twin if twin else None,
+            lambda bumped: judge(bumped, load_specs(args.images, bumped)), before,
+        )  # fmt: skip
     if args.body:
         args.body.write_text(text)
     branch = None
@@ -150,6 +143,45 @@ def run(args: argparse.Namespace, app: App) -> int:
             fix="read the PR body above: fix the failing checks or patches, then bump again",
         )
     return 0
+
+
+def _after(
+    args: argparse.Namespace,
+    lock: Lock,
+    new_lock: Lock,
+    changes: list[Change],
+    leaves: dict[str, str],
+    regenerate_twin: Callable[[Lock, dict[str, str]], Regenerated] | None,
+    judge: Callable[[Lock], Outcome],
+    before: Outcome,
+) -> tuple[Lock, list[Change], Outcome, str, bool]:
+    """The bumped lock judged, and written if it passes (or ``--keep-failing``): a transaction.
+    ``bump twin`` writes the twin's files before they are judged; whatever ends the judging (a
+    failure, an OSError, Ctrl-C) restores them unless they are kept."""
+    from k3env.bump.body import body
+    from k3env.bump.closures import restore
+    from k3env.bump.pins import finish
+
+    regenerated, written = None, False
+    try:
+        if regenerate_twin is not None:
+            # The files the twin is built from, written now (the old bytes kept): the judging
+            # builds the twin they pin.
+            regenerated = regenerate_twin(lock, leaves)
+            new_lock, changes = load_lock(args.lock), list(regenerated.changes)
+            if not changes:
+                raise LockError("nothing to bump: the lock already pins that",
+                                where=str(lock.path), fix="none needed")  # fmt: skip
+        after = judge(new_lock)
+        text = body(new_lock, args.pin, changes, before, after)
+        if regenerated is not None:
+            written = not after.failed or args.keep_failing
+        else:
+            written = finish(lock, leaves, after, args.keep_failing)
+    finally:
+        if regenerated is not None and not written:
+            restore(regenerated.saved)
+    return new_lock, changes, after, text, written
 
 
 def _regenerate_twin(
