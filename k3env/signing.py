@@ -40,11 +40,6 @@ class SigningKey:
         """The base64 of the DER ECDSA signature of ``data`` (cosign's blob signature)."""
         return base64.b64encode(self.key.sign(data, ec.ECDSA(hashes.SHA256()))).decode()
 
-    def public_pem(self) -> bytes:
-        return self.key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-        )
-
 
 @dataclass(frozen=True)
 class VerifyKey:

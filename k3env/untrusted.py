@@ -242,17 +242,6 @@ def _hash_in_chain(
     return None
 
 
-def entry_size(root: Path, rel: str, *, shown_as: str = "") -> int | None:
-    """The size of the regular file ``rel`` under ``root`` (None when missing), not read."""
-    fd = _open_regular(root, rel, shown_as)
-    if fd is None:
-        return None
-    try:
-        return os.fstat(fd).st_size
-    finally:
-        os.close(fd)
-
-
 def _within(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 

@@ -48,13 +48,6 @@ class BasePin:
             return f"{self.name} (CPU twin, built locally)"
         return f"{self.repository}:{self.tag}"
 
-    @property
-    def pull_reference(self) -> str | None:
-        """``repository@digest``: the only way k3env pulls a registry base."""
-        if self.digest is None or self.repository is None:
-            return None
-        return f"{self.repository}@{self.digest}"
-
 
 @dataclass(frozen=True, kw_only=True)
 class TwinPin:

@@ -89,21 +89,6 @@ class ClusterSmoke:
     changes: tuple[str, ...]  # what differs from a full attempt
     not_checked: tuple[str, ...]
 
-    def rank_flags(self, rank: int, head: str) -> tuple[str, ...]:
-        """The launcher's flags for node ``rank`` (``head``: the first node's address, as the
-        script spells it); none on one node."""
-        if self.topology.nodes == 1:
-            return ()
-        flags = (
-            "--nnodes",
-            str(self.topology.nodes),
-            "--node-rank",
-            str(rank),
-            "--master-addr",
-            head,
-        )
-        return (*flags, "--headless") if rank else flags
-
     def as_json(self) -> dict[str, Any]:
         return {
             "image": self.image,
