@@ -76,23 +76,17 @@ class Entry:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Staged:
-    digest: str
-    platform: str
+class Staged(Entry):
+    """An entry as a stager or a listing found it: its record, where it is, and who holds it."""
+
     path: Path
-    sha256: str
-    size: int
-    image: str
-    image_id: str
-    lock: str
-    staged_at: float
     copied: bool = False  # False: it was staged already
     holds: tuple[str, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         return {k: str(v) if isinstance(v, Path) else v for k, v in self.__dict__.items()} | {
-            "holds": list(self.holds)
-        }
+            "holds": list(self.holds), "attested": list(self.attested)
+        }  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -356,19 +350,8 @@ def _holds(where: Dir, owners: frozenset[int]) -> tuple[str, ...]:
 
 
 def _staged(where: Dir, shown: Path, entry: Entry, *, copied: bool) -> Staged:
-    return Staged(
-        digest=entry.digest,
-        platform=entry.platform,
-        path=shown / SQSH,
-        sha256=entry.sha256,
-        size=entry.size,
-        image=entry.image,
-        image_id=entry.image_id,
-        lock=entry.lock,
-        staged_at=entry.staged_at,
-        copied=copied,
-        holds=_holds(where, frozenset({where.owner, 0})),
-    )
+    return Staged(**entry.__dict__, path=shown / SQSH, copied=copied,
+                  holds=_holds(where, frozenset({where.owner, 0})))  # fmt: skip
 
 
 def _walk(root: Dir, owners: frozenset[int]) -> Iterator[tuple[Dir, str, Staged | Skipped]]:
