@@ -245,7 +245,15 @@ def test_the_result_is_read_bounded(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    "result", [{"gates": {"chat": "passed"}}, {"no": "gates"}, [1, 2], "not json"]
+    "result",
+    [
+        {"gates": {"chat": "passed"}},
+        {"no": "gates"},
+        [1, 2],
+        "not json",
+        '{"gates": ' + "[" * 10_000 + "]" * 10_000 + "}",  # a RecursionError before
+        '{"gates": [{"gate": "chat", "status": "passed", "seconds": NaN}]}',
+    ],  # fmt: skip
 )
 def test_a_result_without_a_list_of_gates_is_no_gate_reported(
     tmp_path: Path, result: object
@@ -256,7 +264,7 @@ def test_a_result_without_a_list_of_gates_is_no_gate_reported(
     verdict = collect(root)
     assert statuses(verdict) == [(g, "not run") for g in MINIMUM_GATES]
     assert not verdict.ok
-    if not isinstance(result, dict):
+    if not isinstance(result, dict):  # a job's result.json that is not strict JSON is none
         assert verdict.notes == (
             "the battery wrote no result.json: it did not finish (or never started)",
         )

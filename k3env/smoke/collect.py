@@ -15,7 +15,6 @@ beside the CPU smoke's records (``smoke/cluster/``).
 
 from __future__ import annotations
 
-import json
 import os
 import stat
 from collections.abc import Mapping
@@ -23,7 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from k3env.errors import ConfigError, UntrustedFileError
+from k3env import jsontext
+from k3env.errors import ConfigError, K3envError, UntrustedFileError
 from k3env.hashing import digest_hex
 from k3env.quoting import one_line
 from k3env.smoke import stages
@@ -162,9 +162,11 @@ def _read(root: Path, rel: str) -> tuple[str, bool]:
 
 def _json(root: Path, rel: str) -> dict[str, Any] | None:
     text, whole = _read(root, rel)
-    try:
-        data = json.loads(text) if whole else None
-    except ValueError:
+    if not whole:
+        return None
+    try:  # a job's file: bounded, no NaN, no 10,000-deep nesting (never a RecursionError)
+        data = jsontext.loads(text, where=rel, limit=TAIL_BYTES)
+    except K3envError:
         return None
     return data if isinstance(data, dict) else None
 

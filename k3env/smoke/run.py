@@ -11,7 +11,6 @@ its record.
 
 from __future__ import annotations
 
-import json
 import re
 import tempfile
 import time
@@ -21,9 +20,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from k3env import jsontext
 from k3env.config.pins import Lock, SmokePin
 from k3env.config.spec import ImageSpec, ServeProfile
 from k3env.engine.protocol import Engine
+from k3env.errors import K3envError
 from k3env.hashing import digest_hex, sha256_digest
 from k3env.image.bases import select_base
 from k3env.image.build import BuildResult
@@ -104,8 +105,9 @@ def _gates(plan: SmokePlan, result: dict[str, Any] | None, run_words: str) -> tu
 
 def _read_result(out: Path) -> dict[str, Any] | None:
     try:
-        data = json.loads((out / "result.json").read_text()[: 4 << 20])
-    except (OSError, ValueError):
+        text = (out / "result.json").read_text()[: 4 << 20]
+        data = jsontext.loads(text, where="result.json", limit=4 << 20)
+    except (OSError, K3envError):
         return None
     return data if isinstance(data, dict) else None
 
