@@ -253,7 +253,7 @@ def test_the_result_is_read_bounded(tmp_path: Path) -> None:
         "not json",
         '{"gates": ' + "[" * 10_000 + "]" * 10_000 + "}",  # a RecursionError before
         '{"gates": [{"gate": "chat", "status": "passed", "seconds": NaN}]}',
-    ],  # fmt: skip
+    ],
 )
 def test_a_result_without_a_list_of_gates_is_no_gate_reported(
     tmp_path: Path, result: object
