@@ -166,3 +166,13 @@ def field(
         raise error(f"{key!r} is a JSON {_name(type(value))}, not {article} {names}", where=where,
                     fix="the document is not the shape k3env expects there")  # fmt: skip
     return value  # type: ignore[no-any-return]
+
+
+def parse(data: bytes | str, *, limit: int = MAX_BYTES, max_depth: int = MAX_DEPTH) -> Any:
+    """``loads`` for a caller that answers any bad document one way: every refusal (too large,
+    too deep, NaN, not JSON) is a ``ValueError`` (a drop-in for ``json.loads`` in an
+    ``except ValueError``; a RecursionError never escapes)."""
+    try:
+        return loads(data, where="JSON", limit=limit, max_depth=max_depth, expect=object)
+    except K3envError as e:
+        raise ValueError(e.message) from e

@@ -9,7 +9,6 @@ asked is the one ``srt.materialize`` made.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import tempfile
@@ -19,6 +18,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from k3env import jsontext
 from k3env.errors import ToolError
 from k3env.handoff.srt import Materialized
 from k3env.log import Log
@@ -89,7 +89,7 @@ def _load_errors(
     with resources.as_file(resources.files("k3env.probes") / "srt_validate.py") as script:
         code, out = attempt([str(m.python), str(script), *paths], log, cwd=cwd, env=env)
     try:
-        verdict = json.loads(out.strip().splitlines()[-1])
+        verdict = jsontext.parse(out.strip().splitlines()[-1])
         rows, not_checked = verdict["errors"], verdict["not_checked"]
     except (ValueError, IndexError, KeyError, TypeError) as e:
         raise ToolError(
@@ -139,7 +139,7 @@ def record_schema(m: Materialized, log: Log) -> dict[str, Any]:
     ):
         code, out = attempt([str(m.python), str(script)], log, cwd=Path(tmp), env=_validation_env())
     try:
-        doc = json.loads(out.strip().splitlines()[-1])
+        doc = jsontext.parse(out.strip().splitlines()[-1])
         if not isinstance(doc, dict) or not {"recipe", "cluster", "messages"} <= set(doc):
             raise ValueError("no recipe, cluster or messages")
     except (ValueError, IndexError) as e:

@@ -10,7 +10,6 @@ one inspect. Nothing is tagged until the loaded image's ID equals the config dig
 from __future__ import annotations
 
 import base64
-import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -154,7 +153,7 @@ def _located(
     """``locate.py --read``'s answer, its shape checked: each module asked for, a file or
     none; each file's bytes and stat (a file it did not read is read through the engine)."""
     try:
-        doc = json.loads(stdout.strip().splitlines()[-1])
+        doc = jsontext.parse(stdout.strip().splitlines()[-1], limit=256 << 20)
         found, read = doc["modules"], doc["files"]
         if not isinstance(found, dict) or sorted(found) != sorted(asked):
             raise ValueError("modules")
