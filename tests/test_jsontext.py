@@ -163,3 +163,18 @@ def test_field_names_a_missing_key_unless_it_has_a_default() -> None:
     assert jsontext.field({}, "size", int, where="x", default=0) == 0
     assert jsontext.field({}, "size", int, where="x", default=None) is None
     assert math.isclose(jsontext.field({"r": 0.5}, "r", float, where="x"), 0.5)
+
+
+@pytest.mark.parametrize(
+    "text", ["[" * 10_000 + "]" * 10_000, '{"a": NaN}', "[1e999]", "{", '"x"' + " " * 100]
+)
+def test_parse_answers_every_bad_document_with_a_value_error(text: str) -> None:
+    """What a process others made prints (a probe's verdict, srt-slurm's validation) is read
+    by callers that catch ValueError: a deep one is no RecursionError, a NaN no number."""
+    if text.startswith('"x"'):
+        assert jsontext.parse(text) == "x"
+        with pytest.raises(ValueError, match="over the limit"):
+            jsontext.parse(text, limit=10)
+        return
+    with pytest.raises(ValueError):
+        jsontext.parse(text)
