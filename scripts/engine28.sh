@@ -1,0 +1,135 @@
+#!/usr/bin/env bash
+# A Docker 28 engine beside the host's own (Debian 12's 20.10), from Debian sid's packages:
+# docker.io 28.5.2 with containerd 2.1.9, in a debootstrapped sid root, with its own socket,
+# data root, exec root and bridge. The host's dockerd, its socket and docker0 are not touched.
+#
+#   bash scripts/engine28.sh [containerd|classic]     # as root, on a Debian 12 host
+#
+# containerd (the default): the containerd image store (`features.containerd-snapshotter`),
+# what Docker 29 uses on a new install; an image's ID is its manifest digest there.
+# classic: the graph-driver store (overlay2), where an image's ID is its config digest.
+# Both can run at once (one socket each). The last line printed is the DOCKER_HOST to use:
+#
+#   export "$(bash scripts/engine28.sh containerd | tail -n 1)"
+#
+# Idempotent: the sid root is made once under /var/lib/k3env-docker28 (a second run only
+# checks the mounts and the daemon, ~1 s); `K3ENV_DOCKER28_STOP=1` stops that store's daemon
+# (its data root stays: images survive a restart). How it runs, and why each mount is there:
+# ../shared/upstream/README.md, "Newer engines and Slurm from Debian's own packages".
+set -euo pipefail
+
+store="${1:-containerd}"
+case "$store" in
+  containerd) snapshotter=true ;;
+  classic) snapshotter=false ;;
+  *) echo "usage: $0 [containerd|classic]" >&2; exit 2 ;;
+esac
+[ "$(id -u)" = 0 ] || { echo "$0: run as root (debootstrap, chroot, mounts, a bridge)" >&2; exit 2; }
+
+top=/var/lib/k3env-docker28
+root="$top/root"
+run="/run/k3env-docker28/$store"          # socket, exec root and pidfile (host path)
+data="/var/lib/k3env-docker28-data/$store"  # the data root (host path, bound at the same path)
+sock="$run/docker.sock"
+log="$top/$store.log"
+bridge="k3e28-${store:0:5}"                 # at most 15 characters
+host="unix://$sock"
+
+ping() { curl -fsS --max-time 3 --unix-socket "$sock" http://d/_ping >/dev/null 2>&1; }
+say() { echo "+ $*" >&2; }
+
+if [ "${K3ENV_DOCKER28_STOP:-}" = 1 ]; then
+  if [ -f "$run/dockerd.pid" ] && kill -0 "$(cat "$run/dockerd.pid")" 2>/dev/null; then
+    pid="$(cat "$run/dockerd.pid")"
+    say "kill $pid (dockerd 28, $store)"
+    kill "$pid"
+    for _ in $(seq 1 120); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+  fi
+  ip link del "$bridge" 2>/dev/null || true
+  exit 0
+fi
+
+if ping; then  # already up: nothing to do
+  echo "DOCKER_HOST=$host"
+  exit 0
+fi
+
+# --- mounts ------------------------------------------------------------------------------------
+# The root must be a mount point (bound onto itself first: a later bind of it would hide what
+# is mounted below), and so must the data root: containerd's snapshotters look their
+# directory up in the mount table ("failed to find the mount info"), and the classic store's
+# load remounts / ("remount /, flags: 0x84000: invalid argument"). What k3env bind-mounts into
+# containers must be at the same path in here (temporary directories, the state's wheelhouse
+# under ~/.cache/k3env); K3ENV_DOCKER28_BINDS adds more.
+mounts() {
+  mountpoint -q "$root" || mount --bind "$root" "$root"
+  mountpoint -q "$root/proc" || mount -t proc proc "$root/proc"
+  mountpoint -q "$root/sys" || mount --rbind /sys "$root/sys"
+  mountpoint -q "$root/dev" || mount --rbind /dev "$root/dev"
+  mkdir -p "$run" "$data"
+  local d
+  for d in "$run" "$data" /tmp /var/tmp /root /home ${K3ENV_DOCKER28_BINDS:-}; do
+    [ -d "$d" ] || continue
+    mkdir -p "$root$d"
+    mountpoint -q "$root$d" || mount --bind "$d" "$root$d"
+  done
+}
+
+# --- the sid root, made once -----------------------------------------------------------------
+# The mirror the host's own apt uses (deb822 sources first, then sources.list).
+mirror="${K3ENV_DEBIAN_MIRROR:-}"
+if [ -z "$mirror" ]; then
+  mirror="$(sed -n 's/^URIs:[[:space:]]*\(\S*\/debian\)\/\?$/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n 1)"
+fi
+if [ -z "$mirror" ]; then
+  mirror="$(awk '$1 == "deb" && $2 ~ /\/debian\/?$/ {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)"
+fi
+mirror="${mirror:-http://deb.debian.org/debian}"
+
+# sid's Release file can be past its Valid-Until on a snapshot-backed mirror.
+apt_opts=(-o Acquire::Check-Valid-Until=false -o APT::Install-Recommends=false -o Dpkg::Use-Pty=0)
+if [ ! -f "$root/.k3env-ready" ]; then
+  command -v debootstrap >/dev/null || { say "apt-get install debootstrap"; apt-get install -y -qq debootstrap >/dev/null; }
+  mkdir -p "$top"
+  if [ ! -x "$root/usr/bin/apt-get" ]; then
+    rm -rf "$root.partial"
+    say "debootstrap --variant=minbase --include=ca-certificates sid $root $mirror"
+    debootstrap --variant=minbase --include=ca-certificates sid "$root.partial" "$mirror" >"$top/debootstrap.log" 2>&1 \
+      || { tail -n 20 "$top/debootstrap.log" >&2; exit 1; }
+    mv "$root.partial" "$root"
+  fi
+  # No service starts inside the root while packages install (dockerd is started below).
+  printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
+  chmod 755 "$root/usr/sbin/policy-rc.d"
+  mounts
+  say "chroot $root apt-get install docker.io containerd runc iptables ca-certificates"
+  {
+    chroot "$root" apt-get "${apt_opts[@]}" update
+    DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get "${apt_opts[@]}" install -y \
+      docker.io containerd runc iptables ca-certificates curl
+    chroot "$root" apt-get clean
+  } >"$top/apt.log" 2>&1 || { tail -n 20 "$top/apt.log" >&2; exit 1; }
+  chroot "$root" dockerd --version >&2
+  touch "$root/.k3env-ready"
+fi
+
+mounts
+
+# --- its own bridge and daemon ------------------------------------------------------------
+if [ ! -e "/sys/class/net/$bridge" ]; then
+  say "ip link add $bridge type bridge"
+  ip link add "$bridge" type bridge
+fi
+mkdir -p "$root/etc/k3env-docker28"
+conf="/etc/k3env-docker28/$store.json"
+printf '{"bridge": "%s", "iptables": false, "ip6tables": false, "features": {"containerd-snapshotter": %s}}\n' \
+  "$bridge" "$snapshotter" >"$root$conf"
+rm -f "$sock" "$run/dockerd.pid"
+say "chroot $root dockerd --config-file $conf -H $host (log: $log)"
+nohup chroot "$root" /usr/sbin/dockerd --config-file "$conf" -H "$host" --data-root "$data" \
+  --exec-root "$run/exec" --pidfile "$run/dockerd.pid" >"$log" 2>&1 </dev/null &
+for _ in $(seq 1 120); do ping && break; sleep 0.5; done
+ping || { tail -n 20 "$log" >&2; echo "$0: dockerd 28 did not start; see $log" >&2; exit 1; }
+curl -fsS --unix-socket "$sock" http://d/info \
+  | python3 -c 'import json,sys; i=json.load(sys.stdin); print("+ dockerd", i["ServerVersion"], i["Driver"], dict(i.get("DriverStatus") or []).get("driver-type", ""), file=sys.stderr)'
+echo "DOCKER_HOST=$host"
