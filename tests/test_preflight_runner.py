@@ -110,6 +110,7 @@ def test_a_report_counts_errors_and_warnings_and_says_all_of_it_in_json() -> Non
         "checked": ["i/p"],
         "lacked_facts": {"i/p": ["x.y", "z"]},
         "facts_from": {"i/p": "ref (linux/amd64)"},
+        "not_checked": {},
         "rules": 3,
         "errors": 1,
         "warnings": 2,

@@ -645,7 +645,8 @@ def test_a_recipe_result_says_everything_in_its_json(project: Path) -> None:
     result, path = checked(project, loader, [*RULES, Says(id="R-LACK", lacks=("x.y", "a.b"))])
     out = result.as_json()
     assert list(out) == ["recipe", "name", "image", "findings", "env", "env_changed", "notes",
-                         "srt_slurm_loader", "lacked_facts", "errors", "warnings"]  # fmt: skip
+                         "srt_slurm_loader", "lacked_facts", "not_checked", "errors",
+                         "warnings"]  # fmt: skip
     assert out["recipe"] == str(path) and out["name"] == "kimi-k3-d-agg"
     assert list(out["image"]) == ["container", "base", "how", "known", "image_id",
                                   "facts_source", "placed", "spec"]  # fmt: skip
@@ -668,6 +669,12 @@ def test_a_recipe_result_says_everything_in_its_json(project: Path) -> None:
     assert out["srt_slurm_loader"] == {"gate": "srt-slurm", "status": "not checked",
                                        "seconds": 0.0, "detail": "not materialized"}  # fmt: skip
     assert out["lacked_facts"] == ["a.b", "x.y"] and result.lacked == ("a.b", "x.y")
+    # ... and what each rule could not check, by rule (R-LACK's facts among them).
+    assert out["not_checked"] == [n.as_json() for n in result.not_checked]
+    assert {"rule": "R-LACK", "what": "with verify's fact(s) a.b, x.y of this image",
+            "why": "no verify record of this image has them; the rule went on with the lock's "
+            "versions and k3env's recorded tables (a warning where those say nothing)",
+            } in out["not_checked"]  # fmt: skip
     assert (out["errors"], out["warnings"]) == (result.errors, result.warnings) == (0, 3)
     # A spec the image was built from is named by its name.
     spec = load_spec(IMAGES / f"{F}.toml", load_lock(LOCK))

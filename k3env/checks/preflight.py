@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from k3env.checks.argv import ParsedCommand, parse_options
+from k3env.checks.engine_cli import EngineCli
 from k3env.config.cluster import Cluster
 from k3env.config.pins import Lock
 from k3env.config.shapes import DEFAULT_PLATFORM
@@ -26,6 +27,21 @@ from k3env.state import State
 ERROR = "error"
 WARNING = "warning"
 ENGINE_ROLES = ("vllm-serve", "dynamo-worker")
+
+
+@dataclass(frozen=True, kw_only=True)
+class NotChecked:
+    """What a rule would have checked and could not here, and why: listed, never passed."""
+
+    rule: str
+    what: str
+    why: str
+
+    def text(self) -> str:
+        return f"{self.rule}: not checked: {self.what}: {self.why}"
+
+    def as_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
 
 
 @dataclass(kw_only=True)
@@ -57,6 +73,18 @@ class Context:
     # frontend type; None for a spec's profile (the cluster profile is all there is).
     job: JobShape | None = None
     frontend_type: str | None = None
+    # `vllm serve`'s own parser as k3env has it for this image (verify's facts, or the
+    # recorded parser of the release the lock's twin pins), else why there is none.
+    engine_cli: EngineCli | None = None
+    engine_cli_why: str = "no recorded parser of this image's vLLM"
+    # The rule being run (set by ``run_rules``), and what each rule could not check.
+    rule: str = ""
+    not_checked: list[NotChecked] = field(default_factory=list)
+    lacked_by: dict[str, set[str]] = field(default_factory=dict)
+
+    def unchecked(self, what: str, why: str) -> None:
+        """Say that the running rule could not check ``what``, and why."""
+        self.not_checked.append(NotChecked(rule=self.rule or "(rule)", what=what, why=why))
 
     @property
     def bench_env(self) -> Mapping[str, str]:
@@ -82,6 +110,7 @@ class Context:
         for p in path:
             if not isinstance(node, Mapping) or p not in node:
                 self.lacked.add(lacking)
+                self.lacked_by.setdefault(self.rule or "(rule)", set()).add(lacking)
                 return None
             node = node[p]
         return node
@@ -143,6 +172,8 @@ class Report:
     lacked: Mapping[str, tuple[str, ...]]  # image/profile -> facts the rules did not have
     rules: int
     facts_from: Mapping[str, str] = field(default_factory=dict)  # image/profile -> image
+    # image/profile -> what each rule could not check there, and why
+    not_checked: Mapping[str, tuple[NotChecked, ...]] = field(default_factory=dict)
 
     @property
     def errors(self) -> int:
@@ -158,6 +189,7 @@ class Report:
             "checked": list(self.checked),
             "lacked_facts": {k: list(v) for k, v in self.lacked.items()},
             "facts_from": dict(self.facts_from),
+            "not_checked": {k: [n.as_json() for n in v] for k, v in self.not_checked.items()},
             "rules": self.rules,
             "errors": self.errors,
             "warnings": self.warnings,
@@ -186,10 +218,13 @@ def load_facts(
 def contexts(
     lock: Lock, specs: Iterable[ImageSpec], cluster: Cluster, state: State | None
 ) -> list[Context]:
+    from k3env.checks.engine_record import cli_for
+
     out = []
     for spec in specs:
         facts, source = load_facts(state, lock, spec, cluster.platform) if state else (None, None)
         env = merged_env(lock, spec)
+        cli = cli_for(lock, spec.base, cluster.platform, facts, source)
         for profile in spec.profiles.values():
             commands = tuple(
                 ParsedCommand(role=c.role, index=i, argv=c.argv, options=parse_options(c.argv))
@@ -205,6 +240,8 @@ def contexts(
                     facts=facts,
                     commands=commands,
                     facts_source=source,
+                    engine_cli=cli.cli,
+                    engine_cli_why=cli.why,
                 )
             )
     return out
@@ -215,6 +252,7 @@ def run_rules(ctxs: Iterable[Context], rules: Sequence[Rule]) -> Report:
     findings: list[Finding] = []
     checked = []
     lacked: dict[str, tuple[str, ...]] = {}
+    not_checked: dict[str, tuple[NotChecked, ...]] = {}
     facts_from: dict[str, str] = {}
     for ctx in ctxs:
         name = f"{ctx.spec.name}/{ctx.profile.name}"
@@ -222,6 +260,7 @@ def run_rules(ctxs: Iterable[Context], rules: Sequence[Rule]) -> Report:
         for rule in rules:
             if not rule.applies(ctx):
                 continue
+            ctx.rule = rule.id
             try:
                 hits = list(rule.check(ctx))
             except Exception as e:  # a rule that cannot read this input says so, visibly
@@ -249,6 +288,8 @@ def run_rules(ctxs: Iterable[Context], rules: Sequence[Rule]) -> Report:
                 )
         if ctx.lacked:
             lacked[name] = tuple(sorted(ctx.lacked))
+        if ctx.not_checked or ctx.lacked_by:
+            not_checked[name] = (*ctx.not_checked, *lacked_facts(ctx))
         if ctx.facts_source:
             facts_from[name] = ctx.facts_source
     findings.sort(key=lambda f: (f.severity != ERROR, f.file, f.key, f.rule))
@@ -258,4 +299,18 @@ def run_rules(ctxs: Iterable[Context], rules: Sequence[Rule]) -> Report:
         lacked=lacked,
         rules=len(rules),
         facts_from=facts_from,
+        not_checked=not_checked,
     )
+
+
+def lacked_facts(ctx: Context) -> list[NotChecked]:
+    """Each rule that went without a fact verify learns of the image: what it would have read."""
+    return [
+        NotChecked(
+            rule=rule,
+            what=f"with verify's fact(s) {', '.join(sorted(facts))} of this image",
+            why="no verify record of this image has them; the rule went on with the lock's "
+            "versions and k3env's recorded tables (a warning where those say nothing)",
+        )
+        for rule, facts in sorted(ctx.lacked_by.items())
+    ]

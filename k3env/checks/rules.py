@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from k3env.checks.argv import ParsedCommand, kv_transfer_config
+from k3env.checks.engine_rules import engine_args
 from k3env.checks.jobrules import job_cluster, job_ranks, job_tp_nvlink
 from k3env.checks.known import (
     DYNAMO_TIKTOKEN,
@@ -761,6 +762,17 @@ RULES: tuple[Rule, ...] = (
         fix="match --tensor-parallel-size x --pipeline-parallel-size and --nnodes to the cluster",
         source="TP8 x PP2 on 2 x 8 B200",
         check=topology,
+    ),
+    Rule(
+        id="K3-ENGINE-ARGS",
+        title="every flag, parser name and VLLM_ name is one the engine's own parser takes",
+        symptom="vllm serve exits 2 (unrecognized arguments), or refuses at server setup "
+        "(invalid tool call parser / reasoning parser not found)",
+        components="vLLM's CLI parser, tool-call and reasoning parser registries, env registry",
+        severity=ERROR,
+        fix="spell each flag and name as the image's vLLM takes it (the finding quotes its words)",
+        source="issue #53 (mutations of F that passed in silence); vLLM's own parser, recorded",
+        check=engine_args,
     ),
     Rule(
         id="K3-JOB-RANKS",

@@ -39,13 +39,34 @@ def arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--base", help="the lock base a recipe's unknown container is taken as")
     p.add_argument("--model-type", help="the recipe model's tokenizer model_type")
+    p.add_argument(
+        "--record-engine-cli",
+        metavar="PYTHON",
+        help="record `vllm serve`'s parser of the twin's vLLM from PYTHON (an environment of the "
+        "twin's pinned closure) into schemas/engine-cli/: recipes' flags are judged by it",
+    )
 
 
 def wanted(args: argparse.Namespace) -> bool:
-    return bool(args.recipe or args.srtslurm)
+    return bool(args.recipe or args.srtslurm or args.record_engine_cli)
+
+
+def record(args: argparse.Namespace, app: App) -> int:
+    """``--record-engine-cli PYTHON``: the twin's vLLM parser, asked with PYTHON, recorded."""
+    from k3env.checks.engine_record import record_twin_cli
+    from k3env.config.cluster import load_cluster
+
+    lock = load_lock(args.lock)
+    platform = load_cluster(args.cluster).platform
+    path, changed = record_twin_cli(lock, args.record_engine_cli, platform, app.log)
+    payload = {"path": str(path), "written": changed}
+    app.emit(payload, lambda: print(f"{path}: {'written' if changed else 'unchanged'}"))
+    return 0
 
 
 def run(args: argparse.Namespace, app: App, rules: list[Any]) -> int:
+    if args.record_engine_cli:
+        return record(args, app)
     from k3env.config.cluster import load_cluster
     from k3env.config.srtrecipe import load_recipe
     from k3env.handoff.recipe_check import (
@@ -140,11 +161,8 @@ def _show(results: list[RecipeResult], lines: list[str], rules: int, cluster: st
                 )
         for note in r.notes:
             say(f"{r.recipe.path}: note: {note}")
-        if r.lacked:
-            say(
-                f"{r.recipe.path}: lacked facts {list(r.lacked)} (no verify record of "
-                "this image: `k3env verify` the image k3env built)"
-            )
+        for n in r.not_checked:
+            say(f"{r.recipe.path}: {n.text()}")
         say(
             f"{r.recipe.path}: srt-slurm's loader and dry-run: {r.loader.verdict} "
             f"({r.loader.detail})"

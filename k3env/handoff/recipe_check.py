@@ -16,7 +16,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from k3env.checks.preflight import ERROR, WARNING, Finding, Rule, run_rules
+from k3env.checks.engine_record import cli_for
+from k3env.checks.preflight import ERROR, WARNING, Finding, NotChecked, Rule, run_rules
 from k3env.checks.recipe_map import (
     EnvEntry,
     ImageOf,
@@ -72,6 +73,8 @@ class RecipeResult:
     notes: tuple[str, ...]
     loader: Loader
     lacked: tuple[str, ...]
+    # What each rule could not check on this recipe, and why (listed, never passed).
+    not_checked: tuple[NotChecked, ...] = ()
 
     @property
     def errors(self) -> int:
@@ -93,6 +96,7 @@ class RecipeResult:
             "notes": list(self.notes),
             "srt_slurm_loader": self.loader.gate.as_json(),
             "lacked_facts": list(self.lacked),
+            "not_checked": [n.as_json() for n in self.not_checked],
             "errors": self.errors,
             "warnings": self.warnings,
         }
@@ -333,7 +337,10 @@ def check_recipe(
     model_type: str | None = None,
 ) -> RecipeResult:
     mapped = map_recipe(recipe, lock, cluster, image, model_type_given=model_type)
-    ctx = replace(mapped.context, job=job_shape(recipe.doc), frontend_type=frontend_type(recipe))
+    cli = cli_for(lock, image.base, cluster.platform, image.facts, image.facts_source,
+                  placed=image.placed, container=image.container)  # fmt: skip
+    ctx = replace(mapped.context, job=job_shape(recipe.doc), frontend_type=frontend_type(recipe),
+                  engine_cli=cli.cli, engine_cli_why=cli.why)  # fmt: skip
     report = run_rules([ctx], rules)
     findings = [_finding(recipe, mapped, f) for f in report.findings]
     for key, message, stage in loader.errors:
@@ -353,6 +360,7 @@ def check_recipe(
         )
     findings.sort(key=lambda f: (f.severity != ERROR, f.file, f.line or 0, f.key, f.rule))
     lacked = next(iter(report.lacked.values()), ())
+    unchecked = next(iter(report.not_checked.values()), ())
     return RecipeResult(
         recipe=recipe,
         image=image,
@@ -361,6 +369,7 @@ def check_recipe(
         notes=mapped.notes,
         loader=loader,
         lacked=tuple(lacked),
+        not_checked=tuple(unchecked),
     )
 
 
