@@ -269,3 +269,42 @@ def test_the_replay_says_what_vllms_parser_says(args: list[str], said: str | Non
     else:
         (v,) = refused
         assert v.message.startswith(said)
+
+
+def test_an_image_verify_knows_is_judged_by_its_own_parser_env_names_too(
+    resolved: Path,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A container k3env pushed, whose verify facts carry `vllm.cli` (the probe's cli.py, run
+    in that image): its flags and its VLLM_ names are judged by the image's own vLLM."""
+    from k3env.config.lock import load_lock
+    from k3env.config.spec import load_spec
+    from k3env.image.records import build_key
+    from k3env.state import State
+
+    lock = load_lock(Path("pins/k3.lock.toml"))
+    spec = load_spec(Path("images/kimi-k3-direct-f.toml"), lock)
+    state, image_id, digest = State(), "sha256:" + "cd" * 32, "sha256:" + "ef" * 32
+    state.write_record({"image_id": image_id, "reference": "k3env/kimi-k3-direct-f:abc",
+                        "twin": False}, "builds", build_key(lock, spec, twin=False))  # fmt: skip
+    state.write_record({"image": spec.name, "image_id": image_id, "digest": digest,
+                        "reference": "127.0.0.1:5000/k3env/kimi-k3-direct-f:abc"},
+                       "pushed", image_id)  # fmt: skip
+    state.write_record({"vllm": {"cli": recorded()["cli"]}}, "facts", image_id)
+    text = F.read_text().replace("vllm/vllm-openai:kimi-k3",
+                                 f"127.0.0.1:5000/k3env/kimi-k3-direct-f@{digest}")  # fmt: skip
+    source = _write(resolved / "src.yaml", text)
+    path = mutate(resolved, "own.yaml", "enable-prefix-caching: true",
+                  "enable-prefix-cachingg: true", source=source)  # fmt: skip
+    code, out = judged(capsys, path)
+    assert code == 4
+    by_key = {f["key"]: f for f in findings(out, "K3-ENGINE-ARGS")}
+    flag = by_key["backend.vllm_config.aggregated.enable-prefix-cachingg"]
+    assert (
+        "(judged by vLLM 0.31.0's own parser, in this image (verify's facts of " in flag["message"]
+    )
+    env = by_key["backend.aggregated_environment.VLLM_PREFIX_CACHE_RETENTION_INTERVAL"]
+    assert env["severity"] == "warning" and env["message"].startswith(
+        "Unknown vLLM environment variable detected: VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
+    )
+    assert not [n for n in unchecked(out) if n["what"].startswith("the VLLM_ names")]

@@ -141,6 +141,25 @@ def _messages(top: Any) -> dict[str, str]:
 def describe_vllm() -> dict[str, Any]:
     """`vllm serve`'s parser, registries, env registry and messages, from vLLM's own code."""
     logging.disable(logging.WARNING)
+    try:
+        return _describe_vllm()
+    finally:
+        logging.disable(logging.NOTSET)
+
+
+def record_cli(run: Any, plan: Any) -> None:
+    """verify's fact ``vllm.cli`` (preflight judges a recipe's `vllm serve` line by it); why
+    not, as ``vllm.cli_unread``, where the image's vLLM cannot say."""
+    import traceback
+
+    try:
+        with captured():
+            run.report.section("vllm")["cli"] = describe_vllm()
+    except BaseException:
+        run.report.section("vllm")["cli_unread"] = traceback.format_exc(limit=-3)[-2000:]
+
+
+def _describe_vllm() -> dict[str, Any]:
     vllm = first_import("vllm")
     top, serve, _ = _serve()
     tools = first_import("vllm.tool_parsers", "vllm.entrypoints.openai.tool_parsers")

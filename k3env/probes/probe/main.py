@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 from .absent import import_past_absent
 from .args import check_args
+from .cli import record_cli
 from .envsearch import check_env
 from .group import group_envs, run_group
 from .harness import MARK, PACKAGE_DIR
@@ -29,6 +30,7 @@ CHECKS: tuple[tuple[str, Callable[[Run, Plan], None]], ...] = (
     ("imports", check_imports),
     ("args", check_args),
     ("parsers", check_parsers),
+    ("cli", record_cli),  # a fact (vllm.cli), no verdict row of its own
     ("tokenizer", check_tokenizer),
     ("patches", read_patch_targets),
     ("env", check_env),
