@@ -24,6 +24,7 @@ from k3env.config.lock import load_lock
 from k3env.config.shapes import platform_option
 from k3env.config.spec import load_specs
 from k3env.errors import CheckFailed, ConfigError
+from k3env.quoting import one_line
 
 NAME = "preflight"
 HELP = "check serve profiles against the bring-up's failure rules (no engine, ~10 ms)"
@@ -87,6 +88,9 @@ def run(args: argparse.Namespace, app: App) -> int:
         for name, source in report.facts_from.items():
             print(f"{name}: facts from {source}")
         on = platform_option(cluster.platform)
+        for name, entries in report.not_checked.items():
+            for n in entries:
+                print(one_line(f"{name}: {n.text()}"))
         for name, facts in report.lacked.items():
             print(f"{name}: lacked facts {list(facts)} (run `k3env verify{on}` to learn them)")
         print(
