@@ -176,8 +176,10 @@ def test_without_a_parser_every_flag_and_parser_name_is_named_not_checked(
     )
     code, out = judged(capsys, path)
     assert code == 0 and findings(out, "K3-ENGINE-ARGS") == []
-    (n,) = unchecked(out)
+    n, env = unchecked(out)
     assert n["what"].startswith("`vllm serve` flags and parser names: --host 0.0.0.0, --port 8000")
+    # No parser: the VLLM_ names are unjudged too, named with the rest of the recipe's env.
+    assert "VLLM_PREFIX_CACHE_RETENTION_INTERVAL" in env["what"]
     assert "--reasoning-parser bogus_xyz" in n["what"] and "--tool-call-parser kimi_k3" in n["what"]
     assert n["why"].startswith("no recorded parser of vLLM 0.31.0 (the twin's) at ")
     assert "`k3env preflight --record-engine-cli PYTHON`" in n["why"]
@@ -208,8 +210,8 @@ def test_the_dynamo_workers_flags_are_named_not_checked(
     resolved: Path,  # noqa: F811
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    _code, out = judged(capsys, RECIPES / "c.yaml")
-    (n,) = unchecked(out)
+    _, out = judged(capsys, RECIPES / "c.yaml")
+    n, _ = unchecked(out)
     assert n["what"].startswith(
         "the dynamo-worker (`python -m dynamo.vllm`) flags and parser names"
     )
@@ -308,3 +310,17 @@ def test_an_image_verify_knows_is_judged_by_its_own_parser_env_names_too(
         "Unknown vLLM environment variable detected: VLLM_PREFIX_CACHE_RETENTION_INTERVAL"
     )
     assert not [n for n in unchecked(out) if n["what"].startswith("the VLLM_ names")]
+
+
+def test_a_misspelt_env_name_the_recipe_sets_is_named_not_checked(
+    resolved: Path,  # noqa: F811
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    path = mutate(resolved, "nccl.yaml", "NCCL_CUMEM_ENABLE:", "NCCL_CUMEM_ENABLEE:")
+    code, out = judged(capsys, path)
+    (n,) = [n for n in unchecked(out) if n["what"].startswith("whether the image reads")]
+    assert code == 0
+    assert n["what"] == (
+        "whether the image reads NCCL_CUMEM_ENABLEE, PYTHONHASHSEED, PYTORCH_CUDA_ALLOC_CONF"
+    )
+    assert "not baked" in n["why"]

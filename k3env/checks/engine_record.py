@@ -20,7 +20,6 @@ from typing import Any
 
 from k3env import jsontext
 from k3env.checks.engine_cli import EngineCli, image_cli, load_cli
-from k3env.checks.probe_run import PROBE_ENV
 from k3env.config.pins import Lock
 from k3env.config.twinreq import parse_pinned
 from k3env.errors import ConfigError
@@ -135,6 +134,8 @@ def record_twin_cli(lock: Lock, python: str, platform: str, log: Log) -> tuple[P
             where=str(lock.path),
             fix="pin the twin ([twin] requires) and `k3env twin --resolve`",
         )
+    from k3env.checks.probe_run import PROBE_ENV  # the probe's environment (no GPU, offline)
+
     version, hashes, requirements = pinned
     probes = Path(str(resources.files("k3env.probes")))
     env = {**os.environ, **PROBE_ENV, "PYTHONPATH": str(probes)}

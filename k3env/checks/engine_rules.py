@@ -44,6 +44,22 @@ def engine_args(ctx: Context) -> Iterable[Hit]:
         yield from _serve_args(ctx, cli, cmd)
         yield from _parser_names(ctx, cli, cmd)
         yield from _env_names(ctx, cli, cmd)
+    _env_readers(ctx)
+
+
+def _env_readers(ctx: Context) -> None:
+    """A recipe's own env names: nothing baked them, so verify never searched the image for
+    their readers; a misspelt name is ignored by the process. Said, name by name."""
+    if ctx.job is None:  # a spec's env is baked: verify's env check searches its readers
+        return
+    judged = ctx.engine_cli is not None and any(c.role == "vllm-serve" for c in ctx.commands)
+    names = sorted(n for n in ctx.spec.env if not (judged and n.startswith("VLLM_")))
+    if names:
+        ctx.unchecked(
+            what="whether the image reads " + ", ".join(names),
+            why="the recipe sets them at job start (not baked): `k3env verify` searches an "
+            "image's files for the reader of each name it bakes (`k3env adopt` bakes them)",
+        )
 
 
 def _serve_args(ctx: Context, cli: EngineCli, cmd: ParsedCommand) -> Iterable[Hit]:
