@@ -2,9 +2,10 @@
 the same record comes out of vLLM 0.31.0 again, and the replay through argparse says what the
 live parser says, word for word, for each kind of command line preflight judges.
 
-Needs an interpreter of an environment holding the twin's pinned closure, named by
-K3ENV_TWIN_PYTHON (``python3 -m venv V && V/bin/pip install --no-deps --require-hashes -r
-pins/cpu-twin.requirements.txt``); skipped without one.
+Runs inside the twin image (the CPU twin of the pinned vLLM release, built by the engine tests'
+``twin_image``), or, when K3ENV_TWIN_PYTHON names one, an interpreter of an environment holding
+the twin's pinned closure (``python3 -m venv V && V/bin/pip install --no-deps --require-hashes
+-r pins/cpu-twin.requirements.txt``).
 """
 
 from __future__ import annotations
@@ -64,28 +65,36 @@ print("@@" + json.dumps(out))
 """
 
 
-def live(args: list[list[str]]) -> list[str | None]:
-    if not PYTHON:
-        pytest.skip("K3ENV_TWIN_PYTHON (an environment of the twin's closure) not given")
-    env = {**os.environ, **PROBE_ENV}
-    out = subprocess.run([PYTHON, "-c", LIVE, json.dumps(args)], check=True, env=env,
-                         capture_output=True, text=True).stdout  # fmt: skip
+def _python(twin_image: str, *argv: str, env: dict[str, str], cwd: Path | None = None) -> str:
+    """``python3 ARGV``'s stdout, in K3ENV_TWIN_PYTHON's environment when given, else inside
+    the twin image itself (its vLLM is the release the record is of), with no network and
+    k3env's probes mounted read-only."""
+    if PYTHON:
+        return subprocess.run([PYTHON, *argv], check=True, env={**os.environ, **env},
+                              capture_output=True, text=True, cwd=cwd).stdout  # fmt: skip
+    probes = REPO / "k3env/probes"
+    flags = [f"--env={k}={v}" for k, v in env.items()]
+    docker = ["docker", "run", "--rm", "--network=none", f"--volume={probes}:/k3env-probes:ro",
+              "--workdir=/k3env-probes", *flags, twin_image, "python3", *argv]  # fmt: skip
+    return subprocess.run(docker, check=True, capture_output=True, text=True).stdout
+
+
+def live(twin_image: str, args: list[list[str]]) -> list[str | None]:
+    out = _python(twin_image, "-c", LIVE, json.dumps(args), env=dict(PROBE_ENV))
     said: list[str | None] = json.loads(out.split("@@", 1)[1])
     return said
 
 
-def test_the_replay_says_what_the_live_parser_says() -> None:
+def test_the_replay_says_what_the_live_parser_says(twin_image: str) -> None:
     cli = load_cli(json.loads(RECORD.read_text())["cli"], "r")
-    for args, said in zip(CASES, live(CASES), strict=True):
+    for args, said in zip(CASES, live(twin_image, CASES), strict=True):
         refused = [v.message for v in judge_serve(cli, ["vllm", "serve", "/model", *args]).verdicts
                    if v.status == REFUSED]  # fmt: skip
         assert refused == ([] if said is None else [said]), args
 
 
-def test_the_record_is_what_vllm_says_now(tmp_path: Path) -> None:
-    if not PYTHON:
-        pytest.skip("K3ENV_TWIN_PYTHON (an environment of the twin's closure) not given")
-    env = {**os.environ, **PROBE_ENV, "PYTHONPATH": str(REPO / "k3env/probes")}
-    out = subprocess.run([PYTHON, "-m", "probe.cli"], check=True, env=env, capture_output=True,
-                         text=True, cwd=REPO / "k3env/probes").stdout  # fmt: skip
+def test_the_record_is_what_vllm_says_now(twin_image: str) -> None:
+    where = str(REPO / "k3env/probes") if PYTHON else "/k3env-probes"
+    out = _python(twin_image, "-m", "probe.cli", env={**PROBE_ENV, "PYTHONPATH": where},
+                  cwd=REPO / "k3env/probes")  # fmt: skip
     assert json.loads(out) == json.loads(RECORD.read_text())["cli"]
