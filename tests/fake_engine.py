@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from k3env.engine.naming import CLASSIC
 from k3env.engine.protocol import (
     BaseImage,
     Engine,
@@ -366,8 +367,9 @@ class FakeEngine:
         self.pushes: list[PushRecord] = []
         self.archives: list[bytes] = []  # every archive handed to load, in order
         self.sys_path = tuple(sys_path)
-        # A containerd image store re-serializes the config: the loaded ID is not our digest.
+        # An engine that re-serializes the config: the loaded ID is not our digest.
         self.rewrite_configs = False
+        self.store = CLASSIC  # the image store it plays: IDs are config digests
         self.container_created = 1_700_000_000  # mtime of a container's init layer in exports
         self._run_handlers: list[RunHandler] = []
         self._commit_handler: CommitHandler = lambda image, argv, mounts: Commit()
@@ -479,6 +481,9 @@ class FakeEngine:
     def describe(self) -> str:
         self._call("describe")
         return f"fake engine (in memory, {len(self.images)} images)"
+
+    def image_store(self) -> str:
+        return self.store
 
     def inspect(self, ref: str) -> BaseImage | None:
         self._call("inspect", ref)

@@ -34,6 +34,7 @@ from k3env.engine._http import (
     quote_ref,
 )
 from k3env.engine.emulation import cpu_binds
+from k3env.engine.naming import CONTAINERD, store_of
 from k3env.engine.protocol import (
     BaseImage,
     HistoryEntry,
@@ -191,6 +192,7 @@ class DockerEngine:
         self.base_url = base_url or os.environ.get("DOCKER_HOST") or DEFAULT_HOST
         self.http = EngineHTTP(socket_path(self.base_url), timeout=timeout)
         self._architecture: str | None = None
+        self._store: str | None = None
         with self._reported("the engine ping", self.base_url):
             self.http.call("GET", "/_ping")
 
@@ -203,7 +205,15 @@ class DockerEngine:
     def describe(self) -> str:
         with self._reported("docker info", self.base_url):
             info = self.http.json("GET", "/info")
-        return f"dockerd {info.get('ServerVersion')} ({info.get('Driver')})"
+        store = ", containerd image store" if store_of(info) == CONTAINERD else ""
+        return f"dockerd {info.get('ServerVersion')} ({info.get('Driver')}{store})"
+
+    def image_store(self) -> str:
+        """The engine's image store, from ``/info`` (asked once)."""
+        if self._store is None:
+            with self._reported("docker info", self.base_url):
+                self._store = store_of(self.http.json("GET", "/info"))
+        return self._store
 
     def _native(self) -> str:
         """The engine's own architecture, as an image config names it (amd64, arm64)."""
@@ -525,6 +535,13 @@ class DockerEngine:
                 stream = event.get("stream", "")
                 if stream.startswith("Loaded image ID: "):
                     loaded.append(stream.split(": ", 1)[1].strip())
+                elif stream.startswith("Error unpacking image"):
+                    # The containerd store reports a failed unpack in the stream and still
+                    # answers 200 (moby daemon/containerd/image_exporter.go, LoadImage): the
+                    # image is there, its filesystem is not.
+                    raise EngineError(
+                        f"docker load failed: {stream.strip()}", where="docker load", fix=fix
+                    )
         if len(loaded) != 1:
             raise EngineError(
                 f"docker load gave {len(loaded)} images, expected 1",

@@ -24,7 +24,7 @@ class HistoryEntry:
 class BaseImage:
     """What the builder needs to know of a base image (read from the engine)."""
 
-    id: str  # sha256:... (config digest)
+    id: str  # sha256:... the engine's ID: the config digest, or the manifest's (engine.naming)
     created: str  # RFC 3339
     architecture: str
     os: str
@@ -75,6 +75,10 @@ class Engine(Protocol):
     def describe(self) -> str:
         """Engine name, version and storage driver, for reports."""
 
+    def image_store(self) -> str:
+        """``naming.CLASSIC`` or ``naming.CONTAINERD``: which digest the engine calls an image
+        by (``naming.engine_id``)."""
+
     def inspect(self, ref: str) -> BaseImage | None:
         """The image's config, or ``None`` when the engine does not have it."""
 
@@ -108,7 +112,7 @@ class Engine(Protocol):
 
     def load(self, archive: bytes | Path | tuple[bytes | Path, ...]) -> str:
         """``docker load`` an archive (its bytes, its file, or pieces of either in order);
-        returns the loaded image ID."""
+        returns the loaded image's ID as this engine names it (``naming.engine_id``)."""
 
     def tag(self, image_id: str, repository: str, tag: str) -> None: ...
 
