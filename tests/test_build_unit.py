@@ -16,8 +16,9 @@ from k3env.errors import EngineError, PatchError, SecretError
 from k3env.hashing import sha256_digest
 from k3env.image import twin, twinlayer
 from k3env.image.bases import ResolvedBase
+from k3env.image.blobs import LAYER_MEDIA_TYPE, Descriptor
 from k3env.image.build import PROVENANCE_PATH, Builder, BuildResult, _located, make_builder
-from k3env.image.layer import LayerFile, assemble, docker_archive
+from k3env.image.layer import LayerFile, assemble, load_archive
 from k3env.log import Log
 
 from .conftest import TEST_BASE_REPOSITORY
@@ -57,9 +58,11 @@ def test_build_applies_the_patch_and_the_image_id_is_the_config_digest(
     members = archive_members(archive)
     (entry,) = json.loads(members["manifest.json"])
     config = members[entry["Config"]]
-    assert result.image_id == sha256_digest(config)
-    assert entry["Config"] == result.image_id.removeprefix("sha256:") + ".json"
-    # Only the new layer travels; the base's layers are named by diff ID.
+    assert result.image_id == sha256_digest(config) == result.engine_id
+    assert entry["Config"] == "blobs/sha256/" + result.image_id.removeprefix("sha256:")
+    # Only the new layer travels; the base's layers are named by diff ID. (The base's
+    # manifest is not known here: no OCI layout beside the docker-archive, no manifest digest.)
+    assert result.manifest is None
     assert sorted(members) == sorted(["manifest.json", entry["Config"], entry["Layers"][-1]])
     image = fake_engine.inspect(result.image_id)
     assert image is not None
@@ -267,7 +270,12 @@ def test_the_fake_refuses_an_archive_over_a_base_it_lacks_like_dockerd() -> None
         created_by="test",
         comment="",
     )
-    archive = docker_archive(assembled, base.image.diff_ids)
+    own = Descriptor(digest=assembled.diff_id, size=len(assembled.layer_tar),
+                     media_type=LAYER_MEDIA_TYPE)  # fmt: skip
+    _names, _manifest, parts = load_archive(assembled.config_json,
+                                            [*base.image.diff_ids, assembled.diff_id], own,
+                                            assembled.layer_tar, None)  # fmt: skip
+    archive = b"".join(p for p in parts if isinstance(p, bytes))
     engine = FakeEngine()
     with pytest.raises(EngineError, match="no such file or directory"):
         engine.load(archive)

@@ -6,7 +6,8 @@ import tarfile
 from pathlib import Path
 
 from k3env.engine.protocol import BaseImage
-from k3env.image.layer import LayerFile, assemble, docker_archive, epoch_of, layer_tar
+from k3env.image.blobs import LAYER_MEDIA_TYPE, Descriptor
+from k3env.image.layer import LayerFile, assemble, epoch_of, layer_tar, load_archive
 
 BASE = BaseImage(
     id="sha256:" + "1" * 64,
@@ -63,9 +64,12 @@ def test_epoch_of_handles_nanoseconds() -> None:
     assert epoch_of("1970-01-01T00:00:10.999999999Z") == 10
 
 
-def test_docker_archive_carries_only_the_new_layer() -> None:
+def test_the_load_archive_carries_only_the_new_layer() -> None:
     a = assemble(BASE, FILES, env=[], labels={}, created_by="t", comment="")
-    archive = docker_archive(a, BASE.diff_ids)
+    own = Descriptor(digest=a.diff_id, size=len(a.layer_tar), media_type=LAYER_MEDIA_TYPE)
+    _names, _manifest, parts = load_archive(a.config_json, [*BASE.diff_ids, a.diff_id], own,
+                                            a.layer_tar, None)  # fmt: skip
+    archive = b"".join(p for p in parts if isinstance(p, bytes))
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         names = tar.getnames()
         manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]

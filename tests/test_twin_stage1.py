@@ -256,23 +256,28 @@ def test_a_layer_kept_at_two_levels_is_two_blobs_and_the_stored_one_is_the_tar(
     )
 
 
-def test_the_archive_in_parts_is_the_archive_files_members_without_its_padding(
+def test_the_archive_in_parts_is_one_tar_holding_the_layer_file_as_it_is(
     tmp_path: Path,
 ) -> None:
     import io
     import tarfile
 
-    from k3env.image.layer import archive_file, archive_parts
+    from k3env.image.blobs import LAYER_MEDIA_TYPE, Descriptor
+    from k3env.image.layer import load_archive
 
     raw = b"x" * 1000
     diff_id = "sha256:" + hashlib.sha256(raw).hexdigest()
     (tmp_path / "layer.tar").write_bytes(raw)
     config = json.dumps({"rootfs": {"type": "layers", "diff_ids": [diff_id]}}).encode()
-    image_id, parts = archive_parts(config, tmp_path / "layer.tar", [diff_id])
+    own = Descriptor(digest=diff_id, size=len(raw), media_type=LAYER_MEDIA_TYPE)
+    names, manifest, parts = load_archive(config, [diff_id], own, tmp_path / "layer.tar", [])
+    assert parts[1] == tmp_path / "layer.tar"  # sent as it is, never copied
     joined = b"".join(p.read_bytes() if isinstance(p, Path) else p for p in parts)
-    assert image_id == archive_file(config, tmp_path / "layer.tar", [diff_id], tmp_path / "a")
-    whole = (tmp_path / "a").read_bytes()
-    assert whole.startswith(joined) and not whole[len(joined) :].strip(b"\0")
+    assert manifest is not None and names.manifest == manifest.digest
     with tarfile.open(fileobj=io.BytesIO(joined)) as tar:
-        assert [m.name for m in tar] == [f"{image_id[7:]}.json", "manifest.json",
-                                         f"{diff_id[7:]}/layer.tar"]  # fmt: skip
+        assert [m.name for m in tar] == [
+            f"blobs/sha256/{names.config[7:]}", f"blobs/sha256/{manifest.digest[7:]}",
+            "index.json", "manifest.json", "oci-layout", f"blobs/sha256/{diff_id[7:]}",
+        ]  # fmt: skip
+        member = tar.extractfile(f"blobs/sha256/{diff_id[7:]}")
+        assert member is not None and member.read() == raw

@@ -76,7 +76,7 @@ def evaluate(
 ) -> Outcome:
     """Build every image on ``lock``, verify and preflight it, and test each container patch.
     ``twin``: images built and verified over each base's CPU twin (the offline default)."""
-    registry = registry_base(engine, log)
+    registry = registry_base(engine, log, state)
 
     def resolve(pin: BasePin, platform: str = DEFAULT_PLATFORM) -> ResolvedBase:
         if pin.kind == "twin":

@@ -1,5 +1,7 @@
 """Base images: which pin an image is built over (the real base or its CPU twin), and the
-engine's view of it, pulled by digest from its registry when the engine lacks it."""
+engine's view of it, pulled by digest from its registry when the engine lacks it; named and
+read as its registry (or k3env, for its own) wrote it where the engine's store needs that
+(``identity``)."""
 
 from __future__ import annotations
 
@@ -9,9 +11,13 @@ from dataclasses import dataclass
 from k3env.config.pins import BasePin, Lock
 from k3env.config.shapes import platform_name
 from k3env.config.spec import ImageSpec
+from k3env.engine.naming import CLASSIC
 from k3env.engine.protocol import BaseImage, Engine
 from k3env.errors import EngineError, LockError
+from k3env.image.blobs import Manifest
+from k3env.image.identity import named
 from k3env.log import Log
+from k3env.state import State
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -20,14 +26,27 @@ class ResolvedBase:
     reference: str  # what the engine knows it by
     name: str  # org.opencontainers.image.base.name
     digest: str | None  # registry manifest digest, when known
-    image: BaseImage
+    image: BaseImage  # id: the engine's (engine.naming); the rest as its config JSON says
+    # Its OCI manifest (the layers an image over it names): always known where the engine
+    # names images by manifest digest; None: not read (a classic store's base from elsewhere).
+    manifest: Manifest | None = None
+
+    @property
+    def config_digest(self) -> str:
+        """What labels, provenance and keys name the base by, on any store: its config digest
+        (the engine's ID on the classic store, which is all an unread manifest happens on)."""
+        return self.manifest.config if self.manifest is not None else self.image.id
 
 
 # A base resolver returns the base image for a pin on a platform (pulling or building it).
 BaseResolver = Callable[[BasePin, str], ResolvedBase]
 
 
-def registry_base(engine: Engine, log: Log) -> BaseResolver:
+def registry_base(engine: Engine, log: Log, state: State | None = None) -> BaseResolver:
+    """Bases pulled by digest. With ``state``, each is named as its registry serves it (its
+    manifest and config read there by digest, hashed, kept): on a containerd image store that
+    is required, on the classic store used where kept."""
+
     def resolve(pin: BasePin, platform: str) -> ResolvedBase:
         if platform not in pin.platforms:
             raise LockError(
@@ -55,6 +74,19 @@ def registry_base(engine: Engine, log: Log) -> BaseResolver:
             image = engine.inspect(ref)
             if image is None:
                 raise EngineError("pulled image not found", where=ref, fix="pull it by hand")
+        manifest = None
+        if state is not None:
+            known = named(engine, state, image, repository=pin.repository)
+            if known is not None:
+                image, manifest = known.image, known.manifest
+            elif engine.image_store() != CLASSIC:
+                raise EngineError(
+                    "the engine names images by manifest digest (containerd image store), and "
+                    f"the manifest of {ref} cannot be read from its registry",
+                    where=ref,
+                    fix="check that the registry is reachable (k3env reads the base's manifest "
+                    "and config there, by digest, once; they are kept)",
+                )
         found = platform_name(image.os, image.architecture, image.variant)
         if found != platform:
             raise LockError(
@@ -68,6 +100,7 @@ def registry_base(engine: Engine, log: Log) -> BaseResolver:
             name=f"{pin.repository}:{pin.tag}",
             digest=pin.platforms[platform],
             image=image,
+            manifest=manifest,
         )
 
     return resolve

@@ -1,6 +1,8 @@
 """The registry form of what k3env writes: each layer it assembles, gzip-compressed once,
-kept by diff ID, and each image config it writes, kept by image ID, so that a publish sends
-the very bytes that were built and verified without asking the engine for them.
+kept by diff ID, each image config it writes, kept by its digest, and each image's OCI manifest
+(the one its load archive carries: the engine's ID for it on a containerd image store), kept by
+its digest, so that a publish sends the very bytes that were built and verified without asking
+the engine for them, and an image the engine holds can be named as k3env wrote it.
 
 A layer is compressed when it is made (deterministic: zlib's gzip wrapper, no name, mtime 0,
 level 6; the same tar gives the same blob with the same zlib), and its record names the
@@ -13,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 import zlib
 from collections.abc import Callable, Iterator, Sequence
@@ -21,15 +24,20 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from k3env import jsontext
-from k3env.errors import StateError
+from k3env.errors import K3envError, StateError
 from k3env.hashing import HashingWriter, digest_hex, sha256_digest
 from k3env.state import State
 
 LAYER_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
+# A base's layer a registry names the Docker way: the same bytes; k3env's manifests name it the
+# OCI way (as a publish does).
+DOCKER_LAYER_MEDIA_TYPE = "application/vnd.docker.image.rootfs.diff.tar.gzip"
 CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
 MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
 LEVEL = 6
 _CHUNK = 1 << 20
+_MAX_MANIFEST = 4 << 20
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -51,6 +59,87 @@ class Described(Protocol):
     def size(self) -> int: ...
     @property
     def media_type(self) -> str: ...
+
+
+@dataclass(frozen=True, kw_only=True)
+class Descriptor:
+    """A blob as a manifest names it."""
+
+    digest: str
+    size: int
+    media_type: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class Manifest:
+    """An image's OCI manifest in the byte form k3env writes: its digest, its config's, its
+    layers in order (a base's as its registry names them, the Docker gzip type the OCI way)."""
+
+    body: bytes
+    digest: str
+    config: str
+    layers: tuple[Descriptor, ...]
+
+
+def manifest_of(config: Described, layers: Sequence[Described]) -> Manifest:
+    """The OCI manifest of an image with ``config`` and ``layers`` (``oci_manifest``'s bytes)."""
+    body = oci_manifest(config, layers)
+    named = tuple(Descriptor(digest=x.digest, size=x.size, media_type=x.media_type) for x in layers)
+    return Manifest(body=body, digest=sha256_digest(body), config=config.digest, layers=named)
+
+
+def parse_manifest(body: bytes, where: str, error: type[K3envError] = StateError) -> Manifest:
+    """A single-image manifest (OCI or Docker schema 2), each field k3env builds on checked
+    (``error`` naming ``where`` otherwise); its layers as k3env's manifests name them."""
+    doc = jsontext.loads(body, where=where, limit=_MAX_MANIFEST, error=error)
+    config = jsontext.field(doc, "config", dict, where=where, error=error)
+    entries = jsontext.field(doc, "layers", list, where=where, error=error)
+    layers = []
+    for entry in [config, *entries]:
+        if not isinstance(entry, dict):
+            raise error("a manifest entry is not an object", where=where,
+                        fix="the manifest is not one of an image k3env can build on")  # fmt: skip
+        digest = jsontext.field(entry, "digest", str, where=where, error=error)
+        size = jsontext.field(entry, "size", int, where=where, error=error)
+        media_type = jsontext.field(entry, "mediaType", str, where=where, error=error)
+        if not _DIGEST.fullmatch(digest) or size < 0:
+            raise error(f"a manifest entry names {digest[:80]!r}, size {size}", where=where,
+                        fix="the manifest is not one of an image k3env can build on")  # fmt: skip
+        if media_type == DOCKER_LAYER_MEDIA_TYPE:
+            media_type = LAYER_MEDIA_TYPE
+        layers.append(Descriptor(digest=digest, size=size, media_type=media_type))
+    return Manifest(body=body, digest=sha256_digest(body), config=layers[0].digest,
+                    layers=tuple(layers[1:]))  # fmt: skip
+
+
+def keep_manifest(state: State, manifest: Manifest) -> None:
+    """Keep ``manifest`` by its digest, and which manifest k3env wrote for its config (where
+    an engine that names images by config digest finds it)."""
+    name = f"{digest_hex(manifest.digest)}.json"
+    path = state.path("manifests", name)
+    if not path.is_file() or path.read_bytes() != manifest.body:
+        state.write_bytes(manifest.body, "manifests", name)
+    state.write_record({"manifest": manifest.digest}, "manifest-of", manifest.config)
+
+
+def kept_manifest(state: State, digest: str) -> Manifest | None:
+    """The manifest kept under ``digest``, checked against it; ``None``: not kept (or not
+    those bytes)."""
+    if not _DIGEST.fullmatch(digest):
+        return None
+    body = state.read_bytes("manifests", f"{digest_hex(digest)}.json")
+    if body is None or sha256_digest(body) != digest:
+        return None
+    return parse_manifest(body, str(state.path("manifests", f"{digest_hex(digest)}.json")))
+
+
+def manifest_for_config(state: State, config: str) -> Manifest | None:
+    """The manifest k3env last wrote for the image whose config digest is ``config``."""
+    record = state.read_record("manifest-of", config) if _DIGEST.fullmatch(config) else None
+    if not isinstance(record, dict) or not isinstance(record.get("manifest"), str):
+        return None
+    found = kept_manifest(state, record["manifest"])
+    return found if found is not None and found.config == config else None
 
 
 def oci_manifest(config: Described, layers: Sequence[Described]) -> bytes:

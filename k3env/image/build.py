@@ -4,7 +4,8 @@ resolve base -> check inputs (patch hashes, secrets) -> inputs hash (the tag) ->
 -> read patch targets -> apply patches -> assemble layer + config -> load -> check ID -> tag.
 
 The tag is the content hash of the inputs, so a rebuild with nothing changed is answered by
-one inspect. Nothing is tagged until the loaded image's ID equals the config digest we wrote.
+one inspect. Nothing is tagged until the loaded image's ID is what we wrote: the config's
+digest, or on a containerd image store the manifest's (``engine.naming``).
 """
 
 from __future__ import annotations
@@ -23,14 +24,16 @@ from k3env.config.pinned_files import verify_patch_file
 from k3env.config.pins import BasePin, ComponentPin, Lock
 from k3env.config.shapes import DEFAULT_PLATFORM
 from k3env.config.spec import ImageSpec
-from k3env.engine.protocol import Engine, ImageFile
+from k3env.engine.naming import ImageNames
+from k3env.engine.protocol import Engine, ImageFile, Tagged
 from k3env.errors import ConfigError, EngineError, PatchError
 from k3env.hashing import canonical_sha256, digest_hex, file_sha256, sha256_digest
 from k3env.image.bases import ResolvedBase, registry_base, select_base
-from k3env.image.blobs import keep_config, keep_layer, kept_image
+from k3env.image.blobs import keep_config, keep_layer, keep_manifest, kept_image
 from k3env.image.envpolicy import baked_env, merge_env
+from k3env.image.identity import identify
 from k3env.image.install import load_checked
-from k3env.image.layer import LayerFile, assemble, docker_archive, runtime_config
+from k3env.image.layer import Assembled, LayerFile, assemble, load_archive, runtime_config
 from k3env.image.patches import APPLIED, SKIPPED, PatchResult, apply_patch
 from k3env.image.records import build_key
 from k3env.log import Log
@@ -40,7 +43,9 @@ if TYPE_CHECKING:
     from k3env.image.components import Baked
 
 # Bump when the layout of what we write changes: it is part of every inputs hash.
-BUILD_FORMAT = 4  # 4: pinned components baked below (wheels or source-built), in provenance
+# 4: pinned components baked below (wheels or source-built), in provenance; 5: the config over
+# the base's own config JSON (not the engine's view of it), loaded with its OCI manifest.
+BUILD_FORMAT = 5
 PROVENANCE_PATH = "/etc/k3env/provenance.json"
 PROVENANCE_LABEL = "io.k3env.provenance.sha256"
 # The parts of an image config a job runs with (enroot turns them into /etc files).
@@ -52,7 +57,7 @@ LABEL_PREFIX = "io.k3env"
 class BuildResult:
     image: str
     reference: str  # repository:tag
-    image_id: str
+    image_id: str  # the config digest: what records and provenance name it by, on any store
     inputs: str
     cached: bool
     base: str
@@ -63,12 +68,16 @@ class BuildResult:
     components: tuple[str, ...] = ()  # "name version" of each baked wheel
     seconds: float = 0.0
     platform: str = DEFAULT_PLATFORM
+    manifest: str | None = None  # its OCI manifest's digest (None: its base's is not known)
+    engine_id: str = ""  # what the engine calls it (engine.naming): image_id or manifest
 
     def as_json(self) -> dict[str, object]:
         return {
             "image": self.image,
             "reference": self.reference,
             "image_id": self.image_id,
+            "manifest": self.manifest,
+            "engine_id": self.engine_id,
             "inputs": self.inputs,
             "cached": self.cached,
             "base": self.base,
@@ -123,7 +132,7 @@ def resolve_modules(
     """Module -> file in the image, found on the image's own sys.path without importing. The
     same container reads each found file (``locate.py --read``): it lands in the cache
     ``read_base_files`` answers from, so a cold build starts one container, not two."""
-    key = digest_hex(base.image.id)
+    key = digest_hex(base.config_digest)
     cached: dict[str, str | None] = state.read_json("images", key, "modules.json") or {}
     missing = [m for m in modules if m not in cached]
     if missing:
@@ -193,8 +202,8 @@ def _remember_files(state: State, key: str, files: Mapping[str, ImageFile | None
 def read_base_files(
     engine: Engine, state: State, base: ResolvedBase, paths: list[str]
 ) -> dict[str, ImageFile | None]:
-    """Files of the base image; cached by image ID (an image never changes)."""
-    key = digest_hex(base.image.id)
+    """Files of the base image; cached by its config digest (an image never changes)."""
+    key = digest_hex(base.config_digest)
     index: dict[str, dict[str, int | str] | None] = (
         state.read_json("images", key, "files.json") or {}
     )
@@ -269,7 +278,7 @@ class Builder:
         return canonical_sha256(
             {
                 "format": BUILD_FORMAT,
-                "base": {"id": base.image.id, "name": base.name, "digest": base.digest},
+                "base": {"id": base.config_digest, "name": base.name, "digest": base.digest},
                 "lock": self.lock.sha256,
                 "spec": spec.sha256,
                 "spec_name": spec.name,
@@ -298,15 +307,19 @@ class Builder:
         tag = inputs[:20]
         reference = f"{spec.repository}:{tag}"
 
-        def result(image_id: str, cached: bool, patches: list[PatchResult]) -> BuildResult:
+        def result(
+            names: ImageNames, engine_id: str, cached: bool, patches: list[PatchResult]
+        ) -> BuildResult:
             return BuildResult(
                 image=spec.name,
                 reference=reference,
-                image_id=image_id,
+                image_id=names.config,
+                manifest=names.manifest,
+                engine_id=engine_id,
                 inputs=inputs,
                 cached=cached,
                 base=base.name,
-                base_id=base.image.id,
+                base_id=base.config_digest,
                 twin=self.twin,
                 patches=tuple(patches),
                 env=tuple(sorted(env)),
@@ -317,14 +330,11 @@ class Builder:
                 platform=self.platform,
             )
 
-        existing = self.engine.lookup(reference)
-        if (
-            existing is not None
-            and existing.labels.get(f"{LABEL_PREFIX}.inputs") == inputs
-            and (not self.registry_form or kept_image(self.state, existing.id))
-        ):
+        hit = self._cached(reference, inputs)
+        if hit is not None:
             self.log.info(f"    {spec.name}: cache hit {reference}")
-            return result(existing.id, True, _cached_patches(existing.labels, spec, skipped))
+            existing, names = hit
+            return result(names, existing.id, True, _cached_patches(existing.labels, spec, skipped))
 
         # The pinned components first, as their own layer: patches may target their files.
         under, baked = base, None
@@ -358,12 +368,35 @@ class Builder:
             created_by=f"k3env build {spec.name} (inputs {inputs[:20]})",
             comment=f"k3env {__version__}",
         )
-        # The registry form is kept beside the engine's: a publish sends these very bytes.
-        keep_layer(self.state, assembled.layer_tar, assembled.diff_id)
+        names, loaded = self._load(assembled, under, reference)
+        return result(names, loaded, False, results)
+
+    def _cached(self, reference: str, inputs: str) -> tuple[Tagged, ImageNames] | None:
+        """The image the engine holds under ``reference`` from these inputs, with its names
+        (``None``: none, or one k3env cannot name on this engine's store, or, for a publish,
+        whose registry form is not kept: built again, the same bytes)."""
+        existing = self.engine.lookup(reference)
+        if existing is None or existing.labels.get(f"{LABEL_PREFIX}.inputs") != inputs:
+            return None
+        named = identify(self.engine.image_store(), self.state, existing.id)
+        if named is None or (self.registry_form and not kept_image(self.state, named[0].config)):
+            return None
+        return existing, named[0]
+
+    def _load(
+        self, assembled: Assembled, under: ResolvedBase, reference: str
+    ) -> tuple[ImageNames, str]:
+        """Keep the registry form (a publish sends these very bytes), and load the same blob,
+        named by the same manifest; the image's names and the engine's ID for it."""
+        blob = keep_layer(self.state, assembled.layer_tar, assembled.diff_id)
         keep_config(self.state, assembled.config_json)
-        archive = docker_archive(assembled, under.image.diff_ids)
-        load_checked(self.engine, archive, assembled.image_id, reference, self.log)
-        return result(assembled.image_id, False, results)
+        names, manifest, parts = load_archive(
+            assembled.config_json, [*under.image.diff_ids, assembled.diff_id], blob,
+            blob.path, under.manifest.layers if under.manifest else None,
+        )  # fmt: skip
+        if manifest is not None:
+            keep_manifest(self.state, manifest)
+        return names, load_checked(self.engine, parts, names, reference, self.log)
 
     def _component(self, name: str) -> ComponentPin:
         """The component's pin with its wheels' files for this builder's platform."""
@@ -443,7 +476,7 @@ class Builder:
                 "pin": base.pin.name,
                 "name": base.name,
                 "digest": base.digest,
-                "image_id": base.image.id,
+                "image_id": base.config_digest,
                 "twin": self.twin,
             },
             "pins": self.lock.pins_summary(),
@@ -479,7 +512,7 @@ class Builder:
             f"{LABEL_PREFIX}.lock.sha256": self.lock.sha256,
             f"{LABEL_PREFIX}.lock.path": _relative(self.lock.path, self.lock.root),
             f"{LABEL_PREFIX}.spec.sha256": spec.sha256,
-            f"{LABEL_PREFIX}.base.id": base.image.id,
+            f"{LABEL_PREFIX}.base.id": base.config_digest,
             f"{LABEL_PREFIX}.base.pin": base.pin.name,
             f"{LABEL_PREFIX}.twin": str(self.twin).lower(),
             f"{LABEL_PREFIX}.provenance": PROVENANCE_PATH,
@@ -539,7 +572,7 @@ def make_builder(
 ) -> Builder:
     """A Builder whose bases come by digest from a registry, or as the locally built twin,
     for ``platform`` (another architecture's containers run under qemu-user emulation)."""
-    registry = registry_base(engine, log)
+    registry = registry_base(engine, log, state)
 
     def resolve(pin: BasePin, on: str) -> ResolvedBase:
         if pin.kind != "twin":
@@ -581,7 +614,8 @@ def build_all(builder: Builder, specs: Sequence[ImageSpec]) -> list[BuildResult]
             result = builder.build(spec)
         builder.state.write_record(
             {"image_id": result.image_id, "reference": result.reference, "twin": result.twin,
-             "platform": builder.platform},
+             "platform": builder.platform, "manifest": result.manifest,
+             "engine_id": result.engine_id},
             "builds",
             build_key(builder.lock, spec, builder.twin, builder.platform),
         )  # fmt: skip

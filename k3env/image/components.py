@@ -5,8 +5,9 @@ wheels come into k3env's wheelhouse (``pip download --require-hashes``) and ``im
 installs them with the base's own pip into a host directory (hash-checked ``.pyc``, every
 file dated the base's ``created``; a release of the same distribution already in the base
 whited out, as pip's uninstall would). That tree is one layer; the image
-``k3env/components:<key>`` has an ID that is a pure function of (base image ID, pinned
-wheels), and says in its labels what it holds and replaced.
+``k3env/components:<key>`` has a config digest and a manifest digest that are pure functions
+of (base's config and manifest, pinned wheels), and says in its labels what it holds and
+replaced.
 
 Derived images are then built over it like over any base (patches may target its files).
 """
@@ -29,14 +30,23 @@ from k3env.errors import LockError
 from k3env.files import write_atomic
 from k3env.hashing import canonical_sha256
 from k3env.image.bases import ResolvedBase
-from k3env.image.blobs import keep_config, keep_layer, kept_image
+from k3env.image.blobs import Manifest, keep_config, keep_layer, keep_manifest, kept_image
+from k3env.image.identity import know
 from k3env.image.install import add_whiteouts, install_tree, load_checked
-from k3env.image.layer import archive_file, epoch_of, image_config, tree_layer
+from k3env.image.layer import (
+    epoch_of,
+    image_config,
+    image_of_config,
+    load_archive,
+    tree_layer,
+)
 from k3env.image.wheels import download_wheels
 from k3env.log import Log
 from k3env.state import State
 
-COMPONENTS_FORMAT = 3  # 3: the layer written by image.install + layer.tree_layer, like the twin's
+# 3: the layer written by image.install + layer.tree_layer, like the twin's; 4: the config over
+# the base's own config JSON (not the engine's view of it), loaded with its OCI manifest.
+COMPONENTS_FORMAT = 4
 REPOSITORY = "k3env/components"
 LABEL = "io.k3env.components"
 
@@ -73,7 +83,7 @@ def components_key(base: ResolvedBase, pins: Sequence[ComponentPin]) -> str:
     return canonical_sha256(
         {
             "format": COMPONENTS_FORMAT,
-            "base": base.image.id,
+            "base": base.config_digest,
             "components": [{"name": c.name, "wheels": c.identity} for c in pins],
         }
     )
@@ -120,14 +130,11 @@ def bake(
     key = components_key(base, pins)
     reference = f"{REPOSITORY}:{key[:20]}"
     found = engine.lookup(reference)
-    if (
-        found is not None
-        and found.labels.get(LABEL) == key
-        and (not registry_form or kept_image(state, found.id))
-    ):
-        image = engine.inspect(found.id)
-        assert image is not None
-        return _over(base, reference, image), _baked(key, reference, found.id, pins, found.labels)
+    known = know(engine, state, reference) if found and found.labels.get(LABEL) == key else None
+    if known is not None and (not registry_form or kept_image(state, known.names.config)):
+        return _over(base, reference, known.image, known.manifest), _baked(
+            key, reference, known.names.config, pins, found.labels if found else {}
+        )
     names = ", ".join(f"{w.name} {w.version}" for c in pins for w in c.wheels)
     epoch = epoch_of(base.image.created)
     with tempfile.TemporaryDirectory(prefix="k3env-components-") as tmp:
@@ -157,7 +164,7 @@ def bake(
         labels[LABEL] = key
         labels[f"{LABEL}.replaced"] = jsontext.dumps(replaced)
         labels[f"{LABEL}.files"] = str(sum(1 for f in out.rglob("*") if f.is_file()))
-        layer, archive = Path(tmp) / "layer.tar", Path(tmp) / "image.tar"
+        layer = Path(tmp) / "layer.tar"
         diff_id = tree_layer(out, layer, mtime=epoch, owners=False, dirs=info["dirs"])
         config = image_config(
             base.image,
@@ -168,13 +175,21 @@ def bake(
             comment=f"k3env {__version__}",
         )
         config_json = jsontext.dumps(config, compact=True).encode()
-        image_id = archive_file(config_json, layer, [*base.image.diff_ids, diff_id], archive)
-        keep_layer(state, layer, diff_id)
+        # The engine is sent the registry form (gzip): the blob a publish sends, and the one
+        # the manifest names.
+        blob = keep_layer(state, layer, diff_id)
         keep_config(state, config_json)
-        load_checked(engine, archive, image_id, reference, log)
-    image = engine.inspect(image_id)
-    assert image is not None
-    return _over(base, reference, image), _baked(key, reference, image.id, pins, labels)
+        image_names, manifest, parts = load_archive(
+            config_json, [*base.image.diff_ids, diff_id], blob, blob.path,
+            base.manifest.layers if base.manifest is not None else None,
+        )  # fmt: skip
+        if manifest is not None:
+            keep_manifest(state, manifest)
+        loaded = load_checked(engine, parts, image_names, reference, log)
+    image = image_of_config(config_json, loaded, reference)
+    return _over(base, reference, image, manifest), _baked(
+        key, reference, image_names.config, pins, labels
+    )
 
 
 def _baked(
@@ -194,5 +209,7 @@ def _baked(
     )
 
 
-def _over(base: ResolvedBase, reference: str, image: BaseImage) -> ResolvedBase:
-    return dataclasses.replace(base, reference=reference, image=image)
+def _over(
+    base: ResolvedBase, reference: str, image: BaseImage, manifest: Manifest | None
+) -> ResolvedBase:
+    return dataclasses.replace(base, reference=reference, image=image, manifest=manifest)

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from k3env import jsontext
+from k3env.engine.naming import CLASSIC, ImageNames, engine_id
 from k3env.engine.protocol import Engine
 from k3env.errors import EngineError
 from k3env.log import Log
@@ -188,22 +189,28 @@ def add_whiteouts(out: Path, replaced: Mapping[str, Sequence[Mapping[str, Any]]]
 def load_checked(
     engine: Engine,
     archive: bytes | Path | tuple[bytes | Path, ...],
-    image_id: str,
+    names: ImageNames,
     reference: str,
     log: Log,
 ) -> str:
-    """Load an archive whose config k3env wrote; tag it only if the engine stored exactly
-    that config (its ID is the config's sha256), else remove what it stored and fail."""
+    """Load an archive k3env wrote (``layer.load_archive``) and tag it, only if the engine
+    stored exactly that image: its ID is what ``naming.engine_id`` says this engine's store
+    calls ``names`` (the config digest, or the manifest's); else remove what it stored and
+    fail. Returns the engine's ID."""
+    store = engine.image_store()
+    expected = engine_id(store, names)
     parts = archive if isinstance(archive, tuple) else (archive,)
     size = sum(p.stat().st_size if isinstance(p, Path) else len(p) for p in parts)
     with log.step(f"load {reference} ({size / 1e6:.1f} MB)"):
         loaded = engine.load(archive)
-    if loaded != image_id:
+    if loaded != expected:
         engine.remove(loaded)
+        what = "config" if store == CLASSIC else "manifest"
         raise EngineError(
-            f"the engine stored {loaded}, expected {image_id}",
+            f"the engine stored {loaded}, expected {expected} (the {what} digest k3env wrote; "
+            f"the engine's image store: {store})",
             where=reference,
-            fix="the engine rewrote the config (a containerd image store?); report it",
+            fix=f"the engine rewrote the image's {what}: report it, with `docker version`",
         )
-    engine.tag(image_id, *reference.rsplit(":", 1))
-    return image_id
+    engine.tag(loaded, *reference.rsplit(":", 1))
+    return loaded

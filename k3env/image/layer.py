@@ -5,17 +5,22 @@ Pure functions, no engine. The builder hands the result to ``Engine.load``.
 Why not ``docker build``: the legacy builder (the only one the docker SDK drives) stamps
 ``created`` and parent-directory mtimes, so the same Dockerfile twice gives two image IDs.
 Here the layer tar has sorted entries, fixed owners and a fixed mtime, and the config JSON is
-written by us, so the image ID (the sha256 of that JSON) is known before the load. The
-docker-archive lists the base's layers by diff ID but carries only the new layer's tar: the
-engine resolves the base's chain from its layer store and never reads or copies the base
-(moby image/tarexport/load.go looks a layer up by chain ID before opening its file).
+written by us, so the image's names (the sha256 of that JSON, and of the OCI manifest naming it
+and the layers) are known before the load. The load archive carries only the new layer's blob:
+the engine finds the base's layers in its own stores and never reads or copies the base (moby
+image/tarexport/load.go looks a layer up by chain ID before opening its file; containerd finds
+a blob in its content store by digest).
+
+A base's image as k3env builds on it is read from its config JSON (``image_of_config``), not
+from the engine's inspect: the engine's view of a config differs by release (Docker 20.10
+answers every container-config field, Docker 28 only those set), and what an image over it
+holds must not.
 """
 
 from __future__ import annotations
 
 import io
 import os
-import shutil
 import stat
 import tarfile
 from collections.abc import Mapping, Sequence
@@ -26,9 +31,21 @@ from typing import Any
 
 from k3env import jsontext
 from k3env.config.shapes import control_character, is_normal_absolute_path
+from k3env.engine.naming import ImageNames
 from k3env.engine.protocol import BaseImage, HistoryEntry
-from k3env.errors import PatchError
-from k3env.hashing import HashingWriter, sha256_digest
+from k3env.errors import PatchError, StateError
+from k3env.hashing import HashingWriter, digest_hex, sha256_digest
+from k3env.image.blobs import (
+    CONFIG_MEDIA_TYPE,
+    MANIFEST_MEDIA_TYPE,
+    Described,
+    Descriptor,
+    Manifest,
+    manifest_of,
+)
+
+INDEX_MEDIA_TYPE = "application/vnd.oci.image.index.v1+json"
+OCI_LAYOUT = {"imageLayoutVersion": "1.0.0"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -131,6 +148,38 @@ def image_config(
     return out
 
 
+def image_of_config(config_json: bytes, engine_id: str, where: str) -> BaseImage:
+    """The image whose config JSON is ``config_json`` (the engine calls it ``engine_id``), as
+    an image over it is built: its container config, history and diff IDs as written."""
+    doc = jsontext.loads(config_json, where=where)
+    rootfs = jsontext.field(doc, "rootfs", dict, where=where)
+    diff_ids = jsontext.field(rootfs, "diff_ids", list, where=where)
+    history = jsontext.field(doc, "history", list, where=where, default=[])
+    if not all(isinstance(d, str) for d in diff_ids) or not all(
+        isinstance(h, dict) for h in history
+    ):
+        raise StateError("an image config with a malformed rootfs or history", where=where,
+                         fix="remove the kept config; k3env writes it again")  # fmt: skip
+    return BaseImage(
+        id=engine_id,
+        created=jsontext.field(doc, "created", str, where=where),
+        architecture=jsontext.field(doc, "architecture", str, where=where),
+        os=jsontext.field(doc, "os", str, where=where),
+        variant=jsontext.field(doc, "variant", str, where=where, default=None),
+        config=jsontext.field(doc, "config", dict, where=where, default={}),
+        diff_ids=tuple(diff_ids),
+        history=tuple(
+            HistoryEntry(
+                created=str(h.get("created") or ""),
+                created_by=str(h.get("created_by") or ""),
+                comment=str(h.get("comment") or ""),
+                empty_layer=bool(h.get("empty_layer")),
+            )
+            for h in history
+        ),
+    )
+
+
 def _history_json(h: HistoryEntry) -> dict[str, Any]:
     out: dict[str, Any] = {"created": h.created, "created_by": h.created_by}
     if h.comment:
@@ -161,30 +210,6 @@ def assemble(
         layer_tar=tar,
         diff_id=diff_id,
     )
-
-
-def docker_archive(assembled: Assembled, base_diff_ids: Sequence[str]) -> bytes:
-    """A ``docker load`` archive holding only the config and the new layer.
-
-    The manifest still lists every layer: the base's are found in the engine's layer store
-    by chain ID, so their (absent) files are never opened. No ``RepoTags``: the builder tags
-    only after it has checked the loaded image's ID.
-    """
-    layers = [f"{d.split(':', 1)[1]}/layer.tar" for d in (*base_diff_ids, assembled.diff_id)]
-    config_name = assembled.image_id.split(":", 1)[1] + ".json"
-    manifest = [{"Config": config_name, "RepoTags": None, "Layers": layers}]
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for name, data in (
-            (config_name, assembled.config_json),
-            (layers[-1], assembled.layer_tar),
-            ("manifest.json", jsontext.dumps(manifest, sort_keys=False).encode()),
-        ):
-            info = tarfile.TarInfo(name)
-            info.size = len(data)
-            info.mtime = 0
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
 
 
 def tree_layer(
@@ -240,24 +265,77 @@ def write_tree(
                 tar.addfile(info)
 
 
-def archive_parts(
-    config_json: bytes, layer: Path, diff_ids: Sequence[str]
-) -> tuple[str, tuple[bytes | Path, ...]]:
-    """The ``docker load`` archive of ``archive_file`` as pieces to send one after the other
-    (the layer file itself among them, never copied), and the image ID. The layer file may be
-    gzip'd: the engine decompresses a layer it loads, and checks it against its diff ID."""
-    image_id = sha256_digest(config_json)
-    layers = [f"{d.split(':', 1)[1]}/layer.tar" for d in diff_ids]
-    config_name = image_id.split(":", 1)[1] + ".json"
-    manifest = jsontext.dumps(
-        [{"Config": config_name, "RepoTags": None, "Layers": layers}], sort_keys=False
-    ).encode()
-    head = b""
-    for name, data in ((config_name, config_json), ("manifest.json", manifest)):
-        head += _member(name, len(data)) + data + _padding(len(data))
-    size = layer.stat().st_size
+def load_archive(
+    config_json: bytes,
+    diff_ids: Sequence[str],
+    layer: Described,
+    data: bytes | Path,
+    base_layers: Sequence[Described] | None,
+) -> tuple[ImageNames, Manifest | None, tuple[bytes | Path, ...]]:
+    """The ``docker load`` archive of an image k3env wrote, as pieces to send one after the
+    other (``data``, the last layer's blob ``layer``, among them as it is, never copied),
+    with the image's names and manifest.
+
+    One archive for both image stores, the same bytes for both. It holds the config, the last
+    layer's blob and, when the base's manifest layers are known (``base_layers``), the OCI
+    manifest naming them and this layer, as an OCI image layout (``oci-layout``, ``index.json``,
+    ``blobs/sha256/``); beside it, ``manifest.json`` names the same config and blobs as a
+    docker-archive. The classic store reads only ``manifest.json`` and finds the base's layers
+    in its layer store by chain ID (their absent files are never opened); the containerd store
+    reads the layout when there is one (containerd core/images/archive/importer.go) and finds
+    the base's blobs in its content store, where the base's own load or pull put them. The
+    index names no image (no ``org.opencontainers.image.ref.name``): the engine answers
+    ``Loaded image ID``, and k3env tags only after it has checked that ID
+    (``naming.engine_id``). ``diff_ids`` is the config's ``rootfs.diff_ids``; ``data`` may be
+    gzip'd (the engine checks what it unpacks against the last diff ID)."""
+    config_name = _blob_name(sha256_digest(config_json))
+    known = base_layers is not None and len(base_layers) == len(diff_ids) - 1
+    names = (
+        [_blob_name(b.digest) for b in base_layers or ()]
+        if known
+        else [_blob_name(d) for d in diff_ids[:-1]]
+    )
+    docker = [
+        {"Config": config_name, "RepoTags": None, "Layers": [*names, _blob_name(layer.digest)]}
+    ]
+    members = [(config_name, config_json)]
+    manifest = None
+    if known:
+        assert base_layers is not None
+        config = Descriptor(digest=sha256_digest(config_json), size=len(config_json),
+                            media_type=CONFIG_MEDIA_TYPE)  # fmt: skip
+        manifest = manifest_of(config, [*base_layers, layer])
+        index = {
+            "schemaVersion": 2,
+            "mediaType": INDEX_MEDIA_TYPE,
+            "manifests": [
+                {"mediaType": MANIFEST_MEDIA_TYPE, "digest": manifest.digest,
+                 "size": len(manifest.body)}
+            ],
+        }  # fmt: skip
+        members += [
+            (_blob_name(manifest.digest), manifest.body),
+            ("index.json", jsontext.dumps(index, compact=True).encode()),
+        ]
+    members.append(("manifest.json", jsontext.dumps(docker, sort_keys=False).encode()))
+    if known:
+        members.append(("oci-layout", jsontext.dumps(OCI_LAYOUT, compact=True).encode()))
+    head = b"".join(_member(name, len(d)) + d + _padding(len(d)) for name, d in members)
+    size = len(data) if isinstance(data, bytes) else data.stat().st_size
+    if size != layer.size:
+        raise StateError(
+            f"the layer blob {layer.digest[:19]} is {size} bytes, its descriptor says {layer.size}",
+            where=str(data) if isinstance(data, Path) else "the assembled layer",
+            fix="build again (the kept blob changed under k3env)",
+        )
     tail = _padding(size) + b"\0" * (2 * tarfile.BLOCKSIZE)
-    return image_id, (head + _member(layers[-1], size), layer, tail)
+    image = ImageNames(config=sha256_digest(config_json),
+                       manifest=manifest.digest if manifest else None)  # fmt: skip
+    return image, manifest, (head + _member(_blob_name(layer.digest), size), data, tail)
+
+
+def _blob_name(digest: str) -> str:
+    return f"blobs/sha256/{digest_hex(digest)}"
 
 
 def _member(name: str, size: int) -> bytes:
@@ -268,17 +346,3 @@ def _member(name: str, size: int) -> bytes:
 
 def _padding(size: int) -> bytes:
     return b"\0" * (-size % tarfile.BLOCKSIZE)
-
-
-def archive_file(config_json: bytes, layer: Path, diff_ids: Sequence[str], out: Path) -> str:
-    """A ``docker load`` archive at ``out`` holding the config and one layer file (the last
-    of ``diff_ids``); the others are the base's, found by chain ID. Returns the image ID."""
-    image_id, parts = archive_parts(config_json, layer, diff_ids)
-    with out.open("wb") as f:
-        for part in parts:
-            if isinstance(part, Path):
-                with part.open("rb") as src:
-                    shutil.copyfileobj(src, f, 1 << 20)
-            else:
-                f.write(part)
-    return image_id

@@ -46,7 +46,9 @@ def source_wheels(
     source = pin.source
     if source is None:
         return pin
-    key = canonical_sha256({"format": SOURCE_FORMAT, "base": base.image.id, "source": pin.identity})
+    key = canonical_sha256(
+        {"format": SOURCE_FORMAT, "base": base.config_digest, "source": pin.identity}
+    )
     wheelhouse = state.path("wheels")
     record = state.read_record("source-wheels", key)
     if isinstance(record, dict):

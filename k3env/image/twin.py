@@ -34,21 +34,27 @@ from k3env.config.pinned_files import verify_pinned_file
 from k3env.config.pins import BasePin, Lock, TwinPin
 from k3env.config.shapes import DEFAULT_PLATFORM, MACHINES, platform_option
 from k3env.engine import registry
+from k3env.engine.naming import CLASSIC, ImageNames
 from k3env.engine.protocol import BaseImage, Engine
 from k3env.engine.registry import manifest_exists, refuse_to_move
-from k3env.errors import EngineError, LockError
+from k3env.errors import EngineError, LockError, StateError
 from k3env.hashing import canonical_sha256, file_sha256
 from k3env.image.bases import ResolvedBase
 from k3env.image.blobs import (
     MANIFEST_MEDIA_TYPE,
+    Blob,
+    Manifest,
     keep_config,
     keep_layer,
+    keep_manifest,
     kept_config,
     kept_layer,
-    oci_manifest,
+    manifest_for_config,
+    manifest_of,
 )
+from k3env.image.identity import identify, know
 from k3env.image.install import Native, load_checked
-from k3env.image.layer import archive_file, archive_parts, tree_layer
+from k3env.image.layer import load_archive, tree_layer
 from k3env.image.twindebian import (
     arch_of,
     debootstrap_argv,
@@ -168,11 +174,17 @@ def _date(epoch: int) -> str:
 def ensure_stage1(
     lock: Lock, p: TwinPlan, engine: Engine, log: Log, state: State | None = None
 ) -> str:
-    """Stage 1's image ID, built where the engine lacks it; with ``state``, its registry form
-    is kept as it is built (the twin's push sends it)."""
-    image = engine.inspect(p.stage1_ref)
-    if image is not None:
-        return image.id
+    """Stage 1's image ID in the engine, built where the engine lacks it (or holds it and
+    k3env cannot name it there: a containerd store's image whose manifest is not kept); with
+    ``state``, its registry form is kept as it is built (the twin's push sends it)."""
+    if state is not None:
+        known = know(engine, state, p.stage1_ref)
+        if known is not None:
+            return known.engine_id
+    else:
+        image = engine.inspect(p.stage1_ref)
+        if image is not None and engine.image_store() == CLASSIC:
+            return image.id
     twin = twin_pin(lock, p.platform)
     with tempfile.TemporaryDirectory(prefix="k3env-twin-") as tmp:
         root = Path(tmp) / "rootfs"
@@ -203,7 +215,7 @@ def ensure_stage1(
         for name in ("etc/hostname", "etc/resolv.conf"):
             (root / name).unlink(missing_ok=True)
             (root / name).write_text("")
-        layer, archive = Path(tmp) / "layer.tar", Path(tmp) / "image.tar"
+        layer = Path(tmp) / "layer.tar"
         with log.step(f"assemble {p.stage1_ref} (one layer, dated {_date(p.epoch)})"):
             diff_id = tree_layer(root, layer, mtime=p.epoch)
             created = _date(p.epoch)
@@ -222,10 +234,13 @@ def ensure_stage1(
                     }
                 ],
             }
-            image_id = archive_file(_json(config), layer, [diff_id], archive)
-        if state is not None:
-            _keep(state, layer, diff_id, _json(config), log)
-        return load_checked(engine, archive, image_id, p.stage1_ref, log)
+        # The engine is sent the layer's registry form (gzip, stored blocks): the blob the
+        # twin's manifest names, in the content store of a containerd engine.
+        blob = _keep(state or State(Path(tmp) / "state"), layer, diff_id, _json(config), log)
+        names, manifest, parts = load_archive(_json(config), [diff_id], blob, blob.path, [])
+        if state is not None and manifest is not None:
+            keep_manifest(state, manifest)
+        return load_checked(engine, parts, names, p.stage1_ref, log)
 
 
 def _foreign_debootstrap(twin: TwinPin, root: Path, p: TwinPlan, log: Log) -> None:
@@ -268,9 +283,20 @@ def build_twin(
     built, for the push that follows)."""
     p = plan(lock, platform)
     found = engine.lookup(p.reference)
-    if found is not None and found.labels.get(LABEL) == p.inputs:
+    if found is not None and found.labels.get(LABEL) == p.inputs and _named(engine, state, p):
         return found.id
     return _stage2(lock, p, engine, state, log, send_blobs=send_blobs)
+
+
+def _named(engine: Engine, state: State, p: TwinPlan) -> ImageNames | None:
+    """The names of the twin the engine holds under ``p.reference`` (``None``: it holds none,
+    or one k3env cannot name there: built again)."""
+    found = engine.lookup(p.reference)
+    if found is None:
+        return None
+    named = identify(engine.image_store(), state, found.id,
+                     repository=p.reference.rsplit(":", 1)[0])  # fmt: skip
+    return named[0] if named is not None else None
 
 
 def _stage2(
@@ -279,10 +305,21 @@ def _stage2(
     with tempfile.TemporaryDirectory(prefix="k3env-twin-") as tmp:
         made = _stage2_layer(lock, p, engine, state, log, Path(tmp), keep=True, send=send_blobs)
         config = _json(_stage2_config(made.stage1, made.diff_id, p))
-        # The layer's file goes to the engine as it is (its registry form: stored gzip).
-        image_id, parts = archive_parts(config, made.path, [*made.stage1.diff_ids, made.diff_id])
+        # The layer's file goes to the engine as it is (its registry form: stored gzip), named
+        # by the manifest a push of the twin sends (``publish_kept``).
+        blob = kept_layer(state, made.diff_id, TWIN_LEVEL)
+        if blob is None or blob.path != made.path:
+            raise StateError("the twin's layer was not kept as it was written",
+                             where=str(made.path), fix="run `k3env twin` again")  # fmt: skip
+        below = [kept_layer(state, d, TWIN_LEVEL) for d in made.stage1.diff_ids]
+        layers = None if any(b is None for b in below) else [b for b in below if b is not None]
+        names, manifest, parts = load_archive(
+            config, [*made.stage1.diff_ids, made.diff_id], blob, made.path, layers
+        )
         keep_config(state, config)
-        return load_checked(engine, parts, image_id, p.reference, log)
+        if manifest is not None:
+            keep_manifest(state, manifest)
+        return load_checked(engine, parts, names, p.reference, log)
 
 
 # The twin's layers are kept as gzip members of stored blocks (zlib level 0), not compressed:
@@ -293,11 +330,31 @@ def _stage2(
 TWIN_LEVEL = 0
 
 
-def _keep(state: State, layer: Path, diff_id: str, config: bytes, log: Log) -> None:
+def _keep(state: State, layer: Path, diff_id: str, config: bytes, log: Log) -> Blob:
     size = layer.stat().st_size
     with log.step(f"keep the registry form of layer {diff_id[7:19]} ({size / 1e6:.0f} MB)"):
-        keep_layer(state, layer, diff_id, level=TWIN_LEVEL)
+        blob = keep_layer(state, layer, diff_id, level=TWIN_LEVEL)
         keep_config(state, config)
+    return blob
+
+
+def twin_manifest(state: State, config_digest: str) -> Manifest | None:
+    """The manifest of a twin image (either stage) k3env wrote: kept as it was loaded, else
+    made again from its kept config and layers (an image loaded before manifests were kept);
+    ``None`` when one is not kept."""
+    kept = manifest_for_config(state, config_digest)
+    if kept is not None:
+        return kept
+    config = kept_config(state, config_digest)
+    if config is None:
+        return None
+    diff_ids = json.loads(config.path.read_bytes())["rootfs"]["diff_ids"]
+    layers = [kept_layer(state, d, TWIN_LEVEL) for d in diff_ids]
+    if any(b is None for b in layers):
+        return None
+    manifest = manifest_of(config, [b for b in layers if b is not None])
+    keep_manifest(state, manifest)
+    return manifest
 
 
 def publish_kept(reference: str, image_id: str, state: State, log: Log) -> str | None:
@@ -305,20 +362,22 @@ def publish_kept(reference: str, image_id: str, state: State, log: Log) -> str |
     manifest digest, or ``None`` when one is not kept (an image built before, or a stage 1
     built without a state), which the engine then pushes."""
     config = kept_config(state, image_id)
-    if config is None:
+    manifest = twin_manifest(state, image_id)
+    if config is None or manifest is None:
         return None
     diff_ids = json.loads(config.path.read_bytes())["rootfs"]["diff_ids"]
     layers = [kept_layer(state, d, TWIN_LEVEL) for d in diff_ids]
-    if any(b is None for b in layers):
-        return None
     blobs = [b for b in layers if b is not None]
+    if len(blobs) != len(diff_ids) or [b.digest for b in blobs] != [
+        d.digest for d in manifest.layers
+    ]:
+        return None
     repository, tag = reference.rsplit(":", 1)
     for blob in [*blobs, config]:
         if not registry.blob_exists(repository, blob.digest):
             with log.step(f"send {blob.digest[7:19]} ({blob.size / 1e6:.0f} MB)"):
                 registry.put_blob(repository, blob.digest, blob.path)
-    body = oci_manifest(config, blobs)
-    return registry.put_manifest(repository, tag, body, MANIFEST_MEDIA_TYPE)
+    return registry.put_manifest(repository, tag, manifest.body, MANIFEST_MEDIA_TYPE)
 
 
 def stage2_diff_id(
@@ -338,7 +397,8 @@ def _stage1_image(
     lock: Lock, p: TwinPlan, engine: Engine, log: Log, state: State | None = None
 ) -> BaseImage:
     stage1_id = ensure_stage1(lock, p, engine, log, state)
-    stage1 = engine.inspect(stage1_id)
+    known = know(engine, state, stage1_id) if state is not None else None
+    stage1 = known.image if known is not None else engine.inspect(stage1_id)
     if stage1 is None:
         raise EngineError("stage 1 vanished", where=p.stage1_ref, fix="run `k3env twin` again")
     return stage1
@@ -427,6 +487,7 @@ def ensure_twin(
     record = state.read_record("twin", p.inputs)
     found = engine.lookup(p.reference)
     built = found is not None and found.labels.get(LABEL) == p.inputs
+    built = built and _named(engine, state, p) is not None
     if (
         built
         and record
@@ -437,15 +498,16 @@ def ensure_twin(
     if not built:
         build_twin(lock, engine, state, log, platform, send_blobs=True)
     repository, tag = p.reference.rsplit(":", 1)
-    image = engine.lookup(p.reference)
-    if image is None:
+    names = _named(engine, state, p)
+    if names is None:
         raise EngineError("twin image vanished", where=p.reference, fix="run `k3env twin` again")
-    if refuse_to_move(repository, tag, image.id) == image.id:  # pushed before: it stays
+    # The registry names an image's config by its digest, whatever the engine calls it.
+    if refuse_to_move(repository, tag, names.config) == names.config:  # pushed before: stays
         digest = registry.resolve_digest(repository, tag)
     else:
         with log.step(f"push {p.reference}"):
             digest = (
-                publish_kept(p.reference, image.id, state, log)
+                publish_kept(p.reference, names.config, state, log)
                 or engine.push(repository, tag, log.live).digest
             )
     state.write_record({"reference": p.reference, "digest": digest}, "twin", p.inputs)
@@ -461,7 +523,9 @@ def twin_base(
     platform: str = DEFAULT_PLATFORM,
 ) -> ResolvedBase:
     reference, digest = ensure_twin(lock, engine, state, log, platform)
-    image = engine.inspect(reference)
-    if image is None:
+    known = know(engine, state, reference, repository=reference.rsplit(":", 1)[0])
+    if known is None:
         raise EngineError("twin image vanished", where=reference, fix="run `k3env twin` again")
-    return ResolvedBase(pin=pin, reference=reference, name=reference, digest=digest, image=image)
+    manifest = known.manifest or twin_manifest(state, known.names.config)
+    return ResolvedBase(pin=pin, reference=reference, name=reference, digest=digest,
+                        image=known.image, manifest=manifest)  # fmt: skip
