@@ -3,54 +3,65 @@
 # docker.io 28.5.2 with containerd 2.1.9, in a debootstrapped sid root, with its own socket,
 # data root, exec root and bridge. The host's dockerd, its socket and docker0 are not touched.
 #
-#   bash scripts/engine28.sh [containerd|classic]     # as root, on a Debian 12 host
+#   bash scripts/engine28.sh [containerd|classic] [NAME]    # as root, on a Debian 12 host
 #
 # containerd (the default): the containerd image store (`features.containerd-snapshotter`),
 # what Docker 29 uses on a new install; an image's ID is its manifest digest there.
 # classic: the graph-driver store (overlay2), where an image's ID is its config digest.
-# Both can run at once (one socket each). The last line printed is the DOCKER_HOST to use:
+# Both can run at once (one socket each; NAME, default the store, names another engine of its
+# own: tests start one and purge it). The last line printed is the DOCKER_HOST to use:
 #
 #   export "$(bash scripts/engine28.sh containerd | tail -n 1)"
 #
 # Idempotent: the sid root is made once under /var/lib/k3env-docker28 (a second run only
-# checks the mounts and the daemon, ~1 s); `K3ENV_DOCKER28_STOP=1` stops that store's daemon
-# (its data root stays: images survive a restart). How it runs, and why each mount is there:
+# checks the mounts and the daemon, ~1 s); `K3ENV_DOCKER28_STOP=1` stops that engine (its data
+# root stays, images survive a restart; `K3ENV_DOCKER28_PURGE=1` removes it too). How it runs, and why each mount is there:
 # ../shared/upstream/README.md, "Newer engines and Slurm from Debian's own packages".
 set -euo pipefail
 
 store="${1:-containerd}"
+name="${2:-$store}"   # another name: another engine (socket, data root, bridge) on the same root
 case "$store" in
   containerd) snapshotter=true ;;
   classic) snapshotter=false ;;
-  *) echo "usage: $0 [containerd|classic]" >&2; exit 2 ;;
+  *) echo "usage: $0 [containerd|classic] [NAME]" >&2; exit 2 ;;
+esac
+case "$name" in
+  *[!a-z0-9-]* | "") echo "$0: NAME is lower-case letters, digits and '-'" >&2; exit 2 ;;
 esac
 [ "$(id -u)" = 0 ] || { echo "$0: run as root (debootstrap, chroot, mounts, a bridge)" >&2; exit 2; }
 
 top=/var/lib/k3env-docker28
 root="$top/root"
-run="/run/k3env-docker28/$store"          # socket, exec root and pidfile (host path)
-data="/var/lib/k3env-docker28-data/$store"  # the data root (host path, bound at the same path)
+run="/run/k3env-docker28/$name"           # socket, exec root and pidfile (host path)
+data="/var/lib/k3env-docker28-data/$name"  # the data root (host path, bound at the same path)
 sock="$run/docker.sock"
-log="$top/$store.log"
-bridge="k3e28-${store:0:5}"                 # at most 15 characters
+log="$top/$name.log"
+bridge="k3e28-${name:0:9}"                 # an interface name has at most 15 characters
 host="unix://$sock"
 
 ping() { curl -fsS --max-time 3 --unix-socket "$sock" http://d/_ping >/dev/null 2>&1; }
 say() { echo "+ $*" >&2; }
 
+# K3ENV_DOCKER28_STOP=1: stop this engine and take its bridge away; with K3ENV_DOCKER28_PURGE=1
+# also its data root and its mounts in the root (a test's engine: nothing of it stays).
 if [ "${K3ENV_DOCKER28_STOP:-}" = 1 ]; then
   if [ -f "$run/dockerd.pid" ] && kill -0 "$(cat "$run/dockerd.pid")" 2>/dev/null; then
     pid="$(cat "$run/dockerd.pid")"
-    say "kill $pid (dockerd 28, $store)"
+    say "kill $pid (dockerd 28, $name)"
     kill "$pid"
     for _ in $(seq 1 120); do kill -0 "$pid" 2>/dev/null || break; sleep 0.5; done
+    kill -0 "$pid" 2>/dev/null && { echo "$0: dockerd $pid did not stop" >&2; exit 1; }
   fi
   ip link del "$bridge" 2>/dev/null || true
-  exit 0
-fi
-
-if ping; then  # already up: nothing to do
-  echo "DOCKER_HOST=$host"
+  if [ "${K3ENV_DOCKER28_PURGE:-}" = 1 ]; then
+    for d in "$root$data" "$root$run"; do
+      if mountpoint -q "$d"; then umount -R "$d"; fi
+      rmdir "$d" 2>/dev/null || true
+    done
+    say "rm -rf $data $run"
+    rm -rf "$data" "$run" "$log" "$root/etc/k3env-docker28/$name.json"
+  fi
   exit 0
 fi
 
@@ -121,7 +132,7 @@ if [ ! -e "/sys/class/net/$bridge" ]; then
   ip link add "$bridge" type bridge
 fi
 mkdir -p "$root/etc/k3env-docker28"
-conf="/etc/k3env-docker28/$store.json"
+conf="/etc/k3env-docker28/$name.json"
 printf '{"bridge": "%s", "iptables": false, "ip6tables": false, "features": {"containerd-snapshotter": %s}}\n' \
   "$bridge" "$snapshotter" >"$root$conf"
 rm -f "$sock" "$run/dockerd.pid"
