@@ -10,7 +10,7 @@ an encrypted sigstore key) is not read: convert it, or make one with openssl (RE
 from __future__ import annotations
 
 import base64
-import json
+import binascii
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -22,10 +22,17 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from k3env import jsontext
-from k3env.errors import ConfigError
+from k3env.errors import CheckFailed, ConfigError, K3envError
 from k3env.files import read_input
 
 INTOTO = "application/vnd.in-toto+json"
+# An envelope and the statement in it are others' JSON: read within a budget of bytes and of
+# nesting (k3env's statement nests 7 deep; the envelope 3), never parsed by recursion past it.
+ENVELOPE_LIMIT = 16 << 20
+ENVELOPE_DEPTH = 4
+STATEMENT_DEPTH = 32
+MAX_SIGNATURES = 16
+ENVELOPE_FIX = "sign the export again (k3env export --sign-key KEY.pem), or fetch its files again"
 KEY_FIX = (
     "make a key pair with openssl: `openssl ecparam -name prime256v1 -genkey -noout | openssl "
     "pkcs8 -topk8 -nocrypt -out k3env.key && openssl ec -in k3env.key -pubout -out k3env.pub`"
@@ -99,20 +106,48 @@ def envelope(key: SigningKey, payload: bytes, payload_type: str = INTOTO) -> byt
     return (jsontext.dumps(doc, compact=True) + "\n").encode()
 
 
-def open_envelope(key: VerifyKey | None, data: bytes) -> tuple[Any, str]:
-    """The payload of a DSSE envelope (parsed JSON), and how its signature stands: ``signed``,
-    ``unsigned`` (no key given: not checked), or why it was refused (``ValueError``)."""
+def open_envelope(
+    key: VerifyKey | None, data: bytes, *, where: str = "the DSSE envelope"
+) -> tuple[dict[str, Any], str]:
+    """The payload of a DSSE envelope (a JSON object), and how its signature stands:
+    ``signed``, or ``unsigned`` (no key given: not checked). Refused (``CheckFailed`` naming
+    why): not an envelope, its payload not a JSON object, either over its budget of bytes or
+    nesting, or (with a key) no signature in it the key's."""
     try:
-        doc = json.loads(data[: 64 << 20])
-        kind, payload = str(doc["payloadType"]), base64.b64decode(doc["payload"], validate=True)
-        sigs = [str(s["sig"]) for s in doc["signatures"][:16]]
-        statement = json.loads(payload)
-    except (ValueError, KeyError, TypeError) as e:
-        raise ValueError(f"not a DSSE envelope ({type(e).__name__}: {str(e)[:120]})") from e
+        doc = jsontext.loads(data, where=where, limit=ENVELOPE_LIMIT, max_depth=ENVELOPE_DEPTH,
+                             error=CheckFailed)  # fmt: skip
+        kind = jsontext.field(doc, "payloadType", str, where=where, error=CheckFailed)
+        encoded = jsontext.field(doc, "payload", str, where=where, error=CheckFailed)
+        listed = jsontext.field(doc, "signatures", list, where=where, error=CheckFailed)
+        sigs = _signatures(listed, where)
+        payload = base64.b64decode(encoded, validate=True)
+    except binascii.Error as e:
+        raise CheckFailed(f"not a DSSE envelope (its payload is not base64: {e})", where=where,
+                          fix=ENVELOPE_FIX) from e  # fmt: skip
+    except K3envError as e:
+        raise CheckFailed(f"not a DSSE envelope ({e.message})", where=where,
+                          fix=ENVELOPE_FIX) from e  # fmt: skip
     if kind != INTOTO:
-        raise ValueError(f"payloadType {kind[:80]!r}, not {INTOTO}")
-    if key is None:
-        return statement, "unsigned"
-    if not any(key.verify(pae(kind, payload), s) for s in sigs):
-        raise ValueError("no signature in the envelope is the given key's")
-    return statement, "signed"
+        raise CheckFailed(f"payloadType {kind[:80]!r}, not {INTOTO}", where=where,
+                          fix=ENVELOPE_FIX)  # fmt: skip
+    if key is not None and not any(key.verify(pae(kind, payload), s) for s in sigs):
+        raise CheckFailed("no signature in the envelope is the given key's", where=where,
+                          fix="check it with the public key of the key that signed it")  # fmt: skip
+    try:
+        statement = jsontext.loads(payload, where=where, limit=ENVELOPE_LIMIT,
+                                   max_depth=STATEMENT_DEPTH, error=CheckFailed)  # fmt: skip
+    except K3envError as e:
+        raise CheckFailed(f"its payload is not an in-toto statement k3env reads ({e.message})",
+                          where=where, fix=ENVELOPE_FIX) from e  # fmt: skip
+    return statement, "unsigned" if key is None else "signed"
+
+
+def _signatures(listed: list[Any], where: str) -> list[str]:
+    """The ``sig`` of each of an envelope's first ``MAX_SIGNATURES`` signatures."""
+    sigs = []
+    for i, entry in enumerate(listed[:MAX_SIGNATURES]):
+        sig = entry.get("sig") if isinstance(entry, dict) else None
+        if not isinstance(sig, str):
+            raise CheckFailed(f"signatures[{i}] is not an object with a string 'sig'", where=where)
+        sigs.append(sig)
+    return sigs

@@ -383,7 +383,7 @@ def test_check_with_a_key_lists_the_image_once_and_reads_the_file_once(
     argv = ["export", "--lock", "pins/test.lock.toml", "--check", str(exported)]
     assert main([*argv, "--key", str(pub_path)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert sum("-llc" in c for c in commands) == 1
+    assert sum("-lln" in c for c in commands) == 1
     assert len(opened) == 1
     assert lines[-3:] == [
         "passed      sbom: made again from the file, byte-identical (2 components)",
@@ -396,7 +396,7 @@ def test_check_with_a_key_lists_the_image_once_and_reads_the_file_once(
     commands.clear()
     opened.clear()
     assert main(argv) == 0
-    assert sum("-llc" in c for c in commands) == 1 and len(opened) == 1
+    assert sum("-lln" in c for c in commands) == 1 and len(opened) == 1
     # Another key: exit 4, each refusal named.
     _, _, other = keypair(tmp_path, "other")
     assert main([*argv, "--key", str(other)]) == 4
@@ -455,3 +455,87 @@ def test_verify_key_fails_the_command_on_a_wrong_key_and_reports_gates_per_image
     assert main(["verify", "--lock", "pins/test.lock.toml"], engine=fake_engine) == 0
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("probe sbom: ")]
     assert "sbom signature not checked (no --key given)" in line
+
+
+_MEASURED = """
+import resource, runpy, sys
+sys.argv = ["k3env", *sys.argv[1:]]
+try:
+    runpy.run_module("k3env", run_name="__main__", alter_sys=True)
+finally:
+    print(f"maxrss_kib={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}", file=sys.stderr)
+"""
+DEEP = 10_000
+
+
+def _deep_statement(key: SigningKey) -> bytes:
+    """An envelope the key signed whose statement nests 10,000 deep."""
+    from k3env.signing import envelope
+
+    return envelope(key, b'{"subject": ' + b"[" * DEEP + b"]" * DEEP + b"}")
+
+
+@pytest.mark.parametrize("with_key", [True, False], ids=["key", "no-key"])
+def test_a_10000_deep_statement_is_refused_in_words_with_or_without_a_key(
+    exported: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str], with_key: bool
+) -> None:
+    """`export --check` of a statement nested 10,000 deep, signed by the key (so it is read
+    past its signature), or an envelope itself that deep: the provenance gate fails naming
+    the budget, exit 4, no RecursionError."""
+    from k3env.cli import main
+
+    key, _, pub_path = keypair(tmp_path, "k3env")
+    signed(exported, key)
+    argv = ["export", "--lock", "pins/test.lock.toml", "--check", str(exported)]
+    argv += ["--key", str(pub_path)] if with_key else []
+    for data, says in (
+        (_deep_statement(key), "refused: its payload is not an in-toto statement k3env reads "
+         "(JSON nested deeper than 32 levels; not read)"),
+        (b"[" * DEEP + b"]" * DEEP, "refused: not a DSSE envelope (JSON nested deeper than 4 "
+         "levels; not read)"),
+        (b'{"payloadType": "application/vnd.in-toto+json", "payload": 7, "signatures": []}',
+         "refused: not a DSSE envelope ('payload' is a JSON integer, not a string)"),
+    ):  # fmt: skip
+        beside(exported, STATEMENT_SUFFIX).write_bytes(data)
+        assert main(argv) == 4
+        err = capsys.readouterr().err
+        assert f"provenance: {says}" in err, err
+        assert "Traceback" not in err and "RecursionError" not in err
+    # A statement whose subject is not where k3env reads it: named, not a KeyError.
+    from k3env.signing import envelope
+
+    beside(exported, STATEMENT_SUFFIX).write_bytes(envelope(key, b'{"subject": {"x": 1}}'))
+    assert main(argv) == 4
+    assert "provenance: refused: its statement has no string at subject[0]" in (
+        capsys.readouterr().err
+    )
+
+
+@pytest.mark.parametrize("case", ["deep-statement", "1-GiB-sbom", "1-GiB-statement"])
+def test_others_files_beside_an_export_are_read_within_budgets_of_memory(
+    exported: Path, tmp_path: Path, case: str
+) -> None:
+    """`export --check --key` in a process of its own: a 10,000-deep statement, or a 1 GiB
+    SBOM or statement (sparse) beside the file: refused in words, exit 4, peak RSS under
+    512 MB, no traceback."""
+    import sys
+
+    key, _, pub_path = keypair(tmp_path, "k3env")
+    signed(exported, key)
+    if case == "deep-statement":
+        beside(exported, STATEMENT_SUFFIX).write_bytes(_deep_statement(key))
+        says = "JSON nested deeper than 32 levels"
+    else:
+        suffix = SBOM_SUFFIX if case == "1-GiB-sbom" else STATEMENT_SUFFIX
+        with beside(exported, suffix).open("r+b") as f:
+            f.truncate(1 << 30)
+        says = "not read: it has 1,073,741,824 bytes, more than the"
+    done = subprocess.run(
+        [sys.executable, "-c", _MEASURED, "export", "--lock", "pins/test.lock.toml", "--check",
+         str(exported), "--key", str(pub_path)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    err, _, rss = done.stderr.rpartition("maxrss_kib=")
+    assert done.returncode == 4, err
+    assert says in err and "Traceback" not in err, err
+    assert int(rss) < 512 * 1024, f"peak RSS {int(rss) >> 10} MiB"
