@@ -24,7 +24,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from k3env.handoff.squashfs_check import Squashfs, _record_items  # noqa: E402
+from k3env.handoff.squashfs import Squashfs  # noqa: E402
+from k3env.handoff.squashfs_check import _record_items  # noqa: E402
 from k3env.log import Log  # noqa: E402
 
 SITE = "usr/lib/python3/dist-packages"

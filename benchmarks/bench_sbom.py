@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from k3env.handoff.sbom import sbom  # noqa: E402
-from k3env.handoff.squashfs_check import Squashfs  # noqa: E402
+from k3env.handoff.squashfs import Squashfs  # noqa: E402
 from k3env.log import Log  # noqa: E402
 
 GOAL_N, GOAL_S = 20_000, 5.0

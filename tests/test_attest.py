@@ -26,7 +26,7 @@ from k3env.handoff.attest import (
     hashed,
 )
 from k3env.handoff.enroot_export import export_image
-from k3env.handoff.squashfs_check import Squashfs
+from k3env.handoff.squashfs import Squashfs
 from k3env.image.build import make_builder
 from k3env.log import Log
 from k3env.signing import SigningKey, VerifyKey, load_signing_key, load_verify_key

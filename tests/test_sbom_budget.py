@@ -19,8 +19,9 @@ from typing import Any
 import pytest
 
 from k3env.errors import ConfigError
+from k3env.handoff.provenance import Provenance, provenance_of
 from k3env.handoff.sbom import Package, _image, _package, _pins, render, sbom
-from k3env.handoff.squashfs_check import Provenance, Squashfs, provenance_of
+from k3env.handoff.squashfs import Squashfs
 from k3env.log import Log
 
 QUIET = Log(quiet=True)

@@ -28,7 +28,8 @@ from k3env.cli import main
 from k3env.config.lock import load_lock
 from k3env.errors import UntrustedFileError
 from k3env.handoff.recipe import to_yaml
-from k3env.handoff.squashfs_check import Squashfs, check_squashfs
+from k3env.handoff.squashfs import Squashfs
+from k3env.handoff.squashfs_check import check_squashfs
 from k3env.handoff.srt import copy_checkout
 from k3env.log import Log
 
@@ -470,7 +471,7 @@ def test_a_directory_of_many_wanted_files_is_extracted_whole_without_its_links(
     """unsquashfs matches a directory's entries against the extract list one by one: a
     directory of WHOLE_DIR or more wanted files is named whole (linear in files), and its
     link, FIFO and the link in its subdirectory are excluded by name: never created."""
-    from k3env.handoff.squashfs_check import WHOLE_DIR, Squashfs, _extract_lists
+    from k3env.handoff.squashfs import WHOLE_DIR, Squashfs, _extract_lists
 
     tree = tmp_path / "tree"
     flat = tree / "site" / "flat"

@@ -59,7 +59,8 @@ def run(args: argparse.Namespace, app: App) -> int:
     from k3env.handoff.enroot import cluster_commands
     from k3env.handoff.enroot_export import export_image
     from k3env.handoff.push import last_push
-    from k3env.handoff.squashfs_check import Squashfs, check_image, require_ok
+    from k3env.handoff.squashfs import Squashfs
+    from k3env.handoff.squashfs_check import check_image, require_ok
     from k3env.signing import load_verify_key
 
     if args.key is not None and not args.check:
@@ -111,7 +112,7 @@ def _attest(exported: Any, key_path: Path, pushed: Any, log: Any) -> dict[str, A
     as OCI referrers when it was pushed (else said)."""
     from k3env.handoff.attest import CYCLONEDX, attest
     from k3env.handoff.referrers import Artifact, attach
-    from k3env.handoff.squashfs_check import Squashfs
+    from k3env.handoff.squashfs import Squashfs
     from k3env.signing import load_signing_key
 
     sqsh = Path(exported.path)

@@ -98,7 +98,7 @@ def _provenance(sqsh: Path, app: App) -> bytes | None:
     """k3env's provenance file, read from the export (no mount)."""
     import tempfile
 
-    from k3env.handoff.squashfs_check import Squashfs
+    from k3env.handoff.squashfs import Squashfs
     from k3env.image.build import PROVENANCE_PATH
 
     with tempfile.TemporaryDirectory(prefix="k3env-stage-") as work:

@@ -27,14 +27,9 @@ from typing import Any, NoReturn
 from k3env import __version__, jsontext
 from k3env.errors import CheckFailed, ConfigError, K3envError
 from k3env.files import read_input, write_atomic
+from k3env.handoff.provenance import Pinned, Provenance, provenance_of, read_provenance
 from k3env.handoff.sbom import document as sbom_document
-from k3env.handoff.squashfs_check import (
-    Pinned,
-    Provenance,
-    Squashfs,
-    provenance_of,
-    read_provenance,
-)
+from k3env.handoff.squashfs import Squashfs
 from k3env.hashing import digest_hex, file_sha256, sha256_digest
 from k3env.image.build import BUILD_FORMAT
 from k3env.signing import INTOTO, SigningKey, VerifyKey, envelope, open_envelope

@@ -1,6 +1,6 @@
 """The SBOM of an exported image: CycloneDX 1.6 JSON, made from the ``.sqsh`` alone.
 
-What it lists, all read from the squashfs (``squashfs_check.Squashfs``, untrusted): every
+What it lists, all read from the squashfs (``squashfs.Squashfs``, untrusted): every
 installed Python distribution (its ``dist-info`` METADATA name and version, where it is
 installed, and the sha256 of the wheel the lock pinned where the image's provenance names
 it), every Debian package dpkg's status calls installed (``k3env.installed``'s parser, the
@@ -37,7 +37,8 @@ from packageurl import PackageURL
 
 from k3env import jsontext, untrusted
 from k3env.errors import UntrustedFileError
-from k3env.handoff.squashfs_check import Provenance, Squashfs, _installed_records, read_provenance
+from k3env.handoff.provenance import Provenance, read_provenance
+from k3env.handoff.squashfs import Squashfs, installed_records
 from k3env.image.build import PROVENANCE_PATH
 from k3env.installed import (
     DPKG_STATUS,
@@ -110,7 +111,7 @@ class Document:
 def python_packages(fs: Squashfs, wheels: Mapping[tuple[str, str], str]) -> list[Package]:
     """Each installed distribution (by its RECORD's dist-info), name and version from its
     METADATA; ``wheels``: (canonical name, version) -> the pinned wheel's sha256."""
-    records = _installed_records(fs.listing())[:MAX_PACKAGES]
+    records = installed_records(fs.listing())[:MAX_PACKAGES]
     metadata = [r.rsplit("/", 1)[0] + "/METADATA" for r in records]
     dest = fs.fresh()
     fs.extract(dest, metadata)

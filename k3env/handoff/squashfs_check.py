@@ -18,27 +18,29 @@ import csv
 import io
 import os
 import re
-import stat
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from k3env import jsontext, untrusted
+from k3env import untrusted
 from k3env.config.patchfile import load_patch_file
 from k3env.config.pinned_files import verify_patch_file
 from k3env.config.pins import Lock
 from k3env.config.spec import ImageSpec
 from k3env.errors import CheckFailed, ConfigError, UntrustedFileError
 from k3env.handoff.enroot import enroot_files
+from k3env.handoff.provenance import (
+    provenance_document,
+)
+from k3env.handoff.squashfs import Squashfs, installed_records
 from k3env.hashing import digest_hex, record_b64, sha256_digest
 from k3env.image.build import PROVENANCE_LABEL, PROVENANCE_PATH, RUNTIME_KEYS
 from k3env.image.envpolicy import merged_env
 from k3env.image.patches import ALREADY_PRESENT, APPLIED, missing_edits
 from k3env.log import Log
 from k3env.quoting import one_line
-from k3env.runner import attempt, output_or_none, require_tool, run
 from k3env.verdict import FAILED, NOT_CHECKED, PASSED, Gate, ok
 
 
@@ -46,420 +48,6 @@ from k3env.verdict import FAILED, NOT_CHECKED, PASSED, Gate, ok
 def _item(*, what: str, ok: bool, detail: str) -> Gate:
     """One check of the squashfs, as a gate: passed with its evidence, or failed."""
     return Gate(name=what, status=PASSED if ok else FAILED, detail=detail)
-
-
-class Squashfs:
-    """Read access to a squashfs image through unsquashfs (no mount): only its regular files,
-    extracted into ``work`` (a private directory) and read through ``k3env.untrusted``."""
-
-    def __init__(self, path: Path, log: Log, work: Path) -> None:
-        self.path = path
-        self.log = log
-        self.work = work
-        self._entries: dict[str, Entry] | None = None
-        # False: a name in the listing was not read exactly (it holds a newline, or a link's
-        # " -> "), so no directory is extracted whole (its odd entries could not be named).
-        self.exact = True
-        self._extracted = 0
-        self.unsquashfs = require_tool("unsquashfs", "squashfs-tools")
-        if path.is_dir():
-            raise ConfigError(
-                "is a directory, not a squashfs image", where=str(path), fix="pass a .sqsh file"
-            )
-        if not path.is_file():
-            raise ConfigError("file not found", where=str(path), fix="check the path")
-        code, out = attempt([self.unsquashfs, "-s", str(path)], log)
-        if code != 0:
-            size = path.stat().st_size
-            raise ConfigError(
-                f"not a squashfs image ({size} bytes; unsquashfs: "
-                f"{out.strip().splitlines()[-1] if out.strip() else 'no output'})",
-                where=str(path),
-                fix="pass the .sqsh that `enroot import` or `k3env export` wrote",
-            )
-
-    def entries(self) -> dict[str, Entry]:
-        """Every file, link, device and empty directory in the image by path (relative, no
-        leading ``/``), with its type and size, from unsquashfs's long listing."""
-        if self._entries is None:
-            # -lln, not -llc: -llc names each entry's owner, a getpwuid() and getgrgid() per
-            # entry (glibc opens /etc/passwd and /etc/group each time, or asks the cluster's
-            # directory): 1.4 s of a 60,000-entry listing, 0.2 s with numeric owners. -lln
-            # lists every directory too: those holding an entry are dropped below, so what
-            # is kept is what -llc lists (files, links, devices, empty directories).
-            out = output_or_none(
-                [self.unsquashfs, "-lln", "-UTC", "-d", "", str(self.path)], self.log
-            )
-            if out is None:
-                raise ConfigError(
-                    "unsquashfs cannot list the image", where=str(self.path), fix="re-import it"
-                )
-            self._entries = {}
-            lines = out.split(b"\n")
-            if lines and _ROOT.match(os.fsdecode(lines[0])):  # the image's root, listed first
-                lines = lines[1:]
-            for line in lines:
-                if not (m := _LISTED.match(os.fsdecode(line))):
-                    self.exact = self.exact and not line  # a name holding a newline
-                    continue
-                path, target = m["path"], None
-                if m["type"] == "l":  # a name holding " -> " is split at its first
-                    self.exact = self.exact and path.count(" -> ") == 1
-                    path, _, target = path.partition(" -> ")
-                self._entries[path] = Entry(
-                    mode=_MODES[m["type"]],
-                    size=int(m["size"]) if m["size"].isdigit() else 0,
-                    target=target,
-                    when=m["when"],
-                )
-            held = {p.rpartition("/")[0] for p in self._entries}
-            for path in [p for p, e in self._entries.items() if stat.S_ISDIR(e.mode)]:
-                if path in held:
-                    del self._entries[path]
-        return self._entries
-
-    def listing(self) -> list[str]:
-        """Every path in the image (relative, no leading ``/``)."""
-        return list(self.entries())
-
-    def refusal(self, path: str) -> UntrustedFileError | None:
-        """Why ``path`` is not read (it is not a regular file in the image), or None."""
-        entry = self.entries().get(path.lstrip("/"))
-        if entry is None or stat.S_ISREG(entry.mode):
-            return None
-        return untrusted.not_regular("/" + path.lstrip("/"), entry.mode, entry.target)
-
-    def fresh(self) -> Path:
-        """A new empty directory under ``work`` to extract into."""
-        self._extracted += 1
-        dest = self.work / f"x{self._extracted}"
-        dest.mkdir()
-        return dest
-
-    def extract(self, dest: Path, paths: Iterable[str]) -> None:
-        """Extract the regular files among ``paths`` under ``dest``: links, devices and FIFOs
-        are never created (exact names: unsquashfs reads an extract list as globs, so ``[`` in
-        a vLLM config file name is escaped). unsquashfs matches each directory's entries
-        against the list's names in that directory, one by one: a directory of many wanted
-        files is listed whole instead (its non-regular entries excluded by name), so the
-        work stays linear in files."""
-        entries = self.entries()
-        regular = sorted({p for p in paths if (e := entries.get(p)) and stat.S_ISREG(e.mode)})
-        if not regular:
-            return
-        extract, exclude = _extract_lists(entries, regular) if self.exact else (regular, [])
-        listed = dest.with_name(dest.name + ".list")
-        listed.write_bytes(b"".join(os.fsencode(_glob_escape(p)) + b"\n" for p in extract))
-        argv = [
-            self.unsquashfs,
-            "-q",
-            "-n",
-            "-f",
-            "-no-xattrs",
-            "-d",
-            str(dest),
-            "-ef",
-            str(listed),
-        ]
-        if exclude:
-            excluded = dest.with_name(dest.name + ".exclude")
-            excluded.write_bytes(b"".join(os.fsencode(_glob_escape(p)) + b"\n" for p in exclude))
-            argv += ["-excf", str(excluded)]
-        run([*argv, str(self.path)], self.log, capture=True, what="unsquashfs")
-
-    def _alone(self, path: str) -> tuple[Path, str] | None:
-        """``path`` extracted alone into a fresh directory: (that directory, the relative
-        path), or None when the image has nothing there; a link, device or FIFO there is
-        refused (UntrustedFileError)."""
-        rel = path.lstrip("/")
-        if refused := self.refusal(rel):
-            raise refused
-        if rel not in self.entries():
-            return None
-        dest = self.fresh()
-        self.extract(dest, [rel])
-        return dest, rel
-
-    def read(self, path: str, *, limit: int = untrusted.TEXT_LIMIT) -> bytes | None:
-        """The bytes of the regular file ``path``, None when the image has none there; a
-        link, device or FIFO there, or a file over ``limit``, is refused (UntrustedFileError)."""
-        if (found := self._alone(path)) is None:
-            return None
-        return untrusted.read_bytes(*found, limit=limit, shown_as="/")
-
-    def sha256(self, path: str) -> str | None:
-        """The hex sha256 of the regular file ``path`` (streamed), None when missing."""
-        if (found := self._alone(path)) is None:
-            return None
-        got = untrusted.file_sha256(*found, shown_as="/")
-        return None if got is None else got[0].hex()
-
-
-@dataclass(frozen=True, kw_only=True)
-class Entry:
-    mode: int  # the file type bits (stat.S_IFREG, S_IFLNK, ...)
-    size: int  # bytes (0 for a device)
-    target: str | None  # a symlink's target as listed
-    when: str = ""  # its mtime as listed (UTC, to the minute: ``2026-12-01 00:00``)
-
-
-# unsquashfs -lln: `-rw-r--r-- 0/0   3 2024-01-01 00:00 /path` (a device: `1,  5` for the
-# size; a link: `/path -> target`). A name with a newline breaks its line: not matched.
-_LISTED = re.compile(
-    r"^(?P<type>[-dlcbps])\S{9} +\S+ +(?P<size>\d+|\d+, *\d+) +(?P<when>\S+ +\S+) /(?P<path>.+)$"
-)
-_ROOT = re.compile(r"^d\S{9} +\S+ +\d+ +\S+ +\S+ $")  # the root directory: no path
-_MODES = {
-    "-": stat.S_IFREG,
-    "d": stat.S_IFDIR,
-    "l": stat.S_IFLNK,
-    "c": stat.S_IFCHR,
-    "b": stat.S_IFBLK,
-    "p": stat.S_IFIFO,
-    "s": stat.S_IFSOCK,
-}
-
-
-WHOLE_DIR = 256  # wanted files in one directory from which it is extracted whole
-
-
-def _extract_lists(entries: Mapping[str, Entry], regular: list[str]) -> tuple[list[str], list[str]]:
-    """What to name to unsquashfs for ``regular`` (sorted): the files, but a directory holding
-    ``WHOLE_DIR`` or more of them named whole (its subtree comes along); and every entry that
-    is not a regular file or directory under such a directory, to exclude. A directory whose
-    subtree holds a directory of ``WHOLE_DIR`` or more such entries is never named whole:
-    the exclude list would be as slow as the files."""
-    wanted: dict[str, int] = {}
-    for p in regular:
-        parent = p.rpartition("/")[0]
-        wanted[parent] = wanted.get(parent, 0) + 1
-    odd: dict[str, list[str]] = {}  # directory -> its entries to exclude
-    for path, e in entries.items():
-        if not (stat.S_ISREG(e.mode) or stat.S_ISDIR(e.mode)):
-            odd.setdefault(path.rpartition("/")[0], []).append(path)
-    crowded = {d for d, names in odd.items() if len(names) >= WHOLE_DIR}
-
-    def ancestors(path: str) -> Iterator[str]:
-        while path:
-            path = path.rpartition("/")[0]
-            yield path
-
-    blocked = {a for d in crowded for a in (d, *ancestors(d))}
-    whole = {d for d, n in wanted.items() if n >= WHOLE_DIR and d and d not in blocked}
-    if not whole:
-        return regular, []
-
-    def inside(path: str) -> bool:
-        return any(a in whole for a in ancestors(path))
-
-    extract = sorted(
-        {*whole, *(p for p in regular if not inside(p))} - {d for d in whole if inside(d)}
-    )
-    exclude = sorted(p for names in odd.values() for p in names if inside(p))
-    return extract, exclude
-
-
-def _glob_escape(path: str) -> str:
-    return re.sub(r"([][*?\\])", r"\\\1", path)
-
-
-PROVENANCE_LIMIT = 16 << 20  # k3env writes KiB (its layer's files by sha256, the wheels)
-PROVENANCE_DEPTH = 16  # k3env's nests 4 deep (components.wheels[].name)
-PROVENANCE_FIX = "re-export or re-import the image from the registry digest"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Pinned:
-    """A file the image was built from, by path and sha256 (its lock, its spec)."""
-
-    path: str | None
-    sha256: str | None
-
-
-@dataclass(frozen=True, kw_only=True)
-class BaseImage:
-    pin: str | None
-    name: str | None
-    digest: str | None
-
-
-@dataclass(frozen=True, kw_only=True)
-class Wheel:
-    """A pinned wheel baked into the image's components layer."""
-
-    name: str
-    version: str
-    sha256: str
-
-
-@dataclass(frozen=True, kw_only=True)
-class AppliedPatch:
-    name: str
-    status: str
-    target: str | None
-    sha256: str | None
-
-
-@dataclass(frozen=True, kw_only=True)
-class Provenance:
-    """An image's provenance file, read within its budgets and every field's type checked
-    (``read_provenance``): what the SBOM, the in-toto statement and the image checks use.
-    ``doc`` is the whole document, its shape checked, for the checks that compare its config
-    and files with the image's."""
-
-    raw: bytes
-    sha256: str  # hex, of ``raw``
-    image: str | None
-    inputs: str | None
-    lock: Pinned | None
-    spec: Pinned | None
-    base: BaseImage | None
-    pins: tuple[tuple[str, str], ...]  # pin -> identity, sorted by pin
-    wheels: tuple[Wheel, ...]
-    patches: tuple[AppliedPatch, ...]
-    doc: Mapping[str, Any]
-
-
-def provenance_of(doc: Mapping[str, Any], raw: bytes = b"") -> Provenance:
-    """``doc`` as typed fields, each field's type checked first (``_misshapen``); one of
-    another type than k3env writes is a ConfigError naming it, never a traceback later."""
-    if wrong := _misshapen(doc, config=False):
-        raise ConfigError(f"{PROVENANCE_PATH} is not valid provenance ({wrong})",
-                          fix=PROVENANCE_FIX)  # fmt: skip
-
-    def pinned(value: Any) -> Pinned | None:
-        return None if value is None else Pinned(path=value.get("path"), sha256=value.get("sha256"))
-
-    base = doc.get("base")
-    components = doc.get("components") or {}
-    return Provenance(
-        raw=raw,
-        sha256=digest_hex(sha256_digest(raw)),
-        image=doc.get("image"),
-        inputs=doc.get("inputs"),
-        lock=pinned(doc.get("lock")),
-        spec=pinned(doc.get("spec")),
-        base=None if base is None else BaseImage(pin=base.get("pin"), name=base.get("name"),
-                                                 digest=base.get("digest")),
-        pins=tuple(sorted((doc.get("pins") or {}).items())),
-        wheels=tuple(Wheel(name=w["name"], version=w["version"], sha256=w["sha256"])
-                     for w in components.get("wheels") or []),
-        patches=tuple(AppliedPatch(name=p["name"], status=p["status"], target=p.get("target"),
-                                   sha256=p.get("sha256")) for p in doc.get("patches") or []),
-        doc=doc,
-    )  # fmt: skip
-
-
-def read_provenance(fs: Squashfs) -> Provenance:
-    """The image's provenance file, typed (``Provenance``); a file over its budgets or not of
-    the shape k3env writes is a ConfigError naming the field."""
-    doc, raw = _provenance(fs)
-    return provenance_of(doc, raw)
-
-
-def _provenance(fs: Squashfs) -> tuple[dict[str, Any], bytes]:
-    """The image's provenance document (read within its budgets, its shape checked) and its
-    bytes."""
-    try:
-        raw = fs.read(PROVENANCE_PATH, limit=PROVENANCE_LIMIT)
-    except UntrustedFileError as e:
-        raise UntrustedFileError(e.message, where=str(fs.path), fix=e.fix) from e
-    if raw is None:
-        raise ConfigError(
-            f"{PROVENANCE_PATH} is not in the image: it was not built by k3env (or its layer "
-            "was removed)",
-            where=str(fs.path),
-            fix="check an image that `k3env build` made (import it by the digest k3env push "
-            "printed)",
-        )
-    doc: dict[str, Any] = {}
-    try:
-        doc = jsontext.loads(raw, where=PROVENANCE_PATH, limit=PROVENANCE_LIMIT,
-                             max_depth=PROVENANCE_DEPTH, error=ConfigError)  # fmt: skip
-        wrong = _misshapen(doc)
-    except ConfigError as e:
-        wrong = e.message
-    if wrong:
-        raise ConfigError(
-            f"{PROVENANCE_PATH} is not valid provenance ({wrong}): the image was altered, or "
-            "built by an older k3env",
-            where=str(fs.path),
-            fix=PROVENANCE_FIX,
-        )
-    return doc, raw
-
-
-def _is_strs(value: Any, container: type) -> bool:
-    if container is list:
-        return isinstance(value, list) and all(isinstance(v, str) for v in value)
-    return isinstance(value, dict) and all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    )
-
-
-def _fields(value: Any, **kinds: Any) -> bool:
-    """Whether ``value`` is an object whose keys ``kinds`` names are of those types (a key
-    missing counts as None)."""
-    return isinstance(value, dict) and all(isinstance(value.get(k), t) for k, t in kinds.items())
-
-
-def _misshapen(doc: Mapping[str, Any], *, config: bool = True) -> str | None:
-    """The first field of a provenance document whose type is not the one k3env writes (the
-    file is the image's, so untrusted: a check must say so, not fail on it), else None.
-    ``config``: its config too (what the image checks compare), else the typed fields."""
-    fields: list[tuple[str, Any, bool]] = []
-    if config:
-        if not isinstance(doc.get("config"), dict):
-            return (f"its config is {_shown(doc.get('config'))}: not a k3env provenance "
-                    "document of this format")  # fmt: skip
-        fields += _config_fields(doc["config"])
-    opt = str | None
-    components = doc.get("components")
-    fields += [
-        ("files", doc.get("files"), doc.get("files") is None or _is_strs(doc.get("files"), dict)),
-        ("image", doc.get("image"), isinstance(doc.get("image"), opt)),
-        ("inputs", doc.get("inputs"), isinstance(doc.get("inputs"), opt)),
-        ("patches", doc.get("patches"), isinstance(doc.get("patches"), list | None) and all(
-            _fields(p, name=str, status=str, target=opt, sha256=opt)
-            for p in doc.get("patches") or [])),
-        ("pins", doc.get("pins"), doc.get("pins") is None or _is_strs(doc.get("pins"), dict)),
-        ("components", components, components is None or _fields(components, wheels=list | None)),
-    ]  # fmt: skip
-    if isinstance(components, dict):
-        wheels = components.get("wheels") or []
-        fields.append(("components.wheels", wheels, all(
-            _fields(w, name=str, version=str, sha256=str) for w in wheels)))  # fmt: skip
-    for key, inner in (("lock", ("path", "sha256")), ("spec", ("path", "sha256")),
-                       ("base", ("pin", "name", "digest"))):  # fmt: skip
-        value = doc.get(key)
-        fits = value is None or _fields(value, **dict.fromkeys(inner, opt))
-        fields.append((key, value, fits))
-    for name, value, fits in fields:
-        if not fits:
-            return f"its {name} is {_shown(value)}, not as k3env writes it"
-    return None
-
-
-def _config_fields(config: Mapping[str, Any]) -> list[tuple[str, Any, bool]]:
-    def strs(key: str, container: type) -> tuple[str, Any, bool]:
-        value = config.get(key)
-        return f"config.{key}", value, value is None or _is_strs(value, container)
-
-    return [
-        strs("Env", list), strs("Labels", dict), strs("Entrypoint", list), strs("Cmd", list),
-        ("config.WorkingDir", config.get("WorkingDir"),
-         isinstance(config.get("WorkingDir"), str | None)),
-        ("config.Volumes", config.get("Volumes"), isinstance(config.get("Volumes"), dict | None)),
-    ]  # fmt: skip
-
-
-def _shown(value: Any) -> str:
-    """``value`` named for a message: its JSON type and its first characters."""
-    if value is None:
-        return "null"
-    kind = {dict: "object", list: "array", str: "string", bool: "boolean",
-            int: "number", float: "number"}.get(type(value), type(value).__name__)  # fmt: skip
-    return f"a JSON {kind} {one_line(jsontext.dumps(value, default=str)[:60])}"
 
 
 def _lines_diff(what: str, expected: list[str], actual: list[str]) -> list[Gate]:
@@ -533,7 +121,7 @@ def _read(fs: Squashfs, path: str) -> tuple[bytes | None, str | None]:
 def _record_items(fs: Squashfs, listing: list[str], patched: set[str], log: Log) -> list[Gate]:
     """Every installed distribution's files against the sha256 in its own RECORD; files
     k3env's layer replaced (patched) are checked against the provenance instead."""
-    records = _installed_records(listing)
+    records = installed_records(listing)
     if not records:
         return [_item(what="python", ok=True, detail="no installed distributions")]
     refused = {r: e for r in records if (e := fs.refusal(r))}
@@ -548,15 +136,6 @@ def _record_items(fs: Squashfs, listing: list[str], patched: set[str], log: Log)
     for dist, why in sorted(unread):
         bad.setdefault(dist, []).insert(0, why)
     return _record_verdict(bad, len(wanted), len(records))
-
-
-def _installed_records(listing: list[str]) -> list[str]:
-    """The RECORD of every installed distribution in the image's listing."""
-    # Installed distributions live in a site directory on sys.path; a dist-info vendored
-    # inside a package (setuptools/_vendor/wheel-*.dist-info) lists files never installed.
-    return [
-        p for p in listing if re.search(r"(^|/)(site|dist)-packages/[^/]+\.dist-info/RECORD$", p)
-    ]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -663,7 +242,7 @@ def check_squashfs(sqsh: Path, lock: Lock, specs: Mapping[str, ImageSpec], log: 
 
 def check_image(fs: Squashfs, lock: Lock, specs: Mapping[str, ImageSpec], log: Log) -> list[Gate]:
     """``check_squashfs`` of an image already open (its listing read once, shared)."""
-    prov, raw = _provenance(fs)
+    prov, raw = provenance_document(fs)
     config = prov["config"]
     # The provenance file against its hash in the image's labels (/etc/rc carries them).
     digest = digest_hex(sha256_digest(raw))
