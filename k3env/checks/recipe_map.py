@@ -29,7 +29,7 @@ from k3env.checks.preflight import Context, Finding
 from k3env.config.cluster import Cluster
 from k3env.config.pins import Lock
 from k3env.config.spec import Command, ImageSpec, ServeProfile
-from k3env.config.srtrecipe import ENGINE_KEY, ENV_KEY, Recipe
+from k3env.config.srtrecipe import BENCH_ENV_KEY, ENGINE_KEY, FRONTEND_ENV_KEY, Recipe
 from k3env.errors import ConfigError
 from k3env.image.envpolicy import merged_env
 from k3env.versions import in_range
@@ -137,17 +137,18 @@ def commands(recipe: Recipe, notes: list[str]) -> tuple[Command, ...]:
     backend = recipe.backend.get("type", SRT_DEFAULTS["backend.type"])
     if backend != "vllm":
         where = "backend.type" if "type" in recipe.backend else "backend"
+        said = recipe.own("backend.type")
         raise recipe.fail(
             where,
-            f"backend.type is {backend!r}"
+            f"{said} is {backend!r}"
             + ("" if "type" in recipe.backend else " (srt-slurm's default: the recipe sets none)")
             + ": k3env's rules read vLLM recipes",
-            "set backend.type: vllm (a recipe for another backend is not checked here)",
+            f"set {said}: vllm (a recipe for another engine is not checked here)",
         )
     if not recipe.engine_flags and recipe.backend.get("vllm_config"):
         raise recipe.fail(
             "backend.vllm_config",
-            "the recipe has no backend.vllm_config.aggregated: k3env maps aggregate recipes",
+            f"the recipe has no {recipe.own(ENGINE_KEY)}: k3env maps aggregate recipes",
             "disaggregated (prefill/decode) recipes are not mapped yet",
         )
     flags = dict(recipe.engine_flags)
@@ -166,9 +167,10 @@ def commands(recipe: Recipe, notes: list[str]) -> tuple[Command, ...]:
         connector = recipe.backend.get("connector", SRT_DEFAULTS["backend.connector"])
         if "connector" not in recipe.backend and connector:
             given = jsontext.dumps(SRT_CONNECTORS.get(connector, connector), sort_keys=False)
+            key = recipe.own("backend.connector")
             notes.append(
-                f"srt-slurm default backend.connector: {connector} gives the Dynamo worker "
-                f"--kv-transfer-config {given} (set backend.connector: null for none)"
+                f"srt-slurm default {key}: {connector} gives the Dynamo worker "
+                f"--kv-transfer-config {given} (set {key}: null for none)"
             )
     if connector and str(connector).lower() not in ("null", "none"):
         preset = SRT_CONNECTORS.get(str(connector).lower())
@@ -196,7 +198,7 @@ def model_type(recipe: Recipe, given: str | None) -> tuple[str | None, str]:
     ):
         value = recipe.engine_flags.get(key)
         if isinstance(value, str) and value in MODELS:
-            return value, f"{ENGINE_KEY}.{key}"
+            return value, recipe.own(f"{ENGINE_KEY}.{key}")
     guess = Path(recipe.model_path).name.lower().replace("-", "_")
     return (guess, "model.path") if guess in MODELS else (None, "model.path")
 
@@ -220,8 +222,8 @@ def _dynamo_version(recipe: Recipe, notes: list[str]) -> str | None:
         version = DYNAMO_COMMITS.get(str(section["hash"]), "")
         if not version:
             notes.append(
-                f"dynamo.hash {section['hash']}: no version known for that commit; "
-                "the rules judge the lock's Dynamo instead"
+                f"{recipe.own('dynamo.hash')} {section['hash']}: no version known for that "
+                "commit; the rules judge the lock's Dynamo instead"
             )
             return None
     elif section.get("top_of_tree"):
@@ -275,7 +277,7 @@ def map_recipe(
             where="--base",
             fix=f"use one of {sorted(lock.bases)}",
         )
-    notes: list[str] = []
+    notes: list[str] = _env_notes(recipe)
     cmds = commands(recipe, notes)
     mtype, mtype_key = model_type(recipe, model_type_given)
     if mtype is None:
@@ -335,12 +337,30 @@ def map_recipe(
         command_key=lambda c: "frontend" if c.role == "dynamo-frontend" else ENGINE_KEY,
         # srt-slurm's benchmark step gets the top-level `environment` (v1.0.36 + PR #278
         # src/srtctl/cli/mixins/benchmark_stage.py `_get_benchmark_env`), not the backend's.
-        client_env={**baked, **recipe.environment},
-        client_env_key=lambda name: f"{ENV_KEY}.{name}",
+        client_env={**baked, **recipe.client_env()},
+        client_env_key=recipe.client_env_key,
         setup_script=recipe.setup_script,
         base_known=image.placed,
     )
     return Mapped(context=ctx, env=env, notes=tuple(notes), model_type_key=mtype_key)
+
+
+def _env_notes(recipe: Recipe) -> list[str]:
+    """Where the env a recipe sets outside the worker's goes (said, not judged)."""
+    notes = []
+    if recipe.frontend_env:
+        names = ", ".join(sorted(recipe.frontend_env))
+        notes.append(
+            f"{FRONTEND_ENV_KEY} ({names}) reaches the frontend only: not the engine, not the "
+            "benchmark client"
+        )
+    if recipe.benchmark_env and not recipe.benchmark_env_read:
+        names = ", ".join(sorted(recipe.benchmark_env))
+        notes.append(
+            f"{BENCH_ENV_KEY} ({names}) does not reach a {recipe.benchmark.get('type')!r} "
+            "benchmark's client: srt-slurm v1.0.36 passes it to a `custom` benchmark only"
+        )
+    return notes
 
 
 def _job_facts(recipe: Recipe, image: ImageOf, notes: list[str]) -> dict[str, Any] | None:
@@ -362,7 +382,8 @@ def _job_facts(recipe: Recipe, image: ImageOf, notes: list[str]) -> dict[str, An
 
 
 def recipe_key(recipe: Recipe, mapped: Mapped, finding: Finding) -> str:
-    """The recipe key a finding is about (findings on the lock keep the lock's key)."""
+    """The recipe key a finding is about, as the recipe spells it in its own schema (findings
+    on the lock keep the lock's key)."""
     if finding.file != str(recipe.path):
         return finding.key
     key = finding.key
@@ -370,10 +391,16 @@ def recipe_key(recipe: Recipe, mapped: Mapped, finding: Finding) -> str:
         return recipe.env_key(key.removeprefix("env."))
     if key.endswith(".tokenizer_model_type"):
         return mapped.model_type_key
+    return recipe.own(_schema1_key(recipe, key, finding.message))
+
+
+def _schema1_key(recipe: Recipe, key: str, message: str) -> str:
+    """A rule's key as a schema-1 recipe names it (``Recipe.own`` then says it in the
+    recipe's own schema)."""
     if key == "patches":
         return "model.container"
     if key == ENGINE_KEY:
-        return _flag_key(recipe, finding.message)
+        return _flag_key(recipe, message)
     if key.startswith("profiles."):
         return "backend"
     return key

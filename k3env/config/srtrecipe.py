@@ -10,11 +10,12 @@ refused here too, naming the key and its line.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from k3env.config.reader import ENV_NAME_RE
+from k3env.config.srtrecipe2 import Spelling, as_schema1, schema_of
 from k3env.config.yamlread import YamlDoc, load_yaml
 from k3env.errors import ConfigError
 
@@ -22,12 +23,18 @@ from k3env.errors import ConfigError
 ENGINE_KEY = "backend.vllm_config.aggregated"
 AGG_ENV_KEY = "backend.aggregated_environment"
 ENV_KEY = "environment"
+FRONTEND_ENV_KEY = "frontend.env"  # the frontend's own (srt-slurm's frontends export it)
+BENCH_ENV_KEY = "benchmark.env"  # the benchmark client's own (where its runner passes it)
 CLUSTER_CONFIG = "srtslurm.yaml"  # the cluster config's file name, as srt-slurm looks for it
 _MISSING: Any = object()
 
 
 @dataclass(frozen=True, kw_only=True)
 class Recipe:
+    """A recipe as srt-slurm reads it, under schema 1's key names whatever its schema (a
+    ``schema: 2`` recipe through ``srtrecipe2.as_schema1``); ``own`` names each key as the
+    recipe itself writes it, and ``doc`` holds its own lines."""
+
     doc: YamlDoc
     name: str
     model_path: str
@@ -42,6 +49,10 @@ class Recipe:
     dynamo: Mapping[str, Any] | None  # the section, or None when the recipe has none
     benchmark: Mapping[str, Any]
     setup_script: str | None
+    schema: int = 1
+    spelling: Spelling = field(default_factory=Spelling)
+    frontend_env: Mapping[str, str] = field(default_factory=dict)  # frontend.env
+    benchmark_env: Mapping[str, str] = field(default_factory=dict)  # benchmark.env
 
     @property
     def path(self) -> Path:
@@ -50,6 +61,11 @@ class Recipe:
     @property
     def data(self) -> Mapping[str, Any]:
         return self.doc.data  # type: ignore[no-any-return]
+
+    def own(self, key: str) -> str:
+        """``key`` (schema 1's name) as this recipe writes it (``roles.agg.args.X`` for
+        ``backend.vllm_config.aggregated.X`` in a schema-2 recipe)."""
+        return self.spelling.own(key)
 
     def env(self) -> dict[str, str]:
         """What srt-slurm exports in the worker's container, in its order (the mode's
@@ -60,10 +76,29 @@ class Recipe:
         """The recipe key that sets ``name`` (the one that wins), else where to add it."""
         if name in self.environment:
             return f"{ENV_KEY}.{name}"
-        return f"{AGG_ENV_KEY}.{name}"
+        return self.own(f"{AGG_ENV_KEY}.{name}")
+
+    @property
+    def benchmark_env_read(self) -> bool:
+        """Whether ``benchmark.env`` reaches the client: srt-slurm v1.0.36 passes it for a
+        ``custom`` benchmark only (``benchmarks/custom.py``; the base runner's
+        ``get_environment`` is empty); 2.x's runners that read it pass it, and its typed
+        schema refuses it for a type that does not (its loader judges that, not k3env)."""
+        return self.schema == 2 or self.benchmark.get("type") == "custom"
+
+    def client_env(self) -> dict[str, str]:
+        """What the benchmark client gets of the recipe: the top-level ``environment``, then
+        ``benchmark.env`` where it reaches the client (srt-slurm applies the runner's env
+        after the job's: it wins)."""
+        return {**self.environment, **(self.benchmark_env if self.benchmark_env_read else {})}
+
+    def client_env_key(self, name: str) -> str:
+        if self.benchmark_env_read and name in self.benchmark_env:
+            return f"{BENCH_ENV_KEY}.{name}"
+        return f"{ENV_KEY}.{name}"
 
     def fail(self, key: str, message: str, fix: str) -> ConfigError:
-        return ConfigError(message, where=self.doc.where(key), fix=fix)
+        return ConfigError(message, where=self.doc.where(self.own(key)), fix=fix)
 
 
 def _not_a_cluster_config(path: Path, data: Mapping[str, Any]) -> None:
@@ -77,14 +112,67 @@ def _not_a_cluster_config(path: Path, data: Mapping[str, Any]) -> None:
         )
 
 
+@dataclass(frozen=True)
+class _Reader:
+    """Reads checked values out of a recipe's schema-1 view, naming its own keys and lines."""
+
+    doc: YamlDoc
+    data: Mapping[str, Any]  # the schema-1 view
+    spelling: Spelling
+
+    def section(self, key: str, required: bool = False) -> dict[str, Any]:
+        node: Any = self.data
+        for part in key.split("."):
+            node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
+        own = self.spelling.own(key)
+        if node is _MISSING or node is None:
+            if required:
+                raise ConfigError(
+                    f"the recipe has no {own}: srt-slurm's loader requires it",
+                    where=self.doc.where(own.split(".")[0]) if "." in own else str(self.doc.path),
+                    fix=f"add {own}:",
+                )
+            return {}
+        if not isinstance(node, dict):
+            raise ConfigError(
+                f"{own} is not a mapping",
+                where=self.doc.where(own),
+                fix="write it as srt-slurm's recipe takes it (key: value lines)",
+            )
+        return node
+
+    def string(self, table: Mapping[str, Any], key: str, dotted: str, required: bool) -> str | None:
+        value = table.get(key)
+        own = self.spelling.own(dotted)
+        if value is None:
+            if required:
+                raise ConfigError(
+                    f"the recipe has no {own}: srt-slurm's loader requires it",
+                    where=self.doc.where(own),
+                    fix=f"add {own}",
+                )
+            return None
+        if not isinstance(value, str):
+            raise ConfigError(
+                f"{own} is not a string (srt-slurm's loader refuses it)",
+                where=self.doc.where(own),
+                fix="quote the value",
+            )
+        return value
+
+    def env(self, key: str) -> dict[str, str]:
+        return _env(self.section(key), self.spelling.own(key), self.doc)
+
+
 def load_recipe(
     path: Path,
     *,
     containers: Mapping[str, str] | None = None,
     model_paths: Mapping[str, str] | None = None,
 ) -> Recipe:
-    """Read ``path``; ``containers`` / ``model_paths``: a cluster's ``srtslurm.yaml`` aliases,
-    resolved as srt-slurm resolves them (an alias that names a key of the mapping)."""
+    """Read ``path`` (schema 1, or ``schema: 2``); ``containers`` / ``model_paths``: a
+    cluster's ``srtslurm.yaml`` aliases, resolved as srt-slurm resolves them (an alias that
+    names a key of the mapping)."""
     doc = load_yaml(path)
     if not isinstance(doc.data, dict):
         raise ConfigError(
@@ -94,66 +182,33 @@ def load_recipe(
         )
     data: dict[str, Any] = doc.data
     _not_a_cluster_config(path, data)
-
-    def section(key: str, required: bool = False) -> dict[str, Any]:
-        node: Any = data
-        for part in key.split("."):
-            node = node.get(part, _MISSING) if isinstance(node, dict) else _MISSING
-        if node is _MISSING or node is None:
-            if required:
-                raise ConfigError(
-                    f"the recipe has no {key}: srt-slurm's loader requires it",
-                    where=doc.where(key.split(".")[0]) if "." in key else str(path),
-                    fix=f"add {key}:",
-                )
-            return {}
-        if not isinstance(node, dict):
-            raise ConfigError(
-                f"{key} is not a mapping",
-                where=doc.where(key),
-                fix="write it as srt-slurm's recipe takes it (key: value lines)",
-            )
-        return node
-
-    def string(table: dict[str, Any], key: str, dotted: str, required: bool) -> str | None:
-        value = table.get(key)
-        if value is None:
-            if required:
-                raise ConfigError(
-                    f"the recipe has no {dotted}: srt-slurm's loader requires it",
-                    where=doc.where(dotted),
-                    fix=f"add {dotted}",
-                )
-            return None
-        if not isinstance(value, str):
-            raise ConfigError(
-                f"{dotted} is not a string (srt-slurm's loader refuses it)",
-                where=doc.where(dotted),
-                fix="quote the value",
-            )
-        return value
-
-    name = string(data, "name", "name", True)
-    model = section("model", required=True)
-    model_path = string(model, "path", "model.path", True)
-    container = string(model, "container", "model.container", True)
+    schema = schema_of(data, doc.where("schema"))
+    view, spelling = as_schema1(data) if schema == 2 else (data, Spelling())
+    read = _Reader(doc, view, spelling)
+    name = read.string(view, "name", "name", True)
+    model = read.section("model", required=True)
+    model_path = read.string(model, "path", "model.path", True)
+    container = read.string(model, "container", "model.container", True)
     assert name is not None and model_path is not None and container is not None
-    backend = section("backend")
     return Recipe(
         doc=doc,
         name=name,
         model_path=(model_paths or {}).get(model_path, model_path),
         container=(containers or {}).get(container, container),
-        precision=string(model, "precision", "model.precision", False),
-        resources=section("resources"),
-        frontend=section("frontend"),
-        backend=backend,
-        engine_flags=section(ENGINE_KEY),
-        agg_env=_env(section(AGG_ENV_KEY), AGG_ENV_KEY, doc),
-        environment=_env(section(ENV_KEY), ENV_KEY, doc),
-        dynamo=section("dynamo") if "dynamo" in data else None,
-        benchmark=section("benchmark"),
-        setup_script=string(data, "setup_script", "setup_script", False),
+        precision=read.string(model, "precision", "model.precision", False),
+        resources=read.section("resources"),
+        frontend=read.section("frontend"),
+        backend=read.section("backend"),
+        engine_flags=read.section(ENGINE_KEY),
+        agg_env=read.env(AGG_ENV_KEY),
+        environment=read.env(ENV_KEY),
+        dynamo=read.section("dynamo") if "dynamo" in view else None,
+        benchmark=read.section("benchmark"),
+        setup_script=read.string(view, "setup_script", "setup_script", False),
+        schema=schema,
+        spelling=spelling,
+        frontend_env=read.env(FRONTEND_ENV_KEY),
+        benchmark_env=read.env(BENCH_ENV_KEY),
     )
 
 
