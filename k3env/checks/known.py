@@ -75,3 +75,19 @@ DYNAMO_COMMITS: Mapping[str, str] = {
     # "feat: Added support for Kimi-K3", tag v1.4.0-kimi-k3-dev.1 (the bring-up's day-zero pin)
     "ba83080ecd31c1ce918559e576d3c5bc9e092ff1": "1.4.0.dev1",
 }
+
+# --- srt-slurm 2.x (schema 2), read from its source ---------------------------------------------
+# Its load gate's refusals of a schema-1 recipe, verbatim (src/srtctl/core/config.py
+# `require_current_schema` at 020fbc6, after PR #456: `MIGRATE_HINT` joined in); `{value!r}` is
+# the recipe's `schema:`. tests/test_srt_schema2.py runs the real gate and checks these words.
+SRT2_GATE_NO_SCHEMA = (
+    "recipe has no `schema:` key, which marks the pre-2.0 layout; schema 1 recipes no longer "
+    "load. Declare `schema: 2` or run `srtctl migrate -f <recipe> --in-place` to rewrite it "
+    "(docs/legacy-v1.md maps every key)"
+)
+SRT2_GATE_UNSUPPORTED = (
+    "schema {value!r} is not supported; this srtctl loads schema 2 only. For an older recipe, "
+    "run `srtctl migrate -f <recipe> --in-place` to rewrite it (docs/legacy-v1.md maps every key)"
+)
+# The first srt-slurm release whose recipes are schema 2 (the 2.x rewrite, PR #407).
+SRT_SCHEMA2_FROM = "2.0.0.dev0"

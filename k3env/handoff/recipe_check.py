@@ -33,6 +33,8 @@ from k3env.config.srtrecipe import Recipe, job_shape
 from k3env.config.srtschema import SrtSchema, check, load_srt_schema
 from k3env.config.yamlread import YamlDoc, load_yaml
 from k3env.errors import ConfigError
+from k3env.handoff.srt_gate import GATE
+from k3env.handoff.srt_gate import fix as gate_fix
 from k3env.handoff.srt_validate import RecipeError
 from k3env.image.records import last_build
 from k3env.log import Log
@@ -291,8 +293,9 @@ def srt_loader(lock: Lock, state: State, log: Log, recipes: Sequence[Path]) -> d
     if why is not None:
         schema, unrecorded = recorded_schema(lock)
         if schema is None:
-            return {r: Loader.of(NOT_CHECKED, f"{why}; {unrecorded}") for r in recipes}
-        return {r: _by_schema(r, schema, why) for r in recipes}
+            return {r: _gated(lock, r, Loader.of(NOT_CHECKED, f"{why}; {unrecorded}"))
+                    for r in recipes}  # fmt: skip
+        return {r: _gated(lock, r, _by_schema(r, schema, why)) for r in recipes}
     m = materialize(lock, state, log)
     result = validate(m, list(recipes), log)
     what = f"srt-slurm {m.version} + {list(m.patches)}"
@@ -316,6 +319,17 @@ def _by_schema(recipe: Path, schema: SrtSchema, why: str) -> Loader:
         f"keys and types as {schema.said()}; its loader's own checks, lookups and dry-run "
         f"not run: {why}",
     )
+
+
+def _gated(lock: Lock, recipe: Path, loader: Loader) -> Loader:
+    """The pinned srt-slurm's refusal of a recipe of the schema it does not load, in its words,
+    where its own loader did not run to say it (the rules judge the recipe all the same)."""
+    from k3env.handoff.srt_gate import refusal
+
+    refused = None if lock.srt_slurm is None else refusal(lock.srt_slurm, load_yaml(recipe).data)
+    if refused is None or any(key == refused[0] for key, _, _ in loader.errors):
+        return loader
+    return Loader.of(FAILED, loader.detail, ((*refused, GATE), *loader.errors))
 
 
 def errors_of(recipe: Path, errors: Sequence[RecipeError]) -> tuple[tuple[str, str, str], ...]:
@@ -345,6 +359,9 @@ def check_recipe(
     findings = [_finding(recipe, mapped, f) for f in report.findings]
     for key, message, stage in loader.errors:
         where = key or "(recipe)"
+        fix = "fix the key as srt-slurm's own message says"
+        if stage == GATE and lock.srt_slurm is not None:
+            fix = gate_fix(lock.srt_slurm, str(recipe.path))
         findings.append(
             Finding(
                 rule=LOADER_RULE,
@@ -355,7 +372,7 @@ def check_recipe(
                 line=recipe.doc.line(key) if key else None,
                 key=where,
                 message=f"srt-slurm's {stage} ({loader.detail}): {message}",
-                fix="fix the key as srt-slurm's own message says",
+                fix=fix,
             )
         )
     findings.sort(key=lambda f: (f.severity != ERROR, f.file, f.line or 0, f.key, f.rule))
