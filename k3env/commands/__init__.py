@@ -10,8 +10,8 @@ from types import ModuleType
 # (``srt materialize``: ``k3env.commands.srt_materialize``), so a run imports its own only.
 NAMES = (
     "lock", "schema", "build", "matrix", "twin", "push", "export", "srt materialize",
-    "srt validate", "srt recipe", "srt schema", "adopt", "verify", "smoke", "stage", "bump",
-    "outdated", "preflight",
+    "srt validate", "srt recipe", "srt schema", "srt migrate", "adopt", "verify", "smoke",
+    "stage", "bump", "outdated", "preflight",
 )  # fmt: skip
 
 
