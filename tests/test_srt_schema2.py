@@ -250,3 +250,70 @@ def test_schema_2_engine_container_and_dynamo_source_are_its_own_keys(
     recipe.write_text(V2.replace("schema: 2", "schema: 3"))
     assert main(["preflight", "--recipe", str(recipe)]) == 2
     assert f"{recipe}:1: schema" in capsys.readouterr().err
+
+
+def write_recipe(spec: str, profile: str, original: dict[str, Any], out: Path) -> dict[str, Any]:
+    assert main(["srt", "recipe", spec, "--profile", profile, "--container",
+                 original["model"]["container"], "--model-path", original["model"]["path"],
+                 "--out", str(out), "-q"]) == 0  # fmt: skip
+    return dict(yaml.safe_load(out.read_text()))
+
+
+@pytest.mark.parametrize("name", ["c.yaml", "d.yaml", "f.yaml"])
+def test_k3env_writes_schema_2_for_srt_slurm_2x_as_its_own_migrate_would(
+    resolved: Path, srt2: Srt2, capsys: pytest.CaptureFixture[str], name: str
+) -> None:
+    """`k3env srt recipe` (and adopt's round trip) with a 2.x pin: the recipe passes 2.x's real
+    gate and roles/engine expansion, and is what 2.x's own migrate makes of the schema-1
+    recipe k3env writes for 1.x, key for key and in its key order."""
+    source = RECIPES / name
+    original = yaml.safe_load(source.read_text())
+    assert main(["adopt", str(source), "--json", "-q"]) == 0
+    adopted = json.loads(capsys.readouterr().out)
+    spec, profile = adopted["spec"], adopted["profile"]
+    one = resolved / "one.yaml"
+    schema1 = write_recipe(spec, profile, original, one)
+    pin(SRT2)
+    schema2 = write_recipe(spec, profile, original, resolved / "two.yaml")
+    migrated = yaml.safe_load(srt2.migrated(one.read_text()))
+    assert schema2 == migrated and list(schema2) == list(migrated)
+    assert list(schema2["roles"]["agg"]) == list(migrated["roles"]["agg"])
+    assert srt2.gate(schema2) is None
+    expanded = srt2.config.resolve_config_with_defaults(schema2, None)
+    assert {**expanded, "schema": None} == {**schema1, "schema": None}  # the same job
+    # adopt's round trip of the schema-2 recipe, under the 2.x pin: the same one difference.
+    v2 = resolved / "schema2" / name
+    v2.parent.mkdir()
+    v2.write_text(srt2.migrated(source.read_text()))
+    Path(adopted["out"]).unlink()
+    assert main(["adopt", str(v2), "--json", "-q"]) == 0
+    again = json.loads(capsys.readouterr().out)
+    moved = {"backend.connector": "engine.connector", "dynamo.hash": "dynamo.source",
+             "backend.aggregated_environment.": "roles.agg.env."}  # fmt: skip
+    expected = []
+    for d in adopted["differences"]:
+        key = d["key"]
+        for old, new in moved.items():
+            key = key.replace(old, new) if key.startswith(old) else key
+        expected.append((key, d["why"]))
+    assert [(d["key"], d["why"]) for d in again["differences"]] == expected
+
+
+def test_the_cluster_smokes_recipe_is_schema_2_for_srt_slurm_2x(
+    repo: Path, srt2: Srt2, capsys: pytest.CaptureFixture[str]
+) -> None:
+    shutil.copytree(REPO / "clusters", repo / "clusters")
+    container = "reg.example:5000/k3env/kimi-k3-direct-f@sha256:" + "ab" * 32
+    args = ["smoke", "--cluster", "clusters/b200-dgxc.toml", "kimi-k3-direct-f", "--container",
+            container, "--json", "-q"]  # fmt: skip
+    assert main([*args, "--out", "one"]) == 0
+    pin(SRT2)
+    assert main([*args, "--out", "two"]) == 0
+    capsys.readouterr()
+    two = Path("two/recipe.yaml").read_text()
+    one = Path("one/recipe.yaml").read_text().replace("/one/bin", "/two/bin")  # its --out
+    schema2 = yaml.safe_load(two)
+    assert schema2 == yaml.safe_load(srt2.migrated(one)) and schema2["schema"] == 2
+    assert srt2.gate(schema2) is None
+    expanded = srt2.config.resolve_config_with_defaults(schema2, None)
+    assert {**expanded, "schema": None} == {**yaml.safe_load(one), "schema": None}

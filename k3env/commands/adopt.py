@@ -122,11 +122,12 @@ def _regenerate(
     lock: Lock, spec: ImageSpec, cluster: Cluster, source: Recipe, profile_name: str
 ) -> dict[str, Any]:
     """The recipe `k3env srt recipe` makes from the adopted spec, for the round trip."""
+    from k3env.config.srtrecipe2 import as_schema2
     from k3env.handoff.recipe import precision_of, recipe
     from k3env.image.envpolicy import merged_env
 
     profile = spec.profiles[profile_name]
-    return recipe(
+    regenerated = recipe(
         spec,
         profile,
         cluster,
@@ -138,6 +139,8 @@ def _regenerate(
         dynamo_commit=lock.dynamo.commit if lock.dynamo else None,
         aiperf_version=lock.aiperf.version if lock.aiperf else None,
     )
+    # Compared key for key in the recipe's own schema (srt-slurm 2.x's for a schema-2 one).
+    return as_schema2(regenerated) if source.schema == 2 else regenerated
 
 
 def _why(why: dict[str, str], key: str) -> str | None:

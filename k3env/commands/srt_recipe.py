@@ -37,8 +37,8 @@ def run(args: argparse.Namespace, app: App) -> int:
     log = app.log
     from k3env.config.cluster import load_cluster
     from k3env.handoff.push import pushed_record
+    from k3env.handoff.recipe import as_pinned, precision_of, recipe, to_yaml
     from k3env.handoff.recipe import header as recipe_header
-    from k3env.handoff.recipe import precision_of, recipe, to_yaml
     from k3env.image.envpolicy import merged_env
     from k3env.image.records import last_build
 
@@ -86,20 +86,20 @@ def run(args: argparse.Namespace, app: App) -> int:
                 f"    no verify record of the image: Dynamo taken as baked, as {spec.path} lists "
                 f"it in components (`k3env verify {spec.name}` checks it)"
             )
-    text = to_yaml(
-        recipe(
-            spec,
-            profile,
-            cluster,
-            merged_env(lock, spec, base),
-            container=container,
-            model_path=model_path,
-            precision=precision_of(profile.tokenizer_model_type),
-            dynamo_baked=dynamo_baked,
-            dynamo_commit=lock.dynamo.commit if lock.dynamo else None,
-            aiperf_version=lock.aiperf.version if lock.aiperf else None,
-        )
+    rendered = recipe(
+        spec,
+        profile,
+        cluster,
+        merged_env(lock, spec, base),
+        container=container,
+        model_path=model_path,
+        precision=precision_of(profile.tokenizer_model_type),
+        dynamo_baked=dynamo_baked,
+        dynamo_commit=lock.dynamo.commit if lock.dynamo else None,
+        aiperf_version=lock.aiperf.version if lock.aiperf else None,
     )
+    # As the pinned srt-slurm loads it: schema 2 for srt-slurm 2.x.
+    text = to_yaml(as_pinned(rendered, lock.srt_slurm))
     header = recipe_header(
         spec.name, spec.path, args.lock, cluster, by_platform=args.container is None
     )

@@ -257,7 +257,9 @@ def _profile(name: str, t: Table) -> ServeProfile:
 
 # The recipe keys `k3env srt recipe` writes from the spec and the lock (a `[job]` key may not
 # set them: the image decides them), and the ones it never writes (baked instead).
-RECIPE_WRITTEN = ("name", "model", "resources", "frontend", "backend", "dynamo", "benchmark")
+# ... and in schema 2 (srt-slurm 2.x): the schema itself, the engine and the roles.
+RECIPE_WRITTEN = ("name", "model", "resources", "frontend", "backend", "dynamo", "benchmark",
+                  "schema", "engine", "roles")  # fmt: skip
 RECIPE_REPLACED = ("setup_script", "environment")
 
 

@@ -159,3 +159,78 @@ def as_schema1(data: Mapping[str, Any]) -> tuple[dict[str, Any], Spelling]:
               (f"backend.{engine}_config", "roles"), ("backend", engine_key)]  # fmt: skip
     pairs.sort(key=lambda p: -len(p[0]))
     return view, Spelling(tuple(pairs))
+
+
+def as_schema2(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A recipe k3env renders in schema 1 (``handoff.recipe``: one aggregate role, a vLLM
+    backend, Dynamo by commit or not installed) written as ``schema: 2``, in the key order
+    srt-slurm 2.x's ``srtctl migrate`` gives it (``engine`` where ``backend`` was, ``roles``
+    right after it; a role's nodes, workers, gpus, then env, then args). Keys it does not move
+    (a profile's own job keys) stay as written, for 2.x's loader to judge."""
+    out: dict[str, Any] = {"schema": 2}
+    resources = data.get("resources")
+    resources = resources if isinstance(resources, Mapping) else {}
+    backend = data.get("backend")
+    backend = backend if isinstance(backend, Mapping) else {}
+    engine = str(backend.get("type", "sglang"))
+    for key, value in data.items():
+        if key == "resources":
+            moved = {old.format(r=r) for r, _ in ROLE_MODES for _, old in _ROLE_RESOURCES}
+            out[key] = {k: v for k, v in value.items() if k not in moved}
+        elif key == "backend":
+            knobs = {k: v for k, v in backend.items() if k != "type" and not _per_role(k, engine)}
+            out["engine"] = {"type": engine, **knobs} if knobs else engine
+            out["roles"] = _role_specs(resources, backend, engine)
+        elif key == "dynamo" and isinstance(value, Mapping):
+            out[key] = _dynamo_source(value)
+        else:
+            out[key] = value
+    return out
+
+
+def _per_role(key: str, engine: str) -> bool:
+    return key == f"{engine}_config" or any(
+        key == name.format(m=mode, e=engine) for _, mode in ROLE_MODES for _, name in _ROLE_BACKEND
+    )
+
+
+def _role_specs(
+    resources: Mapping[str, Any], backend: Mapping[str, Any], engine: str
+) -> dict[str, Any]:
+    roles: dict[str, Any] = {}
+    config = backend.get(f"{engine}_config")
+    config = config if isinstance(config, Mapping) else {}
+    for role, mode in ROLE_MODES:
+        spec: dict[str, Any] = {}
+        for key, old in _ROLE_RESOURCES:
+            if old.format(r=role) in resources:
+                value = resources[old.format(r=role)]
+                spec[key] = "colocate" if key == "nodes" and value == 0 else value
+        for key, old in _ROLE_BACKEND:
+            name = old.format(m=mode, e=engine)
+            if key == "args" and mode in config:
+                spec[key] = config[mode]
+            elif key != "args" and name in backend:
+                spec[key] = backend[name]
+        if spec:
+            roles[role] = spec
+    return roles
+
+
+def _dynamo_source(dynamo: Mapping[str, Any]) -> dict[str, Any]:
+    """``dynamo:`` with schema 1's ``hash`` / ``version`` / ``wheel`` as ``source``, placed
+    after ``install`` when the section has one."""
+    # One source, as srt-slurm's loader takes it: a commit built, else a wheel, else a release.
+    chosen = [(new, dynamo[old]) for new, old in (("rev", "hash"), ("wheel", "wheel"),
+              ("pypi", "version")) if dynamo.get(old) is not None]  # fmt: skip
+    source = dict(chosen[:1])
+    out: dict[str, Any] = {}
+    for key, value in dynamo.items():
+        if key in {old for _, old in _DYNAMO_SOURCE}:
+            continue
+        out[key] = value
+        if key == "install" and source:
+            out["source"] = source
+    if source and "source" not in out:
+        out["source"] = source
+    return out

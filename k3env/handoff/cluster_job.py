@@ -24,7 +24,7 @@ from k3env.files import read_input, write_atomic
 from k3env.handoff.cluster_smoke import manifest, plan_json, sbatch_script, smoke_recipe
 from k3env.handoff.enroot_export import last_export
 from k3env.handoff.push import last_push
-from k3env.handoff.recipe import precision_of, to_yaml
+from k3env.handoff.recipe import as_pinned, precision_of, to_yaml
 from k3env.handoff.recipe_check import srt_loader
 from k3env.handoff.slurm import follow, submit
 from k3env.image.build import BuildResult
@@ -170,19 +170,19 @@ def write_job(
         ready_timeout=ready_timeout,
     )
     out = out.resolve()
-    text = _header(lock, spec, cluster, smoke, out) + to_yaml(
-        smoke_recipe(
-            spec,
-            profile,
-            cluster,
-            smoke,
-            container=image.container,
-            model_path=model,
-            precision=precision_of(profile.tokenizer_model_type),
-            bin_dir=out / "bin",
-            job_timeout=job_timeout,
-        )
+    rendered = smoke_recipe(
+        spec,
+        profile,
+        cluster,
+        smoke,
+        container=image.container,
+        model_path=model,
+        precision=precision_of(profile.tokenizer_model_type),
+        bin_dir=out / "bin",
+        job_timeout=job_timeout,
     )
+    # As the pinned srt-slurm loads it: schema 2 for srt-slurm 2.x.
+    text = _header(lock, spec, cluster, smoke, out) + to_yaml(as_pinned(rendered, lock.srt_slurm))
     script = sbatch_script(
         smoke,
         container=image.container,

@@ -15,8 +15,11 @@ from typing import Any
 from k3env.checks.argv import parse_options
 from k3env.checks.known import MODELS
 from k3env.config.cluster import Cluster
+from k3env.config.pins import SrtSlurmPin
 from k3env.config.spec import ImageSpec, ServeProfile
+from k3env.config.srtrecipe2 import as_schema2
 from k3env.errors import SpecError
+from k3env.handoff.srt_gate import loads_schema
 from k3env.quoting import one_line, yaml_scalar, yaml_string
 
 # Launcher-owned topology flags: srt-slurm sets them per node (its vllm frontend strips them).
@@ -98,6 +101,14 @@ def recipe(
         out["benchmark"] = _benchmark(spec, profile, aiperf_version)
     out.update(profile.job)  # keys k3env writes are refused in [job] when the spec loads
     return out
+
+
+def as_pinned(data: Mapping[str, Any], srt: SrtSlurmPin | None) -> dict[str, Any]:
+    """A rendered recipe as the pinned srt-slurm loads it: ``schema: 2`` for srt-slurm 2.x
+    (what its ``srtctl migrate`` makes of the schema-1 form), else schema 1 as rendered."""
+    if srt is not None and loads_schema(srt) == 2:
+        return as_schema2(data)
+    return dict(data)
 
 
 def _benchmark(spec: ImageSpec, profile: ServeProfile, aiperf: str | None) -> dict[str, Any]:
