@@ -317,3 +317,26 @@ def test_the_cluster_smokes_recipe_is_schema_2_for_srt_slurm_2x(
     assert srt2.gate(schema2) is None
     expanded = srt2.config.resolve_config_with_defaults(schema2, None)
     assert {**expanded, "schema": None} == {**yaml.safe_load(one), "schema": None}
+
+
+def test_a_half_migrated_recipe_is_refused_in_2xs_words_and_still_judged(
+    resolved: Path, srt2: Srt2, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`schema: 2` over a schema-1 body (the key added by hand): 2.x's gate names each v1 key
+    it still carries; k3env says that in the gate's words, and the rules judge it anyway."""
+    pin(SRT2)
+    half = resolved / "half.yaml"
+    text = (RECIPES / "d1-mem-095.yaml").read_text()
+    half.write_text("schema: 2\n" + text + "dynamo:\n  version: 1.2.1\n")
+    code, r = preflight(capsys, "--recipe", str(half))
+    assert code == 4
+    (gate,) = [f for f in r["findings"] if f["rule"] == "SRT-LOADER"]
+    assert gate["message"].endswith(srt2.gate(yaml.safe_load(half.read_text())) or "?")
+    assert gate["key"] == "backend" and gate["fix"].startswith(f"k3env srt migrate {half}")
+    (mem,) = [f for f in r["findings"] if f["rule"] == "K3-GPU-MEM-HEADROOM"]
+    assert mem["key"] == "backend.vllm_config.aggregated.gpu-memory-utilization"
+    assert mem["line"] == 1 + line_of(RECIPES / "d1-mem-095.yaml", "gpu-memory-utilization:")
+
+
+def line_of(path: Path, text: str) -> int:
+    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)

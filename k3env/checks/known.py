@@ -89,5 +89,19 @@ SRT2_GATE_UNSUPPORTED = (
     "schema {value!r} is not supported; this srtctl loads schema 2 only. For an older recipe, "
     "run `srtctl migrate -f <recipe> --in-place` to rewrite it (docs/legacy-v1.md maps every key)"
 )
+# ... and of a schema-1 key left under `schema: 2` (`legacy_keys_present`: these keys, each
+# named as `SECTION.KEY`, in this order); `{keys}` joins them with ", ".
+SRT2_GATE_LEGACY = (
+    "recipe uses the pre-2.0 (v1) layout: {keys}. These keys no longer load; run `srtctl "
+    "migrate -f <recipe> --in-place` to rewrite it (docs/legacy-v1.md maps every key)"
+)
+SRT2_LEGACY_KEYS: tuple[str, ...] = (
+    "backend", "infra",
+    *(f"resources.{key}" for role in ("prefill", "decode", "agg")
+      for key in (f"{role}_nodes", f"{role}_workers", f"gpus_per_{role}", f"{role}_critical")),
+    "frontend.orchestrator_placement", "frontend.dedicated_node",
+    "benchmark.client_placement", "benchmark.client_dedicated_node",
+    "dynamo.version", "dynamo.hash", "dynamo.wheel", "dynamo.cargo_patches",
+)  # fmt: skip
 # The first srt-slurm release whose recipes are schema 2 (the 2.x rewrite, PR #407).
 SRT_SCHEMA2_FROM = "2.0.0.dev0"

@@ -141,6 +141,10 @@ def as_schema1(data: Mapping[str, Any]) -> tuple[dict[str, Any], Spelling]:
     roles = data.get("roles")
     roles = roles if isinstance(roles, Mapping) else {}
     backend, engine_key, type_key = _engine(data, roles)
+    # A schema-1 `backend:` left under `schema: 2` (2.x's gate refuses it, in its words): still
+    # read, and said on its own keys, so the rules judge the recipe all the same.
+    legacy = data.get("backend") if isinstance(data.get("backend"), Mapping) else None
+    backend = {**(legacy or {}), **backend}
     resources = dict(data["resources"]) if isinstance(data.get("resources"), Mapping) else {}
     pairs = _roles(roles, backend, resources)
     view = {k: v for k, v in data.items() if k not in ("schema", "engine", "roles")}
@@ -155,8 +159,9 @@ def as_schema1(data: Mapping[str, Any]) -> tuple[dict[str, Any], Spelling]:
         view["model"] = {**data["model"], "container": agg["container"]}
     engine = str(backend.get("type", "sglang"))
     pairs += dynamo_pairs
-    pairs += [("backend.type", type_key), ("backend.connector", f"{engine_key}.connector"),
-              (f"backend.{engine}_config", "roles"), ("backend", engine_key)]  # fmt: skip
+    if legacy is None or engine_key in data:
+        pairs += [("backend.type", type_key), ("backend.connector", f"{engine_key}.connector"),
+                  (f"backend.{engine}_config", "roles"), ("backend", engine_key)]  # fmt: skip
     pairs.sort(key=lambda p: -len(p[0]))
     return view, Spelling(tuple(pairs))
 

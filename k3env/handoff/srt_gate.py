@@ -14,7 +14,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from k3env.checks.known import SRT2_GATE_NO_SCHEMA, SRT2_GATE_UNSUPPORTED, SRT_SCHEMA2_FROM
+from k3env.checks.known import (
+    SRT2_GATE_LEGACY,
+    SRT2_GATE_NO_SCHEMA,
+    SRT2_GATE_UNSUPPORTED,
+    SRT2_LEGACY_KEYS,
+    SRT_SCHEMA2_FROM,
+)
 from k3env.config.pins import SrtSlurmPin
 from k3env.versions import in_range
 
@@ -36,13 +42,24 @@ def recipe_schema(data: Any) -> Any:
     return data.get("schema", 1) if isinstance(data, Mapping) else 1
 
 
+def _has(data: Mapping[str, Any], key: str) -> bool:
+    section, _, name = key.partition(".")
+    if not name:
+        return section in data
+    block = data.get(section)
+    return isinstance(block, Mapping) and name in block
+
+
 def refusal(srt: SrtSlurmPin, data: Any) -> tuple[str, str] | None:
     """(key, message) of the pinned srt-slurm's refusal of a recipe of the other schema, in its
     own words; None when it loads this schema."""
     written = recipe_schema(data)
     if loads_schema(srt) == 2:
         if written == 2 and not isinstance(written, bool):
-            return None
+            legacy = [key for key in SRT2_LEGACY_KEYS if _has(data, key)]
+            if not legacy:
+                return None
+            return legacy[0], SRT2_GATE_LEGACY.format(keys=", ".join(legacy))
         if not isinstance(data, Mapping) or "schema" not in data:
             return "schema", SRT2_GATE_NO_SCHEMA
         return "schema", SRT2_GATE_UNSUPPORTED.format(value=written)
