@@ -40,7 +40,8 @@ log="$top/$name.log"
 bridge="k3e28-${name:0:9}"                 # an interface name has at most 15 characters
 host="unix://$sock"
 
-ping() { curl -fsS --max-time 3 --unix-socket "$sock" http://d/_ping >/dev/null 2>&1; }
+ping() { curl -fsS --max-time 10 --unix-socket "$sock" http://d/_ping >/dev/null 2>&1; }
+alive() { [ -f "$run/dockerd.pid" ] && kill -0 "$(cat "$run/dockerd.pid")" 2>/dev/null; }
 say() { echo "+ $*" >&2; }
 
 # K3ENV_DOCKER28_STOP=1: stop this engine and take its bridge away; with K3ENV_DOCKER28_PURGE=1
@@ -63,6 +64,18 @@ if [ "${K3ENV_DOCKER28_STOP:-}" = 1 ]; then
     rm -rf "$data" "$run" "$log" "$root/etc/k3env-docker28/$name.json"
   fi
   exit 0
+fi
+
+# Already up: nothing to do. Running but not answering (starting, or busy): wait for it, and
+# never start a second daemon over its socket.
+if ping || { alive && for _ in $(seq 1 60); do ping && break; sleep 1; done && ping; }; then
+  echo "DOCKER_HOST=$host"
+  exit 0
+fi
+if alive; then
+  echo "$0: dockerd $(cat "$run/dockerd.pid") runs but does not answer on $sock (log: $log);" \
+    "stop it with K3ENV_DOCKER28_STOP=1 $0 $store $name" >&2
+  exit 1
 fi
 
 # --- mounts ------------------------------------------------------------------------------------
@@ -99,9 +112,11 @@ mirror="${mirror:-http://deb.debian.org/debian}"
 
 # sid's Release file can be past its Valid-Until on a snapshot-backed mirror.
 apt_opts=(-o Acquire::Check-Valid-Until=false -o APT::Install-Recommends=false -o Dpkg::Use-Pty=0)
+mkdir -p "$top"
+exec 9>"$top/.lock"
+flock 9  # one maker of the root at a time (tests start engines from two processes)
 if [ ! -f "$root/.k3env-ready" ]; then
   command -v debootstrap >/dev/null || { say "apt-get install debootstrap"; apt-get install -y -qq debootstrap >/dev/null; }
-  mkdir -p "$top"
   if [ ! -x "$root/usr/bin/apt-get" ]; then
     rm -rf "$root.partial"
     say "debootstrap --variant=minbase --include=ca-certificates sid $root $mirror"
@@ -123,8 +138,9 @@ if [ ! -f "$root/.k3env-ready" ]; then
   chroot "$root" dockerd --version >&2
   touch "$root/.k3env-ready"
 fi
-
 mounts
+flock -u 9
+exec 9>&-  # the daemon started below does not inherit it
 
 # --- its own bridge and daemon ------------------------------------------------------------
 if [ ! -e "/sys/class/net/$bridge" ]; then
@@ -135,7 +151,7 @@ mkdir -p "$root/etc/k3env-docker28"
 conf="/etc/k3env-docker28/$name.json"
 printf '{"bridge": "%s", "iptables": false, "ip6tables": false, "features": {"containerd-snapshotter": %s}}\n' \
   "$bridge" "$snapshotter" >"$root$conf"
-rm -f "$sock" "$run/dockerd.pid"
+rm -f "$sock" "$run/dockerd.pid"  # stale: no daemon of this name runs (alive, above)
 say "chroot $root dockerd --config-file $conf -H $host (log: $log)"
 nohup chroot "$root" /usr/sbin/dockerd --config-file "$conf" -H "$host" --data-root "$data" \
   --exec-root "$run/exec" --pidfile "$run/dockerd.pid" >"$log" 2>&1 </dev/null &
