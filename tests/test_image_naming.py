@@ -290,3 +290,38 @@ def test_manifest_of_is_the_manifest_bytes_and_their_digest() -> None:
     m = manifest_of(config, [BASE_LAYER])
     assert m.body == oci_manifest(config, [BASE_LAYER]) and m.digest == sha(m.body)
     assert parse_manifest(m.body, "test") == m
+
+
+class _Info:
+    """The engine's HTTP client where only ``GET /info`` answers (and is counted)."""
+
+    socket_path = "/nowhere.sock"
+
+    def __init__(self, status: object) -> None:
+        self.status, self.asked = status, 0
+
+    def json(self, method: str, path: str) -> dict[str, object]:
+        assert (method, path) == ("GET", "/info")
+        self.asked += 1
+        return {"Driver": "overlayfs", "DriverStatus": self.status}
+
+
+@pytest.mark.parametrize(
+    ("api", "store", "asked"),
+    [("1.41", CLASSIC, 0), ("1.42", CLASSIC, 0), ("1.43", CONTAINERD, 1),
+     ("1.51", CONTAINERD, 1), ("", CONTAINERD, 1), ("x.y", CONTAINERD, 1)],
+    ids=["20.10", "23.0", "24.0", "28.5", "no-header", "unreadable"],
+)  # fmt: skip
+def test_an_engine_below_api_1_43_is_classic_without_asking_info(
+    api: str, store: str, asked: int
+) -> None:
+    """Docker 24.0 (API 1.43) grew the containerd image store: below it, no /info (10-25 ms
+    of the daemon's time on a rebuild); from it on, /info says, once."""
+    from k3env.engine.dockerd import DockerEngine
+
+    engine = DockerEngine.__new__(DockerEngine)  # no socket: only the store is asked
+    info = _Info(SNAPSHOTTER)
+    engine.http, engine._api, engine._store = info, api, None  # type: ignore[assignment]
+    engine.base_url = f"unix://{info.socket_path}"
+    assert engine.image_store() == store and engine.image_store() == store
+    assert info.asked == asked

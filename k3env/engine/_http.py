@@ -118,8 +118,9 @@ class EngineHTTP:
         content_type: str | None,
         headers: Mapping[str, str] | None,
         timeout: Timeout,
-    ) -> tuple[socket.socket, int, bytes]:
-        """Send the request; return the socket, the status and the body bytes read so far."""
+    ) -> tuple[socket.socket, int, bytes, bytes]:
+        """Send the request; return the socket, the status, the body bytes read so far and
+        the reply's header lines."""
         url = path + (f"?{urlencode(params, doseq=True)}" if params else "")
         head = [f"{method} {url} HTTP/1.0", "Host: docker"]
         if body is not None:
@@ -155,7 +156,7 @@ class EngineHTTP:
             status_line = header.split(b"\r\n", 1)[0].split()
             if len(status_line) < 2 or not status_line[1].isdigit():
                 raise EngineHTTPError(0, f"malformed reply from the daemon: {reply[:200]!r}")
-            return sock, int(status_line[1]), rest
+            return sock, int(status_line[1]), rest, header
         except BaseException:
             sock.close()
             raise
@@ -195,7 +196,7 @@ class EngineHTTP:
                 jsontext.dumps(json_body, sort_keys=False).encode(),
                 "application/json",
             )
-        sock, status, first = self._open(
+        sock, status, first, _ = self._open(
             method,
             path,
             params=params,
@@ -209,6 +210,19 @@ class EngineHTTP:
         if status >= 400 and not (ok_404 and status == 404):
             raise self._error(status, data)
         return status, data
+
+    def ping(self) -> dict[str, str]:
+        """``GET /_ping``: the daemon's reply headers (lower-case names), e.g. ``api-version``
+        (the cheapest question: /version and /info cost the daemon 10-25 ms)."""
+        sock, status, first, header = self._open("GET", "/_ping", params=None, body=None,
+                                                 content_type=None, headers=None,
+                                                 timeout=SHORT)  # fmt: skip
+        with sock:
+            data = self._read_rest(sock, first)
+        if status >= 400:
+            raise self._error(status, data)
+        lines = header.decode("latin-1").split("\r\n")[1:]
+        return {k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines)}
 
     def json(self, method: str, path: str, **kwargs: Any) -> Any:
         """``call`` and decode the reply as one JSON document (``None`` for a 404 with
@@ -267,7 +281,7 @@ class EngineHTTP:
     def _streamed(self, method: str, path: str, **request: Any) -> tuple[socket.socket, bytes]:
         """The request sent (``request``: ``_open``'s keywords); the socket and the body's
         first bytes (an error status raised)."""
-        sock, status, first = self._open(method, path, **request)
+        sock, status, first, _ = self._open(method, path, **request)
         if status >= 400:
             with sock:
                 raise self._error(status, self._read_rest(sock, first))
