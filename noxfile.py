@@ -184,9 +184,9 @@ def bench(session: nox.Session) -> None:
 # reached the mutated function.
 MUTATED = (
     "k3env/verdict.py",
-    "k3env/smoke/collect.py",
+    "k3env/cluster/collect.py",
     "k3env/checks/matrix.py",
-    "k3env/handoff/recipe_check.py",
+    "k3env/srt/recipe_check.py",
     "k3env/checks/verdicts.py",
     "k3env/checks/preflight.py",
     "k3env/checks/rules.py",

@@ -5,8 +5,8 @@ Rules, read from the source with `ast` (function-level imports count too: a lazy
 still a dependency):
 
 - no import cycle between k3env modules;
-- layers only import downwards: core < config < engine < image < checks < smoke < handoff < bump <
-  commands < cli
+- layers only import downwards: core < config < engine < image < checks < smoke < srt < handoff <
+  cluster < bump < commands < cli
   (probes/ runs inside images and imports nothing of k3env but its own package's modules);
 - every module opens with a docstring;
 - each external library is imported by exactly one module;
@@ -25,7 +25,8 @@ from pathlib import Path
 
 # Lower index = lower layer. The flat core (errors, log, state, ...) is layer 0.
 LAYERS = (
-    "core", "config", "engine", "image", "checks", "smoke", "handoff", "bump", "commands", "cli",
+    "core", "config", "engine", "image", "checks", "smoke", "srt", "handoff", "cluster", "bump",
+    "commands", "cli",
 )  # fmt: skip
 # External libraries (and the stdlib modules whose use is one concern) -> the one module
 # allowed to import them.

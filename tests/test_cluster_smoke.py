@@ -15,9 +15,9 @@ import pytest
 import yaml  # type: ignore[import-untyped]
 
 from k3env.cli import main
-from k3env.handoff import slurm
+from k3env.cluster import collect as collect_mod
+from k3env.cluster import slurm
 from k3env.log import Log
-from k3env.smoke import collect as collect_mod
 from k3env.smoke.stages import FACTS, GRAPHS, INIT, KV_CACHE, SERVING
 
 from .conftest import REPO, replace_in
@@ -243,7 +243,7 @@ def test_a_battery_with_gates_missing_is_not_a_pass(tmp_path: Path) -> None:
 
 
 def test_the_job_script_fails_on_the_drivers_status_and_on_a_gate_not_run() -> None:
-    from k3env.handoff.cluster_smoke import _serve_and_battery
+    from k3env.cluster.smoke import _serve_and_battery
 
     script = "\n".join(_serve_and_battery("vllm serve"))
     assert (
@@ -269,7 +269,7 @@ def test_the_job_scripts_verdict_follows_the_model(
 ) -> None:
     """The job script's last lines, run by bash over a battery's result.json: the job fails
     unless every gate passed or was not checked and one passed (k3env.verdict.ok)."""
-    from k3env.handoff.cluster_smoke import VERDICT_LINES
+    from k3env.cluster.smoke import VERDICT_LINES
 
     if statuses is not None:
         gates = [{"gate": f"g{i}", "status": s} for i, s in enumerate(statuses)]
@@ -340,7 +340,7 @@ def test_follow_cancels_a_job_past_its_timeout_and_on_ctrl_c(
 
 
 def test_the_cpu_partition_script_is_one_step_of_shell_words(tmp_path: Path) -> None:
-    from k3env.handoff.cpu_partition import cpu_sbatch_script, cpu_smoke
+    from k3env.cluster.cpu_partition import cpu_sbatch_script, cpu_smoke
     from k3env.smoke.model import write_model
     from k3env.smoke.plan import plan_profile
 
@@ -369,7 +369,7 @@ def test_the_cpu_partition_script_is_one_step_of_shell_words(tmp_path: Path) -> 
 
 
 def test_a_cpu_partition_tree_is_placed_whole(tmp_path: Path) -> None:
-    from k3env.handoff.cpu_partition import place_tree
+    from k3env.cluster.cpu_partition import place_tree
 
     src = tmp_path / "src"
     (src / "site").mkdir(parents=True)

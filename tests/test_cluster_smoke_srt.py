@@ -45,7 +45,8 @@ def test_a_recipe_srt_slurm_refuses_is_not_written(
     cluster profile it cannot take fails with srt-slurm's words, and writes nothing."""
     assert main(["srt", "materialize", "-q"]) == 0
     capsys.readouterr()
-    from k3env.handoff import cluster_job, cluster_smoke
+    from k3env.cluster import job as cluster_job
+    from k3env.cluster import smoke as cluster_smoke
 
     real = cluster_smoke.smoke_recipe
 

@@ -1,4 +1,4 @@
-"""`k3env smoke --collect`'s verdicts (k3env.smoke.collect) at their edges: what a failure
+"""`k3env smoke --collect`'s verdicts (k3env.cluster.collect) at their edges: what a failure
 cites, when a job serves, which files of a job directory are read and which are skipped (and
 the words that say so), the bounds on what the job wrote, the plan a verdict is judged by,
 where a verdict is recorded, and the table a person reads."""
@@ -14,9 +14,8 @@ from typing import Any
 import pytest
 
 from k3env import untrusted
-from k3env.errors import ConfigError
-from k3env.smoke import collect as collect_mod
-from k3env.smoke.collect import (
+from k3env.cluster import collect as collect_mod
+from k3env.cluster.collect import (
     MINIMUM_GATES,
     ClusterVerdict,
     Failure,
@@ -27,6 +26,7 @@ from k3env.smoke.collect import (
     recorded,
     table,
 )
+from k3env.errors import ConfigError
 from k3env.smoke.stages import FACTS, FIRST_DECODE, GRAPHS, INIT, KV_CACHE, SERVING
 from k3env.state import State
 from k3env.verdict import Gate

@@ -1,4 +1,4 @@
-"""Recipes in (``handoff.recipe_check``), verdict by verdict: which image a recipe's container
+"""Recipes in (``srt.recipe_check``), verdict by verdict: which image a recipe's container
 is (each way a push, an export or a lock base is named, each said in its own words), srt-slurm's
 loader as one gate (passed only where it ran; not checked, saying why; failed with its words),
 the loader's errors as findings on the recipe's keys and lines, and the result's JSON."""
@@ -24,7 +24,9 @@ from k3env.config.spec import load_spec
 from k3env.config.srtrecipe import load_recipe
 from k3env.config.yamlread import load_yaml
 from k3env.errors import ConfigError
-from k3env.handoff.recipe_check import (
+from k3env.image.records import build_key
+from k3env.log import Log
+from k3env.srt.recipe_check import (
     LOADER_GATE,
     LOADER_RULE,
     Loader,
@@ -36,9 +38,7 @@ from k3env.handoff.recipe_check import (
     recorded_schema,
     srt_loader,
 )
-from k3env.handoff.srt_validate import RecipeError, Validation
-from k3env.image.records import build_key
-from k3env.log import Log
+from k3env.srt.validate import RecipeError, Validation
 from k3env.state import State
 
 from .conftest import REPO
@@ -458,7 +458,8 @@ def test_unresolved_patches_are_named_as_why_it_cannot_be_materialized(project: 
 def test_where_srt_slurm_is_materialized_its_loader_decides_pass_or_fail(
     project: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from k3env.handoff import srt, srt_validate
+    from k3env.srt import materialize as srt
+    from k3env.srt import validate as srt_validate
 
     good, bad = recipes(project)
     lock = load_lock(LOCK)

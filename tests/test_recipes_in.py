@@ -15,8 +15,8 @@ import yaml  # type: ignore[import-untyped]
 from k3env.cli import main
 from k3env.config.lock import load_lock
 from k3env.config.spec import load_spec
-from k3env.handoff.adopt import ABSENT, Difference, naming, recipe_diff
 from k3env.image.records import build_key
+from k3env.srt.adopt import ABSENT, Difference, naming, recipe_diff
 from k3env.state import State
 
 from .conftest import REPO
@@ -424,8 +424,8 @@ def test_recipe_diff_and_naming() -> None:
 
 def test_a_loader_error_no_file_owns_fails_every_recipe(tmp_path: Path) -> None:
     """srt-slurm's loader that fails to import names no file: no recipe loaded, none passes."""
-    from k3env.handoff.recipe_check import errors_of
-    from k3env.handoff.srt_validate import RecipeError
+    from k3env.srt.recipe_check import errors_of
+    from k3env.srt.validate import RecipeError
 
     a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
     broken = RecipeError(file="", key="", message="ImportError: srtctl.core.config", stage="load")

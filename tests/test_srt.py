@@ -126,7 +126,7 @@ def test_dynamo_recipe_asks_for_no_install_when_dynamo_is_baked(srt_repo: Path) 
     from k3env.config.lock import load_lock
     from k3env.config.spec import load_spec
     from k3env.errors import SpecError
-    from k3env.handoff.recipe import recipe
+    from k3env.srt.recipe import recipe
 
     lock = load_lock(LOCK)
     spec = load_spec(srt_repo / "images/kimi-k3-dynamo.toml", lock)
@@ -167,7 +167,7 @@ def test_a_benchmark_whose_image_has_no_aiperf_is_refused_unless_it_names_its_cl
     from k3env.config.lock import load_lock
     from k3env.config.spec import load_spec
     from k3env.errors import SpecError
-    from k3env.handoff.recipe import recipe
+    from k3env.srt.recipe import recipe
 
     spec = load_spec(srt_repo / "images/kimi-k3-direct-d.toml", load_lock(LOCK))
     bare = dataclasses.replace(spec, components=())
@@ -328,7 +328,7 @@ def test_dirty_cache_is_an_error(srt_repo: Path, capsys: pytest.CaptureFixture[s
 def test_a_rewritten_cache_marker_is_an_error_not_a_traceback(
     srt_repo: Path, capsys: pytest.CaptureFixture[str], text: str
 ) -> None:
-    from k3env.handoff.srt import MARKER
+    from k3env.srt.materialize import MARKER
 
     first, _ = materialize(capsys)
     marker = Path(str(first["path"])) / MARKER
@@ -345,8 +345,8 @@ def test_srt_patch_fates_after_a_version_bump(
     srt_repo: Path, upstream: Upstream, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from k3env.config.lock import load_lock
-    from k3env.handoff.srt_fates import patch_fates
     from k3env.log import Log
+    from k3env.srt.fates import patch_fates
 
     fates = patch_fates(load_lock(LOCK), Log(quiet=True))
     assert [f.status for f in fates] == ["applies", "applies"]
@@ -378,8 +378,8 @@ def test_srtctls_venv_gets_a_pip_that_installs_into_it(
     import importlib.metadata
     import sys
 
-    from k3env.handoff import srt
     from k3env.log import Log
+    from k3env.srt import materialize as srt
 
     if not host_pip:
         real = importlib.metadata.version

@@ -14,8 +14,8 @@ import pytest
 import yaml  # type: ignore[import-untyped]
 
 from k3env.cli import main
-from k3env.handoff import srt_migrate
-from k3env.handoff.srt import Materialized
+from k3env.srt import migrate as srt_migrate
+from k3env.srt.materialize import Materialized
 
 from .conftest import REPO
 from .srt2_upstream import Srt2, srt2

@@ -27,11 +27,11 @@ from k3env import untrusted
 from k3env.cli import main
 from k3env.config.lock import load_lock
 from k3env.errors import UntrustedFileError
-from k3env.handoff.recipe import to_yaml
 from k3env.handoff.squashfs import Squashfs
 from k3env.handoff.squashfs_check import check_squashfs
-from k3env.handoff.srt import copy_checkout
 from k3env.log import Log
+from k3env.srt.materialize import copy_checkout
+from k3env.srt.recipe import to_yaml
 
 from .conftest import REPO
 

@@ -18,12 +18,12 @@ from k3env.config.shapes import DEFAULT_PLATFORM
 from k3env.config.spec import ImageSpec
 from k3env.engine.protocol import Engine
 from k3env.errors import K3envError, PatchError
-from k3env.handoff.srt_fates import patch_fates
 from k3env.image.bases import ResolvedBase, registry_base
 from k3env.image.build import build_all, make_builder, read_base_files, resolve_modules
 from k3env.image.patches import ALREADY_PRESENT, apply_patch
 from k3env.image.twin import twin_base
 from k3env.log import Log
+from k3env.srt.fates import patch_fates
 from k3env.state import State
 
 

@@ -1,6 +1,6 @@
 """What preflight knows of upstream: model, hardware and version numbers, each with its source.
 
-The tables the rules in ``rules`` read (and ``handoff.recipe`` the models). Each entry says
+The tables the rules in ``rules`` read (and ``srt.recipe`` the models). Each entry says
 where it came from (the bring-up, an upstream PR or release); facts learned by ``k3env verify``
 about the image override them. Add a number here when a new model, GPU or release is measured.
 """

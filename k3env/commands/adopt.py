@@ -48,8 +48,8 @@ def run(args: argparse.Namespace, app: App) -> int:
     from k3env.config.spec import load_spec
     from k3env.config.srtrecipe import load_recipe
     from k3env.files import write_atomic
-    from k3env.handoff.adopt import naming, recipe_diff, spec_text
-    from k3env.handoff.recipe_check import find_image
+    from k3env.srt.adopt import naming, recipe_diff, spec_text
+    from k3env.srt.recipe_check import find_image
 
     lock = load_lock(args.lock)
     cluster = load_cluster(args.cluster)
@@ -123,8 +123,8 @@ def _regenerate(
 ) -> dict[str, Any]:
     """The recipe `k3env srt recipe` makes from the adopted spec, for the round trip."""
     from k3env.config.srtrecipe2 import as_schema2
-    from k3env.handoff.recipe import precision_of, recipe
     from k3env.image.envpolicy import merged_env
+    from k3env.srt.recipe import precision_of, recipe
 
     profile = spec.profiles[profile_name]
     regenerated = recipe(

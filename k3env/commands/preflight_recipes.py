@@ -1,6 +1,6 @@
 """The `--recipe` / `--srtslurm` half of `k3env preflight`: srt-slurm recipes and a cluster's
 `srtslurm.yaml` that people already have, checked with the rules of k3env's own specs (the
-pipeline is ``handoff.recipe_check``; this module reads the arguments and prints).
+pipeline is ``srt.recipe_check``; this module reads the arguments and prints).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from k3env.quoting import one_line
 if TYPE_CHECKING:
     from k3env.config.cluster import Cluster
     from k3env.config.pins import Lock
-    from k3env.handoff.recipe_check import RecipeResult
+    from k3env.srt.recipe_check import RecipeResult
     from k3env.state import State
 
 
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace, app: App, rules: list[Any]) -> int:
         return record(args, app)
     from k3env.config.cluster import load_cluster
     from k3env.config.srtrecipe import load_recipe
-    from k3env.handoff.recipe_check import (
+    from k3env.srt.recipe_check import (
         check_recipe,
         find_image,
         srt_loader,
@@ -126,7 +126,7 @@ def _cluster_config(
     srt-slurm, each container alias resolved to an image k3env built; (aliases, model paths,
     what the JSON says of it). Lines for a person go to ``lines``."""
     from k3env.config.srtrecipe import load_cluster_config, str_mapping
-    from k3env.handoff.recipe_check import check_cluster_config, containers_of
+    from k3env.srt.recipe_check import check_cluster_config, containers_of
 
     doc = load_cluster_config(args.srtslurm)
     checked = check_cluster_config(doc, lock)

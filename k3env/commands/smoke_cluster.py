@@ -11,14 +11,14 @@ from k3env.errors import CheckFailed, ConfigError
 from k3env.quoting import one_line
 
 if TYPE_CHECKING:
+    from k3env.cluster.job import Written
     from k3env.config.cluster import Cluster
     from k3env.config.spec import ImageSpec
-    from k3env.handoff.cluster_job import Written
 
 
 def run_cluster(args: argparse.Namespace, app: App) -> int:
-    from k3env.handoff.cluster_job import submit_and_collect, write_job
-    from k3env.smoke.collect import collect, record, table
+    from k3env.cluster.collect import collect, record, table
+    from k3env.cluster.job import submit_and_collect, write_job
 
     state = app.state()
     if args.collect is not None:
@@ -87,8 +87,8 @@ def _profile(args: argparse.Namespace, spec: ImageSpec) -> str:
 
 def _cpu_job(args: argparse.Namespace, app: App, cluster: Cluster) -> Written:
     """The CPU partition mode: the image built (or found) as `k3env smoke` builds it, its
-    job written (``handoff.cpu_partition``)."""
-    from k3env.handoff.cluster_job import write_cpu_job
+    job written (``cluster.cpu_partition``)."""
+    from k3env.cluster.job import write_cpu_job
 
     if args.runtime != "pyxis" or args.layers is not None:
         raise ConfigError(
@@ -110,7 +110,7 @@ def _cpu_job(args: argparse.Namespace, app: App, cluster: Cluster) -> Written:
 def _written(w: object) -> list[str]:
     """What was written and how to run it, for a person: lines, each one line (a name in it
     escaped)."""
-    from k3env.handoff.cluster_job import RECIPE, SCRIPT, Written
+    from k3env.cluster.job import RECIPE, SCRIPT, Written
 
     assert isinstance(w, Written)
     s = w.smoke

@@ -23,7 +23,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, app: App) -> int:
     log = app.log
-    from k3env.handoff.srt import materialize
+    from k3env.srt.materialize import materialize
 
     m = materialize(load_lock(args.lock), app.state(), log, source=args.source)
     app.emit(

@@ -34,7 +34,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, app: App) -> int:
     from k3env.checks.rules import RULES
     from k3env.commands.preflight_recipes import run as judge
-    from k3env.handoff.srt_migrate import migrate, migrator
+    from k3env.srt.migrate import migrate, migrator
 
     recipes: list[Path] = []
     for r in args.recipe:

@@ -37,10 +37,10 @@ def run(args: argparse.Namespace, app: App) -> int:
     log = app.log
     from k3env.config.cluster import load_cluster
     from k3env.handoff.push import pushed_record
-    from k3env.handoff.recipe import as_pinned, precision_of, recipe, to_yaml
-    from k3env.handoff.recipe import header as recipe_header
     from k3env.image.envpolicy import merged_env
     from k3env.image.records import last_build
+    from k3env.srt.recipe import as_pinned, precision_of, recipe, to_yaml
+    from k3env.srt.recipe import header as recipe_header
 
     lock = load_lock(args.lock)
     (spec,) = load_specs(args.images, lock, (args.image,))

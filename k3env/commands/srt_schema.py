@@ -29,8 +29,8 @@ def run(args: argparse.Namespace, app: App) -> int:
     from k3env.config.lock import load_lock
     from k3env.config.srtschema import identity
     from k3env.files import write_atomic
-    from k3env.handoff.srt import materialize
-    from k3env.handoff.srt_validate import record_schema
+    from k3env.srt.materialize import materialize
+    from k3env.srt.validate import record_schema
 
     lock = load_lock(args.lock)
     srt = lock.srt_slurm

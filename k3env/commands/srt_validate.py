@@ -25,8 +25,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, app: App) -> int:
     log = app.log
-    from k3env.handoff.srt import materialize
-    from k3env.handoff.srt_validate import validate
+    from k3env.srt.materialize import materialize
+    from k3env.srt.validate import validate
 
     recipes: list[Path] = []
     for r in args.recipe:

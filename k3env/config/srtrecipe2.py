@@ -167,7 +167,7 @@ def as_schema1(data: Mapping[str, Any]) -> tuple[dict[str, Any], Spelling]:
 
 
 def as_schema2(data: Mapping[str, Any]) -> dict[str, Any]:
-    """A recipe k3env renders in schema 1 (``handoff.recipe``: one aggregate role, a vLLM
+    """A recipe k3env renders in schema 1 (``srt.recipe``: one aggregate role, a vLLM
     backend, Dynamo by commit or not installed) written as ``schema: 2``, in the key order
     srt-slurm 2.x's ``srtctl migrate`` gives it (``engine`` where ``backend`` was, ``roles``
     right after it; a role's nodes, workers, gpus, then env, then args). Keys it does not move

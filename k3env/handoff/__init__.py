@@ -1,2 +1,2 @@
-"""Getting images to the cluster: push by digest, enroot squashfs export and check, srt-slurm
-materialize/validate, recipes."""
+"""Getting images to the cluster: push by digest, enroot squashfs export and check, the SBOM
+and signed provenance, the staged cache and pyxis's importer."""

@@ -157,8 +157,8 @@ def test_the_real_vllm_cpu_engine_refuses_a_retention_interval_in_the_facts_word
     its log as the fact, at stage init."""
     import json
 
+    from k3env.cluster.collect import collect
     from k3env.config.lock import load_lock
-    from k3env.smoke.collect import collect
     from k3env.smoke.model import write_model
     from k3env.smoke.plan import ENGINE, MODEL
     from k3env.smoke.prefix import ensure_prefix, smoke_pin

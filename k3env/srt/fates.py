@@ -18,9 +18,9 @@ from pathlib import Path
 from k3env.config.pins import Lock, SrtPatchPin, SrtSlurmPin
 from k3env.config.shapes import require_git_source
 from k3env.files import read_input
-from k3env.handoff.srt import conflict, patch_files, pinned_srt, run_git
 from k3env.log import Log
 from k3env.runner import attempt, require_tool, run, run_streaming
+from k3env.srt.materialize import conflict, patch_files, pinned_srt, run_git
 
 
 @dataclass(frozen=True, kw_only=True)

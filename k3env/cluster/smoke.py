@@ -1,6 +1,6 @@
 """The cluster smoke job, rendered: an srt-slurm recipe and a plain sbatch script (pure).
 
-Both start the profile's engine as ``smoke.cluster_plan`` sized it, in the image the cluster
+Both start the profile's engine as ``cluster.plan`` sized it, in the image the cluster
 imports (by the digest it was pushed under, or its exported ``.sqsh``), and run the CPU
 smoke's driver against it. The driver, its plan and the job's manifest are files k3env writes
 beside them (``bin/``), mounted into the container at ``/k3env-smoke/bin``: the output
@@ -16,7 +16,7 @@ directory must be on a file system the nodes see.
   ``RUNTIME=none`` runs the same steps on the nodes themselves (a Slurm without pyxis).
 
 Every value put into the script is one shell word (``quoting.shell_word``); every value put
-into the recipe a YAML scalar (``handoff.recipe.to_yaml``).
+into the recipe a YAML scalar (``srt.recipe.to_yaml``).
 """
 
 from __future__ import annotations
@@ -27,14 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from k3env import jsontext
+from k3env.cluster.collect import MANIFEST
+from k3env.cluster.plan import BIN, DRIVER, PLAN, ClusterSmoke
 from k3env.config.cluster import Cluster
 from k3env.config.spec import ImageSpec, ServeProfile
 from k3env.errors import SpecError
-from k3env.handoff.recipe import recipe
 from k3env.quoting import one_line, shell_word
-from k3env.smoke.cluster_plan import BIN, DRIVER, PLAN, ClusterSmoke
-from k3env.smoke.collect import MANIFEST
 from k3env.smoke.plan import battery_gates
+from k3env.srt.recipe import recipe
 
 RUNTIMES = ("pyxis", "none")
 # The end of every smoke job script: no result, a gate failed or not run, or no gate passed

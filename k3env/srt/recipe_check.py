@@ -33,11 +33,11 @@ from k3env.config.srtrecipe import Recipe, job_shape
 from k3env.config.srtschema import SrtSchema, check, load_srt_schema
 from k3env.config.yamlread import YamlDoc, load_yaml
 from k3env.errors import ConfigError
-from k3env.handoff.srt_gate import GATE
-from k3env.handoff.srt_gate import fix as gate_fix
-from k3env.handoff.srt_validate import RecipeError
 from k3env.image.records import last_build
 from k3env.log import Log
+from k3env.srt.gate import GATE
+from k3env.srt.gate import fix as gate_fix
+from k3env.srt.validate import RecipeError
 from k3env.state import State
 from k3env.verdict import FAILED, NOT_CHECKED, PASSED, Gate
 
@@ -273,8 +273,8 @@ def check_cluster_config(doc: YamlDoc, lock: Lock) -> str:
 def srt_loader(lock: Lock, state: State, log: Log, recipes: Sequence[Path]) -> dict[Path, Loader]:
     """srt-slurm's loader, job-time lookups and dry-run for each recipe, when the pinned
     srt-slurm is materialized on this host; else each is ``not checked``, saying why."""
-    from k3env.handoff.srt import cache_key, materialize
-    from k3env.handoff.srt_validate import validate
+    from k3env.srt.materialize import cache_key, materialize
+    from k3env.srt.validate import validate
 
     srt = lock.srt_slurm
     why = None
@@ -324,7 +324,7 @@ def _by_schema(recipe: Path, schema: SrtSchema, why: str) -> Loader:
 def _gated(lock: Lock, recipe: Path, loader: Loader) -> Loader:
     """The pinned srt-slurm's refusal of a recipe of the schema it does not load, in its words,
     where its own loader did not run to say it (the rules judge the recipe all the same)."""
-    from k3env.handoff.srt_gate import refusal
+    from k3env.srt.gate import refusal
 
     refused = None if lock.srt_slurm is None else refusal(lock.srt_slurm, load_yaml(recipe).data)
     if refused is None or any(key == refused[0] for key, _, _ in loader.errors):

@@ -20,9 +20,9 @@ from typing import Any
 
 from k3env import jsontext
 from k3env.errors import ToolError
-from k3env.handoff.srt import Materialized
 from k3env.log import Log
 from k3env.runner import attempt
+from k3env.srt.materialize import Materialized
 
 # srtctl's own dry-run: loads the recipe and renders the sbatch script, without Slurm.
 DRY_RUN = ("-m", "srtctl.cli.submit", "dry-run", "-f")

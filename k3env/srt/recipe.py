@@ -19,8 +19,8 @@ from k3env.config.pins import SrtSlurmPin
 from k3env.config.spec import ImageSpec, ServeProfile
 from k3env.config.srtrecipe2 import as_schema2
 from k3env.errors import SpecError
-from k3env.handoff.srt_gate import loads_schema
 from k3env.quoting import one_line, yaml_scalar, yaml_string
+from k3env.srt.gate import loads_schema
 
 # Launcher-owned topology flags: srt-slurm sets them per node (its vllm frontend strips them).
 TOPOLOGY_FLAGS = {"nnodes", "node-rank", "master-addr", "master-port", "headless", "host", "port"}

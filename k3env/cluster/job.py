@@ -14,6 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from k3env import jsontext
+from k3env.cluster.collect import MANIFEST, ClusterVerdict, collect, record
+from k3env.cluster.plan import ClusterSmoke, plan_cluster
+from k3env.cluster.slurm import follow, submit
+from k3env.cluster.smoke import manifest, plan_json, sbatch_script, smoke_recipe
 from k3env.config.cluster import Cluster
 from k3env.config.pins import Lock
 from k3env.config.shapes import platform_option
@@ -21,19 +25,15 @@ from k3env.config.spec import ImageSpec, ServeProfile
 from k3env.engine.protocol import Engine
 from k3env.errors import CheckFailed, ConfigError, StateError
 from k3env.files import read_input, write_atomic
-from k3env.handoff.cluster_smoke import manifest, plan_json, sbatch_script, smoke_recipe
 from k3env.handoff.enroot_export import last_export
 from k3env.handoff.push import last_push
-from k3env.handoff.recipe import as_pinned, precision_of, to_yaml
-from k3env.handoff.recipe_check import srt_loader
-from k3env.handoff.slurm import follow, submit
 from k3env.image.build import BuildResult
 from k3env.image.envpolicy import merged_env
 from k3env.image.records import last_build
 from k3env.log import Log
 from k3env.quoting import one_line
-from k3env.smoke.cluster_plan import ClusterSmoke, plan_cluster
-from k3env.smoke.collect import MANIFEST, ClusterVerdict, collect, record
+from k3env.srt.recipe import as_pinned, precision_of, to_yaml
+from k3env.srt.recipe_check import srt_loader
 from k3env.state import State
 from k3env.untrusted import read_tail
 from k3env.verdict import FAILED, PASSED
@@ -240,10 +240,10 @@ def write_cpu_job(
     job_timeout: float,
     ready_timeout: float,
 ) -> Written:
-    """The CPU partition mode's job (``handoff.cpu_partition``): the CPU smoke's plan of this
+    """The CPU partition mode's job (``cluster.cpu_partition``): the CPU smoke's plan of this
     build, its engine, model and driver under ``out``, one sbatch script (no recipe:
     srt-slurm starts its engine on GPU nodes)."""
-    from k3env.handoff.cpu_partition import (
+    from k3env.cluster.cpu_partition import (
         cpu_manifest,
         cpu_sbatch_script,
         cpu_smoke,

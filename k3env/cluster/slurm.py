@@ -14,10 +14,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from k3env.cluster.collect import JobState
 from k3env.errors import ToolError
 from k3env.log import Log
 from k3env.runner import poll, require_tool, run
-from k3env.smoke.collect import JobState
 
 COMMAND_SECONDS = 30.0  # each squeue / sacct / scontrol / scancel call
 GONE_SECONDS = 60.0  # for a cancelled job to leave the queue

@@ -18,10 +18,10 @@ from pathlib import Path
 
 from k3env.config.pins import Lock
 from k3env.errors import ConfigError, StateError, ToolError
-from k3env.handoff.srt import Materialized, cache_key, materialize, pinned_srt
-from k3env.handoff.srt_gate import loads_schema
 from k3env.log import Log
 from k3env.runner import attempt
+from k3env.srt.gate import loads_schema
+from k3env.srt.materialize import Materialized, cache_key, materialize, pinned_srt
 from k3env.state import State
 
 REFUSAL_1X = (

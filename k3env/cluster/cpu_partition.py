@@ -26,10 +26,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from k3env.cluster.collect import MANIFEST
+from k3env.cluster.plan import ClusterSmoke, Topology
 from k3env.errors import ConfigError
 from k3env.quoting import one_line, shell_word
-from k3env.smoke.cluster_plan import ClusterSmoke, Topology
-from k3env.smoke.collect import MANIFEST
 from k3env.smoke.plan import BIN, ENGINE, MODEL, SmokePlan, battery_gates
 
 MODE = "cpu-partition"
@@ -103,7 +103,7 @@ def cpu_sbatch_script(
 ) -> str:
     """The plain sbatch script of the CPU partition mode: one step, the driver in the image
     (pyxis: ``--container-image``), the engine, model and driver mounted read-only."""
-    from k3env.handoff.cluster_smoke import VERDICT_LINES, pyxis_image, time_limit
+    from k3env.cluster.smoke import VERDICT_LINES, pyxis_image, time_limit
 
     q = shell_word
     d = str(out_dir)
