@@ -4,8 +4,11 @@ errors into exit codes: the only place they are caught."""
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -106,7 +109,8 @@ def main(argv: Sequence[str] | None = None, *, engine: Engine | None = None) -> 
     make: Callable[[], Engine] = docker_engine if engine is None else (lambda: engine)
     app = App(log=Log(quiet=args.quiet), as_json=args.json, make_engine=make)
     try:
-        code = int(args.run(args, app))
+        with _terminable():
+            code = int(args.run(args, app))
     except K3envError as e:
         return _fail(app, e)
     except jsontext.NotFinite as e:  # a NaN or an infinity on its way into a JSON document
@@ -114,6 +118,9 @@ def main(argv: Sequence[str] | None = None, *, engine: Engine | None = None) -> 
     except KeyboardInterrupt:
         print("k3env: interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print("k3env: terminated (SIGTERM)", file=sys.stderr)
+        return 143
     except OSError as e:
         # A file k3env was told to use (an --out path, a recipe, a directory) that the
         # system refused: the user's to fix, not a bug to show as a traceback.
@@ -133,6 +140,29 @@ def main(argv: Sequence[str] | None = None, *, engine: Engine | None = None) -> 
         if not _print_json(text):
             return StateError.return_code
     return code
+
+
+class Terminated(BaseException):
+    """SIGTERM (a CI job cancelled, Slurm's time limit, `kill`), raised where the command is,
+    so every ``finally`` runs on the way out as for Ctrl-C (a bump restores what it wrote)."""
+
+
+@contextmanager
+def _terminable() -> Iterator[None]:
+    """SIGTERM raised as ``Terminated`` while a command runs (the main thread only: a handler
+    cannot be set elsewhere), the previous handler back after it."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum: int, frame: object) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _not_json(e: jsontext.NotFinite, command: str, what: str) -> StateError:

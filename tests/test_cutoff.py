@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import http.server
 import json
+import os
 import shutil
 import threading
 import zipfile
@@ -307,4 +308,60 @@ def test_a_twin_bump_ended_while_it_is_judged_restores_the_lock_and_the_twin_fil
     argv = ["bump", "twin", settled_cutoff(), "--twin-index-url", index, "--twin", "-q"]
     assert main(argv, engine=FakeEngine()) == code
     assert len(seen) == 2 and b"k3probe-b==1.1 " in seen[1]
+    assert LOCK.read_bytes() == lock_before and REQ.read_bytes() == req_before
+
+
+_SLOW_AFTER = """
+import os, time
+from pathlib import Path
+import k3env.bump.evaluate as ev
+import k3env.commands.app as app
+import k3env.commands.bump as bump
+
+calls = []
+
+def judge(lock, specs, **_):
+    calls.append(1)
+    if len(calls) == 2:  # the bumped files written, the after build under way
+        Path(os.environ["K3ENV_TEST_MARK"]).write_text("after")
+        time.sleep(60)
+    return ev.Outcome(reports=(), preflight_errors={}, patches=(), twin=True)
+
+ev.evaluate = judge
+bump.load_specs = lambda *_: []  # the twin alone
+app.App.engine = lambda self: None  # no engine: the judging is the stand-in above
+"""
+
+
+def test_a_twin_bump_sent_sigterm_while_it_is_judged_restores_every_file(
+    minimal: Path, index: str, tmp_path: Path
+) -> None:
+    """A real `k3env bump twin` process, SIGTERM'd (a cancelled CI job, a time limit) while
+    the bumped files are judged: it exits 143 and the lock and the twin's files are
+    byte-identical to before."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    assert main(["twin", "--resolve", "--index-url", index, "-q"]) == 0
+    shutil.copytree(REPO / "clusters", minimal / "clusters")
+    lock_before, req_before = LOCK.read_bytes(), REQ.read_bytes()
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(_SLOW_AFTER)
+    mark = tmp_path / "mark"
+    env = {**os.environ, "PYTHONPATH": f"{site}:{REPO}", "K3ENV_TEST_MARK": str(mark)}
+    argv = [sys.executable, "-m", "k3env", "bump", "twin", settled_cutoff(), "--twin-index-url",
+            index, "--twin", "-q"]  # fmt: skip
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 60
+    while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert mark.exists(), proc.communicate(timeout=5)
+    assert b"k3probe-b==1.1 " in REQ.read_bytes()  # written, being judged
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 143, err
+    assert b"terminated (SIGTERM)" in err
     assert LOCK.read_bytes() == lock_before and REQ.read_bytes() == req_before
