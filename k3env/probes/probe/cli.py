@@ -18,6 +18,7 @@ import platform
 import sys
 from typing import Any
 
+from .args import _serve_parser
 from .harness import captured, first_attribute, first_import
 
 SENTINEL = "k3env_sentinel_zz"
@@ -79,14 +80,8 @@ def describe_parser(parser: argparse.ArgumentParser) -> dict[str, Any]:
 
 
 def _serve() -> tuple[Any, Any, dict[str, Any]]:
-    serve = first_import("vllm.entrypoints.cli.serve")
-    flexible = first_import("vllm.utils.argparse_utils", "vllm.utils").FlexibleArgumentParser
-    top = flexible(prog="vllm")
-    sub = top.add_subparsers(required=False, dest="subparser")
-    commands = {}
-    for cmd in serve.cmd_init():
-        cmd.subparser_init(sub).set_defaults(dispatch_function=cmd.cmd)
-        commands[cmd.name] = cmd
+    """(vllm's top parser, its `serve` parser, the commands by name): verify's own parser."""
+    top, sub, commands = _serve_parser(None)
     return top, sub.choices["serve"], commands
 
 
