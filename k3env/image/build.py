@@ -330,7 +330,7 @@ class Builder:
                 platform=self.platform,
             )
 
-        hit = self._cached(reference, inputs)
+        hit = self._cached(reference, inputs, base)
         if hit is not None:
             self.log.info(f"    {spec.name}: cache hit {reference}")
             existing, names = hit
@@ -371,15 +371,20 @@ class Builder:
         names, loaded = self._load(assembled, under, reference)
         return result(names, loaded, False, results)
 
-    def _cached(self, reference: str, inputs: str) -> tuple[Tagged, ImageNames] | None:
+    def _cached(
+        self, reference: str, inputs: str, base: ResolvedBase
+    ) -> tuple[Tagged, ImageNames] | None:
         """The image the engine holds under ``reference`` from these inputs, with its names
-        (``None``: none, or one k3env cannot name on this engine's store, or, for a publish,
-        whose registry form is not kept: built again, the same bytes)."""
+        (``None``, built again, the same bytes: none; one k3env cannot name on this engine's
+        store; one whose manifest this state lost while its base's is known; or, for a
+        publish, one whose registry form is not kept)."""
         existing = self.engine.lookup(reference)
         if existing is None or existing.labels.get(f"{LABEL_PREFIX}.inputs") != inputs:
             return None
         named = identify(self.engine.image_store(), self.state, existing.id)
-        if named is None or (self.registry_form and not kept_image(self.state, named[0].config)):
+        if named is None or (named[0].manifest is None and base.manifest is not None):
+            return None
+        if self.registry_form and not kept_image(self.state, named[0].config):
             return None
         return existing, named[0]
 

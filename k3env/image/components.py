@@ -131,6 +131,8 @@ def bake(
     reference = f"{REPOSITORY}:{key[:20]}"
     found = engine.lookup(reference)
     known = know(engine, state, reference) if found and found.labels.get(LABEL) == key else None
+    if known is not None and known.manifest is None and base.manifest is not None:
+        known = None  # its manifest is lost here while its base's is known: made again
     if known is not None and (not registry_form or kept_image(state, known.names.config)):
         return _over(base, reference, known.image, known.manifest), _baked(
             key, reference, known.names.config, pins, found.labels if found else {}
