@@ -154,11 +154,12 @@ def bump(session: nox.Session) -> None:
 
 @nox.session(python=PYTHON, default=False)
 def schemas(session: nox.Session) -> None:
-    """Regenerate schemas/ (JSON Schemas of the lock and specs) and README's command table."""
+    """Regenerate schemas/ (JSON Schemas of the lock and specs) and the command table of README
+    and the docs site."""
     _install(session)
     session.run("k3env", "schema", "lock", "--out", "schemas/lock.schema.json", "-q")
     session.run("k3env", "schema", "spec", "--out", "schemas/image-spec.schema.json", "-q")
-    session.run("python", "scripts/readme_commands.py", "README.md")
+    session.run("python", "scripts/readme_commands.py", "README.md", "docs/index.md")
 
 
 @nox.session(python=PYTHON, default=False)

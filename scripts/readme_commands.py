@@ -1,7 +1,8 @@
-"""Rewrite README.md's command table from k3env's argparse parser (`nox -s schemas`).
+"""Rewrite the command table of README.md and the docs site's index (docs/index.md) from
+k3env's argparse parser (`nox -s schemas`).
 
 The table lives between `<!-- commands:begin -->` and `<!-- commands:end -->`;
-tests/test_readme.py fails when it differs from what this writes.
+tests/test_readme.py and tests/test_docs.py fail when it differs from what this writes.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ def render(readme: str) -> str:
     head, _, rest = readme.partition(BEGIN)
     _, found, tail = rest.partition(END)
     if not rest or not found:
-        raise SystemExit(f"README.md lacks the markers {BEGIN.strip()} ... {END.strip()}")
+        raise SystemExit(f"the file lacks the markers {BEGIN.strip()} ... {END.strip()}")
     return head + BEGIN + command_table() + END + tail
 
 
 if __name__ == "__main__":
-    path = Path(sys.argv[1] if len(sys.argv) > 1 else "README.md")
-    path.write_text(render(path.read_text()))
+    for path in map(Path, sys.argv[1:] or ["README.md"]):
+        path.write_text(render(path.read_text()))
