@@ -4,7 +4,7 @@ read. A blob's signature is written base64 (DER inside), as cosign writes one; a
 statement is signed in a DSSE envelope (its PAE), as `cosign attest-blob` makes one.
 
 cryptography is imported here only. A key cosign generated (``cosign generate-key-pair``:
-an encrypted sigstore key) is not read: convert it, or make one with openssl (README).
+an encrypted sigstore key) is not read: convert it, or make one with openssl (docs/sbom.md).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ pytestmark = pytest.mark.skipif(
 
 
 def keypair(directory: Path, name: str) -> tuple[SigningKey, VerifyKey, Path]:
-    """A key pair made by openssl, as README tells a user to make one."""
+    """A key pair made by openssl, as docs/sbom.md tells a user to make one."""
     key, pub = directory / f"{name}.key", directory / f"{name}.pub"
     subprocess.run(
         f"openssl ecparam -name prime256v1 -genkey -noout | openssl pkcs8 -topk8 -nocrypt "

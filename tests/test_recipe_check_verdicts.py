@@ -448,8 +448,8 @@ def test_unresolved_patches_are_named_as_why_it_cannot_be_materialized(project: 
     assert (verdict, errors) == ("not checked", ())
     assert detail.startswith(
         "the pinned srt-slurm v1.0.36 cannot be materialized here: patch(es) ['direct vllm "
-        "frontend: vLLM-native multi-node serve'] unresolved (see README: srt-slurm against the "
-        "real upstream); schemas/srt-slurm.schema.json was recorded from"
+        "frontend: vLLM-native multi-node serve'] unresolved (see docs/recipes.md: srt-slurm "
+        "against the real upstream); schemas/srt-slurm.schema.json was recorded from"
     )
     both = lock_with(patches=(replace(first, sha256=None), replace(second, sha256=None)))
     assert "patch(es) ['PR #278', 'direct vllm" in loaders(both, [good])[good][1]

@@ -1,8 +1,8 @@
-"""The stage cache as strangers share it (README "Staged images: who may write where"): at each
-path the stager and pyxis's importer touch, a planted symlink, FIFO, hard link or another
-user's file is refused or replaced, never followed, opened, served or changed; nothing outside
-the cache is created, written or chmodded; nothing hangs; no traceback. The importer runs as a
-second, unprivileged user (``runuser``), as a job's importer does; the planted files are a
+"""The stage cache as strangers share it (docs/threat-model.md "Staged images: who may write
+where"): at each path the stager and pyxis's importer touch, a planted symlink, FIFO, hard link or
+another user's file is refused or replaced, never followed, opened, served or changed; nothing
+outside the cache is created, written or chmodded; nothing hangs; no traceback. The importer runs
+as a second, unprivileged user (``runuser``), as a job's importer does; the planted files are a
 third user's. tests/engine/test_pyxis_engine.py runs the same importer under Slurm and pyxis.
 """
 
@@ -203,7 +203,7 @@ def test_a_planted_file_is_refused_or_replaced_never_followed(
     got = importer(shared, package, cache, "get", uri)
     for done in (got,):
         assert "Traceback" not in done.stderr, done.stderr
-    if (place, how) == ("root", "owner"):  # its owner is the cache's owner (README): trusted
+    if (place, how) == ("root", "owner"):  # its owner is the cache's owner (docs): trusted
         assert got.returncode == 0, got.stderr
     else:
         assert got.returncode == 1 and got.stdout == "", (got.stdout, got.stderr)

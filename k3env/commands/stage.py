@@ -3,7 +3,7 @@ manifest digest it was pushed under (`k3env export` and `k3env push` first): cop
 place while hashed against the export's recorded sha256, renamed into place, world-readable,
 with its record (`entry.json`) and provenance; a digest already staged is re-hashed and
 kept (one whose bytes changed is replaced). pyxis's
-importer (`k3env-pyxis-importer`, README) starts jobs from it. `--list`: what is staged;
+importer (`k3env-pyxis-importer`, docs/staging.md) starts jobs from it. `--list`: what is staged;
 `--gc --max-age DAYS --max-bytes N`: remove old entries, then the oldest past the size, never
 one a job holds (the importer's hold file, from `get` to `release`)
 """

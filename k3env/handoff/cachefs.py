@@ -1,6 +1,6 @@
 """The stage cache's filesystem as strangers share it: the one place the stager and pyxis's
-importer touch the cache (``handoff.stage`` says what the cache holds, README "Staged images:
-who may write where" the threat model this holds).
+importer touch the cache (``handoff.stage`` says what the cache holds, docs/threat-model.md
+"Staged images: who may write where" the threat model this holds).
 
 Below the cache root nothing is reached by a path a stranger could swap: every directory is
 opened with ``O_DIRECTORY|O_NOFOLLOW`` relative to its parent's descriptor, every file with

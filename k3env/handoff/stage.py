@@ -12,12 +12,12 @@ Layout (``CACHE``: e.g. a Lustre directory; made world-readable, files 0644, dir
     CACHE/linux_amd64/<manifest hex>/holds/J.S     job J step S uses it (importer get .. release)
     CACHE/.locks/<manifest hex>.lock               one stager per digest (flock)
 
-Who may write where (README "Staged images: who may write where"): the stager owns every
-directory and file but the holds; a job's importer, as the job's user, writes only its own
+Who may write where (docs/threat-model.md "Staged images: who may write where"): the stager owns
+every directory and file but the holds; a job's importer, as the job's user, writes only its own
 hold file in ``holds/`` (mode 1777: sticky, none may remove another's) and reads the rest; other
-users of the cluster may have write access to nothing, and whatever they leave is refused by
-its type and owner (``cachefs``), never followed, opened, changed or served. Trusted owners: the
-cache root's owner and root; a stager also trusts itself.
+users of the cluster may have write access to nothing, and whatever they leave is refused by its
+type and owner (``cachefs``), never followed, opened, changed or served. Trusted owners: the cache
+root's owner and root; a stager also trusts itself.
 
 A file is copied beside its place, hashed as it is copied, checked against the export's
 recorded sha256, and renamed into place: a reader never sees a partial file. Stagers of the

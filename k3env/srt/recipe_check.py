@@ -283,7 +283,7 @@ def srt_loader(lock: Lock, state: State, log: Log, recipes: Sequence[Path]) -> d
     elif unresolved := [p.label for p in srt.patches if p.sha256 is None]:
         why = (
             f"the pinned srt-slurm {srt.version} cannot be materialized here: patch(es) "
-            f"{unresolved} unresolved (see README: srt-slurm against the real upstream)"
+            f"{unresolved} unresolved (see docs/recipes.md: srt-slurm against the real upstream)"
         )
     elif not state.path("srt", cache_key(srt)[:20]).is_dir():
         why = (

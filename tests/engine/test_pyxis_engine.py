@@ -260,7 +260,7 @@ def _job_env(
 
 @pytest.fixture
 def staged_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], Path]]:
-    """pyxis with k3env's importer in plugstack.conf (README's admin setup: a wrapper that
+    """pyxis with k3env's importer in plugstack.conf (docs/staging.md's admin setup: a wrapper that
     names the cache), and that cache."""
     root = Path(tmp_path_factory.mktemp("staged"))
     cache = root / "cache"
@@ -364,8 +364,8 @@ JOB_USER = "k3env-job"
 
 @pytest.fixture
 def shared_slurm() -> Iterator[tuple[dict[str, str], Path, Path]]:
-    """README's admin setup where every user reaches it (pytest's tmp_path is root's, 0700):
-    k3env installed where a job's user can read it, the importer wrapper running it with the
+    """docs/staging.md's admin setup where every user reaches it (pytest's tmp_path is root's,
+    0700): k3env installed where a job's user can read it, the importer wrapper running it with the
     system's python3 (root's interpreter is not theirs to run), enroot's paths per user.
     Yields the Slurm env, the cache, and an outside directory (root's, 0700)."""
     import pwd
