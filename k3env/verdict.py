@@ -7,8 +7,10 @@ cannot see it) or ``not run``. A gate the plan named and nobody reported is ``no
 read as passed; a result is ok only when every gate passed or was not checked, said why, and
 at least one passed (a result with no evidence at all is not a pass).
 
-Gates read back from a file others wrote (a job's ``result.json``, a record) are untrusted:
-``Gate.read`` bounds every field and reads an unknown status as ``failed``.
+Gates read back from a file others wrote (a job's ``result.json``, a record, the in-image
+probe's rows) are untrusted: ``Gate.read`` bounds every field, and every reader takes a status
+through ``read_status``: an unknown word is ``failed`` (the word named), and so is ``not
+checked`` that does not say why. ``exit_code`` is the one way a result becomes an exit code.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from k3env.errors import CheckFailed
 from k3env.quoting import one_line
 
 PASSED = "passed"
@@ -26,6 +29,7 @@ NOT_RUN = "not run"
 STATUSES = (PASSED, FAILED, NOT_CHECKED, NOT_RUN)
 NAME_CHARS = 40
 PLANNED_NOT_REPORTED = "planned, and the battery reported no verdict for it"
+SHOWN = 5  # gates an exit code's message names
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -64,17 +68,29 @@ class Gate:
         status is ``failed``: only the four words are verdicts."""
         if not isinstance(data, Mapping):
             return None
-        status = data.get("status")
+        status, said = read_status(data.get("status"), one_line(str(data.get("detail") or "")))
         seconds = data.get("seconds")
         return cls(
             name=one_line(str(data.get("gate", "?")))[:NAME_CHARS],
-            status=status if isinstance(status, str) and status in STATUSES else FAILED,
+            status=status,
             seconds=float(seconds)
             if isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
             else 0.0,
-            detail=one_line(str(data.get("detail") or ""))[:detail],
+            detail=said[:detail],
             output=str(data.get("output") or "")[-output:] if output else "",
         )
+
+
+def read_status(word: object, detail: str) -> tuple[str, str]:
+    """A status others wrote, and its detail: one of the four words is itself; any other word
+    is ``failed``, named in the detail; ``not checked`` that does not say why is ``failed``
+    too (what a check cannot see is said, never passed in silence)."""
+    if not isinstance(word, str) or word not in STATUSES:
+        named = f"status {one_line(repr(word))[:NAME_CHARS]} is not a verdict: read as failed"
+        return FAILED, named + (f"; {detail}" if detail else "")
+    if word == NOT_CHECKED and not detail.strip():
+        return FAILED, "not checked, and no reason given: read as failed"
+    return word, detail
 
 
 def planned(plan: Sequence[str], reported: Iterable[Gate]) -> tuple[Gate, ...]:
@@ -89,11 +105,29 @@ def planned(plan: Sequence[str], reported: Iterable[Gate]) -> tuple[Gate, ...]:
     return (*out, *got.values())
 
 
-def ok(gates: Sequence[Gate]) -> bool:
+def summary(gates: Iterable[Gate]) -> str:
+    """Several gates as one status: ``failed`` if one failed, else ``not run`` if one never
+    ran (or there is none: nothing ran), else ``passed`` if one passed, else ``not checked``."""
+    statuses = {g.status for g in gates} or {NOT_RUN}
+    return next(s for s in (FAILED, NOT_RUN, PASSED, NOT_CHECKED) if s in statuses)
+
+
+def ok(gates: Iterable[Gate]) -> bool:
     """Every gate passed or was not checked (said why), and at least one passed."""
-    return any(g.status == PASSED for g in gates) and all(
-        g.status in (PASSED, NOT_CHECKED) for g in gates
-    )
+    return summary(gates) == PASSED
+
+
+def exit_code(gates: Sequence[Gate], *, what: str, where: str, fix: str) -> int:
+    """The one way a result becomes an exit code: 0 when ``ok``; else ``CheckFailed`` (exit
+    4, said by ``cli.main``) naming the gates that failed or never ran, or that none passed."""
+    if ok(gates):
+        return 0
+    wrong = bad(gates)
+    said = "; ".join(f"{g.name} {g.status}" + (f": {g.detail[:200]}" if g.detail else "")
+                     for g in wrong[:SHOWN])  # fmt: skip
+    more = f"; and {len(wrong) - SHOWN} more" if len(wrong) > SHOWN else ""
+    counted = f"{len(wrong)} of {len(gates)} failed or did not run: " if wrong else ""
+    raise CheckFailed(f"{what}: {counted}{said or 'nothing passed'}{more}", where=where, fix=fix)
 
 
 def bad(gates: Iterable[Gate]) -> list[Gate]:

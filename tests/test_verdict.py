@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from k3env.errors import CheckFailed
 from k3env.verdict import (
     FAILED,
     NOT_CHECKED,
@@ -14,8 +15,11 @@ from k3env.verdict import (
     STATUSES,
     Gate,
     bad,
+    exit_code,
     ok,
     planned,
+    read_status,
+    summary,
     unchecked,
 )
 
@@ -73,9 +77,12 @@ def test_a_gate_others_wrote_is_read_bounded() -> None:
     assert Gate.read(["not", "a", "gate"]) is None
     assert Gate.read("passed") is None
     odd = Gate.read({"gate": "listed\nINJECTED", "status": "ok!", "seconds": "9", "detail": 7})
-    assert odd == Gate(name="listed\\nINJECTED", status=FAILED, seconds=0.0, detail="7")
+    assert odd == Gate(name="listed\\nINJECTED", status=FAILED, seconds=0.0,
+                       detail="status 'ok!' is not a verdict: read as failed; 7")  # fmt: skip
     assert Gate.read({"status": "passed", "seconds": True}) == Gate(name="?", status=PASSED)
-    assert Gate.read({"gate": "g", "status": ["passed"]}) == Gate(name="g", status=FAILED)
+    assert Gate.read({"gate": "g", "status": ["passed"]}) == Gate(
+        name="g", status=FAILED, detail="status ['passed'] is not a verdict: read as failed"
+    )
     long = Gate.read(
         {"gate": "n" * 99, "status": "passed", "seconds": 2, "detail": "d" * 99, "output": "ab"},
         detail=10,
@@ -87,6 +94,10 @@ def test_a_gate_others_wrote_is_read_bounded() -> None:
     )
     assert Gate.read({"gate": "g", "status": "not run", "seconds": 1.5}) == Gate(
         name="g", status=NOT_RUN, seconds=1.5
+    )
+    # Not checked says why, or it is failed: what a check cannot see is never a silent pass.
+    assert Gate.read({"gate": "g", "status": "not checked", "detail": " "}) == Gate(
+        name="g", status=FAILED, detail="not checked, and no reason given: read as failed"
     )
     full = Gate.read({"gate": "g", "status": "failed", "detail": "x" * 3000, "output": "y" * 20000})
     assert full is not None and len(full.detail) == 2000 and len(full.output) == 16000
@@ -107,3 +118,42 @@ def test_one_json_shape_and_one_table_row() -> None:
     assert Gate(name="benchmark", status=NOT_CHECKED, seconds=12.0, detail="why").row() == (
         "not checked benchmark     12.0 s  why"
     )
+
+
+def test_one_status_of_several_is_the_worst_and_nothing_is_not_run() -> None:
+    assert summary(()) == NOT_RUN  # nothing ran
+    assert summary([gate("a", NOT_CHECKED, "why")]) == NOT_CHECKED
+    assert summary([gate("a", NOT_CHECKED, "why"), gate("b", PASSED)]) == PASSED
+    assert summary([gate("a", NOT_RUN), gate("b", PASSED)]) == NOT_RUN
+    assert summary([gate("a", NOT_RUN), gate("b", FAILED)]) == FAILED
+    for gates in ([], [gate("a", NOT_CHECKED, "w")], [gate("a", PASSED), gate("b", NOT_RUN)]):
+        assert ok(gates) == (summary(gates) == PASSED)
+
+
+def test_a_status_read_is_one_of_the_four_words_or_failed_naming_it() -> None:
+    assert read_status("passed", "seen") == ("passed", "seen")
+    assert read_status("not checked", "no GPU") == ("not checked", "no GPU")
+    assert read_status("pass", "") == (FAILED, "status 'pass' is not a verdict: read as failed")
+    assert read_status(None, "x") == (FAILED, "status None is not a verdict: read as failed; x")
+    assert read_status("x" * 99, "")[1].startswith("status 'xxxx")
+    assert len(read_status("x" * 99, "")[1]) < 90
+
+
+def test_one_function_turns_a_result_into_an_exit_code() -> None:
+    passed = gate("listed", PASSED)
+    assert exit_code([passed, gate("gpu", NOT_CHECKED, "no GPU")], what="w", where="here",
+                     fix="f") == 0  # fmt: skip
+    with pytest.raises(CheckFailed) as e:
+        exit_code([passed, gate("chat", FAILED, "HTTP 500"), gate("stop", NOT_RUN)],
+                  what="the job did not serve", where="d", fix="read it")  # fmt: skip
+    assert e.value.return_code == 4 and (e.value.where, e.value.fix) == ("d", "read it")
+    assert e.value.message == (
+        "the job did not serve: 2 of 3 failed or did not run: chat failed: HTTP 500; stop not run"
+    )
+    with pytest.raises(CheckFailed, match=r"^x: w: nothing passed$"):
+        exit_code([gate("gpu", NOT_CHECKED, "no GPU")], what="w", where="x", fix="")
+    with pytest.raises(CheckFailed, match=r"^x: w: nothing passed$"):
+        exit_code([], what="w", where="x", fix="")
+    many = [gate(f"g{i}", FAILED) for i in range(8)]
+    with pytest.raises(CheckFailed, match="g4 failed; and 3 more"):
+        exit_code(many, what="w", where="x", fix="")
