@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from k3env.checks.probe_plan import planned_checks
 from k3env.checks.probe_run import MARK
 from k3env.handoff.attest import (
     SBOM_SUFFIX,
@@ -421,7 +422,10 @@ def test_verify_key_fails_the_command_on_a_wrong_key_and_reports_gates_per_image
         (host,) = mounts
         plans = json.loads((Path(host) / "plan.json").read_text())["plans"]
         facts = {"distributions": [{"name": "k3test", "version": "1", "requires": []}]}
-        answers = [{"results": [], "facts": facts, "patch_targets": {
+        answers = [{"results": [
+            {"check": c, "profile": p, "subject": s, "status": "pass", "component": "x",
+             "output": "seen"} for c, p, s in planned_checks(plan)],
+            "facts": facts, "patch_targets": {
             p["name"]: {"path": MODULE_FILE, "text": fake_engine.text(image, MODULE_FILE)}
             for p in plan["patches"] if not p.get("skip")}} for plan in plans]  # fmt: skip
         payload = MARK + json.dumps({"plans": answers}) + "\n"
@@ -447,10 +451,11 @@ def test_verify_key_fails_the_command_on_a_wrong_key_and_reports_gates_per_image
         "failed",
     ]
     assert out["error"]["message"] == (
-        "probe's signed SBOM and provenance: sbom signature failed: not the given key's "
-        "signature; provenance failed: refused: no signature in the envelope is the given key's"
+        "the images do not verify: 2 of 12 failed or did not run: probe sbom signature failed: "
+        "not the given key's signature; probe provenance failed: refused: no signature in the "
+        "envelope is the given key's"
     )
-    assert "--sign-key" in out["error"]["fix"]
+    assert "--sign-key" in out["error"]["fix"] and "probe's own output" not in out["error"]["fix"]
     # Without a key: said, not failed; one line per image in text.
     assert main(["verify", "--lock", "pins/test.lock.toml"], engine=fake_engine) == 0
     (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("probe sbom: ")]

@@ -129,9 +129,9 @@ def test_body_shows_pins_patch_fates_and_the_changed_checks() -> None:
     from .conftest import REPO
 
     lock = load_lock(REPO / "pins/k3.lock.toml")
-    before = Outcome(reports=[_report("dyn", "pass")], preflight_errors={"dyn": 0}, patches=[])
+    before = Outcome(reports=[_report("dyn", "passed")], preflight_errors={"dyn": 0}, patches=[])
     after = Outcome(
-        reports=[_report("dyn", "fail")],
+        reports=[_report("dyn", "failed")],
         preflight_errors={"dyn": 1},
         patches=[PatchFate(name="mamba", base="vllm-kimi-k3", status="upstream", detail="present")],
     )
@@ -141,6 +141,6 @@ def test_body_shows_pins_patch_fates_and_the_changed_checks() -> None:
     assert "| `dynamo.commit` |" in text
     assert "https://github.com/ai-dynamo/dynamo/compare/aaaaaaaaaaaa...bbbbbbbbbbbb" in text
     assert "⬆️ upstream: drop it" in text
-    assert "**pass → fail**" in text and "**0 → 1 errors**" in text
+    assert "**passed → failed**" in text and "**0 → 1 errors**" in text
     assert "Failed to load tiktoken tokenizer" in text and "Not mergeable" in text
     assert "### Changelog" in text

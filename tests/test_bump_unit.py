@@ -184,9 +184,9 @@ def test_verify_runs_on_each_built_image_and_a_failing_check_fails_the_state(
     (report,) = outcome.reports
     assert probed == [report.image_id]
     assert fake_engine.resolve(report.reference) == report.image_id
-    assert outcome.matrix()["probe"]["tokenizer"] == "fail"
+    assert outcome.matrix()["probe"]["tokenizer"] == "failed"
     # The patch row comes from the host's own judgement: the probe sent no target text.
-    assert outcome.matrix()["probe"]["patches"] == "fail"
+    assert outcome.matrix()["probe"]["patches"] == "failed"
     assert outcome.failed and outcome.error is None
 
 

@@ -48,7 +48,8 @@ def test_full_size_recipe_is_the_profile_with_random_weights(
     out = cluster_repo / "job"
     written = smoke(capsys, "--out", str(out))["written"]
     # Not materialized here: said, never claimed.
-    assert written["validation"]["verdict"] == "not validated"
+    assert written["validation"]["gate"] == "srt-slurm"
+    assert written["validation"]["status"] == "not checked" and written["validation"]["detail"]
     recipe = yaml.safe_load((out / "recipe.yaml").read_text())
     flags = recipe["backend"]["vllm_config"]["aggregated"]
     assert flags["load-format"] == "dummy" and "hf-overrides" not in flags

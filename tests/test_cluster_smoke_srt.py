@@ -31,7 +31,7 @@ def test_variant_f_smoke_recipe_validates_with_the_pinned_srt_slurm(
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     validation = json.loads(captured.out)["written"]["validation"]
-    assert validation["verdict"] == "validated", validation
+    assert validation["status"] == "passed", validation
     assert "srt-slurm v1.0.36 + ['PR #278'" in validation["detail"]
     assert (out / "recipe.yaml").is_file()
 

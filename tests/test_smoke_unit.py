@@ -227,7 +227,7 @@ def test_verify_matrix_shows_what_smoke_recorded(tmp_path: Path) -> None:
     assert recorded_serves(state, "sha256:aa") is False
 
     row = CheckResult(image="kimi-k3-dynamo", profile="agg", check="parsers", subject="s",
-                      status="pass", component="vllm", version="0.31.0", output="")  # fmt: skip
+                      status="passed", component="vllm", version="0.31.0", output="")  # fmt: skip
     reports = [
         ImageReport(
             image="kimi-k3-dynamo",

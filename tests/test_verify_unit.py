@@ -15,9 +15,16 @@ from k3env.checks.probe_plan import (
     ENV_FAMILIES,
     TOKENIZER_CANDIDATES,
     plan_for,
+    planned_checks,
 )
 from k3env.checks.probe_run import MARK, PROBE_ENV
-from k3env.checks.verdicts import COMPONENTS, CheckResult, expected_versions, patch_rows
+from k3env.checks.verdicts import (
+    COMPONENTS,
+    NOT_REPORTED,
+    CheckResult,
+    expected_versions,
+    patch_rows,
+)
 from k3env.checks.verify import verify_image, verify_images
 from k3env.config.lock import load_lock
 from k3env.config.spec import load_spec
@@ -26,6 +33,7 @@ from k3env.errors import EngineError
 from k3env.image.build import BuildResult, build_all, make_builder
 from k3env.log import Log
 from k3env.state import State
+from k3env.verdict import NOT_RUN
 
 from .conftest import TEST_BASE_REPOSITORY, replace_in
 from .fake_engine import FakeEngine, python_base
@@ -130,6 +138,8 @@ def test_plan_carries_profiles_env_components_versions_and_patch_skips(
             {"name": "int64", "module": "k3test.mod", "path": None},
             {"name": "other", "skip": SKIP_DETAIL},
         ],
+        # Each role's entrypoint modules, as the process imports them first.
+        "imports": ["dynamo.frontend.main", "dynamo.vllm.main"],
         # Every baked variable, with what reads it when the spec says so.
         "env": {"STACK_WIDE": None, "A": None, "MY_SETTING": "the launcher script"},
         "env_families": {k: list(v) for k, v in ENV_FAMILIES.items()},
@@ -140,6 +150,17 @@ def test_plan_carries_profiles_env_components_versions_and_patch_skips(
         "tokenizer_candidates": list(TOKENIZER_CANDIDATES),
     }
     json.dumps(plan)  # it travels as JSON
+    # The verdicts the probe owes for it: each one it does not report is not run.
+    assert planned_checks(plan) == [
+        *(("versions", None, c) for c in COMPONENTS),
+        ("imports", None, "dynamo.frontend.main"), ("imports", None, "dynamo.vllm.main"),
+        ("args", "agg", "commands[0] dynamo-frontend"),
+        ("args", "agg", "commands[1] dynamo-worker"),
+        ("parsers", "agg", "tool_call_parser kimi_k3"),
+        ("parsers", "agg", "reasoning_parser kimi_k3"),
+        ("tokenizer", "agg", "model_type kimi_k3"),
+        ("env", None, "STACK_WIDE"), ("env", None, "A"), ("env", None, "MY_SETTING"),
+    ]  # fmt: skip
 
 
 def test_plan_without_a_dynamo_frontend_asks_for_no_tokenizers(
@@ -183,21 +204,21 @@ def test_the_plan_expects_the_baked_components_and_over_the_twin_its_pinned_whee
     [
         (
             {"int64": {"path": MODULE_FILE, "text": FIXED}},
-            "pass",
+            "passed",
             f"{MODULE_FILE}: every edit present",
         ),
         (
             {"int64": {"path": MODULE_FILE, "text": BUGGY}},
-            "fail",
+            "failed",
             f"{MODULE_FILE}: edit 1: not applied (its anchor is still at line 2)",
         ),
         (
             {"int64": {"path": MODULE_FILE, "text": REWRITTEN}},
-            "fail",
+            "failed",
             f"{MODULE_FILE}: edit 1: neither the replacement nor the anchor is there",
         ),
-        ({"int64": {"path": None, "text": None}}, "fail", NOT_FOUND),
-        ({}, "fail", NOT_FOUND),
+        ({"int64": {"path": None, "text": None}}, "failed", NOT_FOUND),
+        ({}, "failed", NOT_FOUND),
     ],
     ids=["present", "not-applied", "neither", "no-file", "not-probed"],
 )  # fmt: skip
@@ -218,7 +239,7 @@ def test_patch_rows_judge_the_images_copy_of_each_target(
             component="image", version=None, output=output,
         ),
         CheckResult(
-            image="probe", profile=None, check="patches", subject="other", status="skip",
+            image="probe", profile=None, check="patches", subject="other", status="not checked",
             component="image", version=None, output=SKIP_DETAIL,
         ),
     ]  # fmt: skip
@@ -242,13 +263,9 @@ FACTS = {
 }
 
 
-def test_verify_image_runs_the_probe_once_and_records_facts_by_image_id(
-    fake_engine: FakeEngine, project: Project, tmp_path: Path
-) -> None:
-    lock = project.lock()
-    spec = project.spec(lock)
-    build = built(fake_engine, project)
-    seen: dict[str, Any] = {}
+def answering(fake_engine: FakeEngine, seen: dict[str, Any]) -> None:
+    """The engine's probe run: what it was given kept in ``seen``; ``ROWS`` and ``FACTS`` its
+    answer, among other lines the image printed."""
 
     def probe(
         image: str, argv: list[str], env: dict[str, str], mounts: dict[str, str]
@@ -270,6 +287,16 @@ def test_verify_image_runs_the_probe_once_and_records_facts_by_image_id(
         )
 
     fake_engine.on_run(probe)
+
+
+def test_verify_image_runs_the_probe_once_and_records_facts_by_image_id(
+    fake_engine: FakeEngine, project: Project, tmp_path: Path
+) -> None:
+    lock = project.lock()
+    spec = project.spec(lock)
+    build = built(fake_engine, project)
+    seen: dict[str, Any] = {}
+    answering(fake_engine, seen)
     state = State(tmp_path)
     report = verify_image(fake_engine, state, lock, spec, build, twin=False)
 
@@ -285,19 +312,14 @@ def test_verify_image_runs_the_probe_once_and_records_facts_by_image_id(
     assert not seen["host"].exists()  # the mounted plan directory is gone
     assert [v for v, args in fake_engine.calls if v == "run" and "/k3env-probe/probe" in args[1]]
 
-    assert [(r.check, r.subject, r.status) for r in report.results] == [
-        ("versions", "vllm", "skip"),
-        ("args", "commands[1] dynamo-worker", "fail"),
-        ("patches", "int64", "pass"),  # the built image carries the patch
-        ("patches", "other", "skip"),
-        ("versions", "requirements", "pass"),  # every Requires-Dist holds
+    assert [(r.check, r.subject, r.status) for r in report.results if r.status != NOT_RUN] == [
+        ("versions", "vllm", "not checked"),
+        ("args", "commands[1] dynamo-worker", "failed"),
+        ("patches", "int64", "passed"),  # the built image carries the patch
+        ("patches", "other", "not checked"),
+        ("versions", "requirements", "passed"),  # every Requires-Dist holds
     ]
     assert report.results[1].profile == "agg" and report.results[1].version == "1.6.1"
-    assert report.failed == [report.results[1]]
-    assert report.as_json()["matrix"] == {
-        "versions": "pass", "imports": "skip", "args": "fail", "parsers": "skip",
-        "tokenizer": "skip", "patches": "pass", "env": "skip",
-    }  # fmt: skip
     assert report.image_id == build.image_id and report.reference == build.reference
     # What the probe said, and dpkg's packages read from the image (this base has no dpkg).
     assert report.facts == {**FACTS, "debian_packages": []}
@@ -317,6 +339,39 @@ def test_verify_image_runs_the_probe_once_and_records_facts_by_image_id(
     fresh = verify_image(fake_engine, state, lock, spec, built(fake_engine, project), twin=False)
     assert fresh.cached is False
     assert len([v for v, _ in fake_engine.calls if v == "run"]) > runs
+
+
+def test_each_check_the_plan_asked_for_and_the_probe_did_not_report_is_not_run(
+    fake_engine: FakeEngine, project: Project, tmp_path: Path
+) -> None:
+    """The probe answers two of the fifteen checks its plan asks for: the thirteen others are
+    not run (never skipped, never passed), and so is every check of an unreadable record."""
+    lock = project.lock()
+    spec = project.spec(lock)
+    build = built(fake_engine, project)
+    seen: dict[str, Any] = {}
+    answering(fake_engine, seen)
+    state = State(tmp_path)
+    report = verify_image(fake_engine, state, lock, spec, build, twin=False)
+    not_run = [r for r in report.results if r.status == NOT_RUN]
+    assert [(r.check, r.profile, r.subject) for r in not_run] == [
+        c
+        for c in planned_checks(seen["plan"])
+        if c not in (("versions", None, "vllm"), ("args", "agg", "commands[1] dynamo-worker"))
+    ]
+    assert {r.output for r in not_run} == {NOT_REPORTED} and len(not_run) == 13
+    assert report.failed == [report.results[1], *not_run]
+    assert report.as_json()["matrix"] == {
+        "versions": "not run", "imports": "not run", "args": "failed", "parsers": "not run",
+        "tokenizer": "not run", "patches": "passed", "env": "not run",
+    }  # fmt: skip
+    # A record that is not one (damaged, or of another shape) is asked afresh, never trusted.
+    (record,) = (tmp_path / "verify").glob("*.json")
+    record.write_text('{"rows": "all passed", "facts": {}, "patch_targets": {}}')
+    runs = len([v for v, _ in fake_engine.calls if v == "run"])
+    again = verify_image(fake_engine, state, lock, spec, build, twin=False)
+    assert again.cached is False and again.results == report.results
+    assert len([v for v, _ in fake_engine.calls if v == "run"]) == runs + 1
 
 
 def test_preflight_finds_the_facts_of_the_recorded_build(
@@ -451,17 +506,17 @@ def test_the_verify_matrix_has_a_row_per_image_and_platform() -> None:
         return ImageReport(image="kimi-k3-dynamo", reference="r", image_id=platform,
                            results=(row,), facts={}, seconds=1.0, platform=platform)  # fmt: skip
 
-    reports = [report("linux/amd64", "pass"), report("linux/arm64", "fail")]
+    reports = [report("linux/amd64", "passed"), report("linux/arm64", "failed")]
     md = markdown(reports)
     assert "| image | platform | versions |" in md
-    assert "| `kimi-k3-dynamo` | linux/amd64 | n/a | n/a | n/a | ✅ |" in md
-    assert "| `kimi-k3-dynamo` | linux/arm64 | n/a | n/a | n/a | ❌ |" in md
+    assert "| `kimi-k3-dynamo` | linux/amd64 | not checked | not checked | not checked | ✅ |" in md
+    assert "| `kimi-k3-dynamo` | linux/arm64 | not checked | not checked | not checked | ❌ |" in md
     assert "**kimi-k3-dynamo/agg (linux/arm64)**: `parsers`" in md
     text = table(reports)
     assert text.splitlines()[0].split()[:2] == ["image", "platform"]
-    assert "FAIL kimi-k3-dynamo/agg (linux/arm64) parsers: tool-call parser kimi_k3" in text
-    assert "FAIL kimi-k3-dynamo/agg (linux/amd64)" not in text
-    assert report("linux/arm64", "pass").as_json()["platform"] == "linux/arm64"
+    assert "failed kimi-k3-dynamo/agg (linux/arm64) parsers: tool-call parser kimi_k3" in text
+    assert "kimi-k3-dynamo/agg (linux/amd64)" not in text
+    assert report("linux/arm64", "passed").as_json()["platform"] == "linux/arm64"
 
 
 def test_verify_records_dpkgs_installed_packages_as_the_sbom_parses_them(

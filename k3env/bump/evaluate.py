@@ -25,6 +25,7 @@ from k3env.image.twin import twin_base
 from k3env.log import Log
 from k3env.srt.fates import patch_fates
 from k3env.state import State
+from k3env.verdict import FAILED, NOT_CHECKED, PASSED, Gate, ok
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -33,6 +34,14 @@ class PatchFate:
     base: str
     status: str  # applies | upstream | conflicts | skipped
     detail: str
+
+    @property
+    def gate(self) -> Gate:
+        """Its fate as a verdict: in the code is a pass (upstream: drop it, said), a conflict
+        fails, a base this host cannot have is not checked."""
+        status = {"conflicts": FAILED, "skipped": NOT_CHECKED}.get(self.status, PASSED)
+        return Gate(name=f"patch {self.name} on {self.base}", status=status,
+                    detail=f"{self.status}: {self.detail}")  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -49,13 +58,19 @@ class Outcome:
         return {r.image: {c: r.status(c) for c in CHECKS} for r in self.reports}
 
     @property
+    def gates(self) -> tuple[Gate, ...]:
+        """The state in the one verdict model: the build, each image's checks, its preflight
+        errors, each patch's fate (verify not run is no gate: the body says so)."""
+        built = (Gate(name="build", status=FAILED, detail=self.error),) if self.error else ()
+        checks = (g for r in self.reports for g in r.gates)
+        pre = (Gate(name=f"preflight {image}", status=FAILED if n else PASSED,
+                    detail=f"{n} error(s)")
+               for image, n in self.preflight_errors.items())  # fmt: skip
+        return (*built, *checks, *pre, *(p.gate for p in self.patches))
+
+    @property
     def failed(self) -> bool:
-        return (
-            self.error is not None
-            or any(r.failed for r in self.reports)
-            or any(self.preflight_errors.values())
-            or any(p.status == "conflicts" for p in self.patches)
-        )
+        return not ok(self.gates)
 
 
 def describe_error(e: K3envError) -> str:

@@ -3,9 +3,10 @@ components (``[variants.NAME]`` in the lock) beside the pinned ones.
 
 A variant swaps a component's wheels, or lays another vLLM release over the twin (then it is
 under every image). Images that bake none of a variant's components, with no release laid
-under them, are the pinned images and are not built again (``same``). Each cell is one real
-build (its layers cached by content) and one probe run; each column names the vLLM, Dynamo
-and aiperf its images run, each failed cell its first failing line.
+under them, are the pinned images and are not built again (``same``: the pinned cell's
+verdict). Each cell is one real build (its layers cached by content) and one probe run, its
+status the one verdict model's summary of its checks; each column names the vLLM, Dynamo and
+aiperf its images run, each failed cell its first failing line.
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from k3env.checks.report import MARKS
 from k3env.checks.verdicts import CheckResult, ImageReport
 from k3env.config.pins import OVERLAYS, Lock
 from k3env.config.shapes import DEFAULT_PLATFORM
 from k3env.config.spec import ImageSpec
+from k3env.verdict import FAILED, NOT_CHECKED, NOT_RUN, PASSED, Gate, summary
 
 PINNED = "pinned"
 
@@ -26,8 +29,9 @@ PINNED = "pinned"
 class Cell:
     variant: str
     image: str
-    status: str  # pass | fail | same (the image bakes none of the variant's components)
+    status: str  # one of verdict.STATUSES
     versions: str  # the component wheels this cell baked
+    same: bool = False  # the pinned image (it bakes none of the variant's components)
     failed: tuple[CheckResult, ...] = ()
     image_id: str | None = None
     platform: str = DEFAULT_PLATFORM
@@ -56,6 +60,7 @@ class Cell:
             "image": self.image,
             "platform": self.platform,
             "status": self.status,
+            "same": self.same,
             "versions": self.versions,
             "image_id": self.image_id,
             "stack": dict(self.stack),
@@ -89,30 +94,29 @@ def run_matrix(
     """``verify(lock, spec, platform)`` builds and verifies one image over that platform's
     twin: a row per image and platform, a column per variant; ``smoke(lock, spec,
     platform)``, after it, that image's smoke verdict in one line."""
-    cells = []
+    cells: list[Cell] = []
+    pinned: dict[tuple[str, str], str] = {}  # (image, platform) -> the pinned cell's status
     for name, vlock in variant_locks(lock, variants):
         changed = set(lock.variants[name].components) if name != PINNED else None
         for platform in platforms:
             for spec in specs:
+                cell = Cell(variant=name, image=spec.name, versions=baked_versions(vlock, spec),
+                            platform=platform, stack=vlock.stack(platform), same=True,
+                            status=pinned.get((spec.name, platform), NOT_RUN))  # fmt: skip
                 # A release laid over the twin is under every image.
-                touches = changed is None or bool(changed & {*spec.components, *OVERLAYS})
-                cell = Cell(variant=name, image=spec.name, status="same",
-                            versions=baked_versions(vlock, spec), platform=platform,
-                            stack=vlock.stack(platform))  # fmt: skip
-                if touches:
+                if changed is None or changed & {*spec.components, *OVERLAYS}:
                     report = verify(vlock, spec, platform)
-                    status = "fail" if report.failed else "pass"
                     unchecked = tuple(r.subject for r in report.results
-                                      if r.check == "env" and r.status == "skip")  # fmt: skip
+                                      if r.check == "env" and r.status == NOT_CHECKED)  # fmt: skip
                     smoked = smoke(vlock, spec, platform) if smoke else None
-                    cell = replace(cell, status=status, failed=tuple(report.failed),
-                                   image_id=report.image_id, unchecked=unchecked,
-                                   smoke=smoked)  # fmt: skip
+                    cell = replace(cell, status=summary(report.gates), same=False,
+                                   failed=tuple(report.failed), image_id=report.image_id,
+                                   unchecked=unchecked, smoke=smoked)  # fmt: skip
+                    pinned.setdefault((spec.name, platform), cell.status)
                 cells.append(cell)
     return cells
 
 
-_MARK = {"pass": "✅", "fail": "❌", "same": "= pinned"}
 _STACK = (("vllm", "vLLM"), ("dynamo", "Dynamo"), ("aiperf", "aiperf"))
 CELL_LINE = 100  # characters of a cell's first failing line (the details keep 300)
 
@@ -124,15 +128,6 @@ def column_header(variant: str, cells: Sequence[Cell]) -> str:
     return f"`{variant}`" + (f"<br>{' · '.join(parts)}" if parts else "")
 
 
-class _Gate(Protocol):
-    @property
-    def name(self) -> str: ...
-    @property
-    def status(self) -> str: ...
-    @property
-    def detail(self) -> str: ...
-
-
 class GateReport(Protocol):
     """A smoke report as a matrix cell reads it (``smoke.run.Report``)."""
 
@@ -141,7 +136,7 @@ class GateReport(Protocol):
     @property
     def stand_in(self) -> str: ...
     @property
-    def gates(self) -> Sequence[_Gate]: ...
+    def gates(self) -> Sequence[Gate]: ...
 
 
 def smoke_cell(reports: Sequence[GateReport]) -> str:
@@ -152,19 +147,18 @@ def smoke_cell(reports: Sequence[GateReport]) -> str:
     gates = [(r, g) for r in reports for g in r.gates]
     if not gates:
         return "not run: no profile was served"
-    for status in ("failed", "not run"):
+    for status in (FAILED, NOT_RUN):
         hit = [(r, g) for r, g in gates if g.status == status]
         if hit:
             r, g = hit[0]
             return f"{status}: {r.profile} {g.name}" + (f": {g.detail}" if g.detail else "")
-    unchecked = [f"{r.profile} {g.name}" for r, g in gates if g.status == "not checked"]
+    unchecked = [f"{r.profile} {g.name}" for r, g in gates if g.status == NOT_CHECKED]
     if unchecked:
         return "partly checked: not checked: " + ", ".join(unchecked)
     return "passed: " + ", ".join(f"{r.profile} ({r.stand_in})" for r in reports)
 
 
-SMOKE_MARKS = {"passed": "✅", "failed": "❌", "not run": "⛔ not run",
-               "partly checked": "✅ partly (not checked: see below)"}  # fmt: skip
+SMOKE_MARKS = {**MARKS, "partly checked": "✅ partly (not checked: see below)"}
 
 
 def cell_text(cell: Cell) -> str:
@@ -176,14 +170,16 @@ def cell_text(cell: Cell) -> str:
 
 
 def _verify_text(cell: Cell) -> str:
-    if cell.status == "pass" and cell.unchecked:
+    if cell.same:
+        return "= pinned"
+    if cell.status == PASSED and cell.unchecked:
         return f"✅ ({len(cell.unchecked)} env not checked)"
-    if cell.status != "fail":
-        return _MARK[cell.status]
+    if not cell.failed:
+        return MARKS[cell.status]
     line = cell.first_failure.replace("|", "\\|").replace("`", "'")
     short = line if len(line) <= CELL_LINE else line[: CELL_LINE - 1] + "…"
     more = f" (+{len(cell.failed) - 1})" if len(cell.failed) > 1 else ""
-    return f"❌ {short}{more}"
+    return f"{MARKS[cell.status]} {short}{more}"
 
 
 def markdown(lock: Lock, cells: Sequence[Cell]) -> str:

@@ -4,6 +4,7 @@ the lock's patches and versions, and the baked env (pure: data in, data out).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from k3env.checks.verdicts import COMPONENTS, expected_versions, twin_of
@@ -44,6 +45,14 @@ ENV_FAMILIES: dict[str, tuple[str, ...]] = {
 ENV_DEFAULT_SOURCES = ("vllm", "ai-dynamo", "ai-dynamo-runtime")
 
 
+# The modules each role's process imports first: the probe imports them as the process would.
+ENTRYPOINTS = {
+    "vllm-serve": ("vllm.entrypoints.cli.serve",),
+    "dynamo-worker": ("dynamo.vllm.main",),
+    "dynamo-frontend": ("dynamo.frontend.main",),
+}
+
+
 # Tokenizer model_types probed in the Dynamo frontend for preflight's facts.
 TOKENIZER_CANDIDATES = ("kimi", "kimi_k2", "kimi_k25", "kimi_k3", "deepseek_v3")
 
@@ -79,6 +88,9 @@ def plan_for(
             }
             for p in spec.profiles.values()
         ],
+        "imports": sorted(
+            {m for p in spec.profiles.values() for c in p.commands for m in ENTRYPOINTS[c.role]}
+        ),
         "patches": patches,
         "env": {name: spec.env_readers.get(name) for name in env},
         "env_families": {k: list(v) for k, v in ENV_FAMILIES.items()},
@@ -89,3 +101,20 @@ def plan_for(
         if any(c.role == "dynamo-frontend" for p in spec.profiles.values() for c in p.commands)
         else [],
     }
+
+
+def planned_checks(plan: Mapping[str, Any]) -> list[tuple[str, str | None, str]]:
+    """(check, profile, subject) of each verdict the probe owes for ``plan``: each component's
+    version, each entrypoint's import, each command line, each profile's parser names and the
+    model_type its Dynamo frontend loads, each baked env var. (The parser names on command
+    lines are found in the image; patches and requirements are judged on the host.)"""
+    out: list[tuple[str, str | None, str]] = [("versions", None, c) for c in plan["versions"]]
+    out += [("imports", None, m) for m in plan["imports"]]
+    for p in plan["profiles"]:
+        roles = [c["role"] for c in p["commands"]]
+        out += [("args", p["name"], f"commands[{i}] {role}") for i, role in enumerate(roles)]
+        out += [("parsers", p["name"], f"{kind} {p[kind]}")
+                for kind in ("tool_call_parser", "reasoning_parser") if p[kind]]  # fmt: skip
+        if "dynamo-frontend" in roles and p["tokenizer_model_type"]:
+            out.append(("tokenizer", p["name"], f"model_type {p['tokenizer_model_type']}"))
+    return out + [("env", None, name) for name in plan["env"]]

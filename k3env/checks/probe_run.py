@@ -43,9 +43,20 @@ PROBE_ENV = {
 class ProbeOutput:
     """What the probe printed: its verdicts, the facts it learned, the patch targets' text."""
 
-    rows: list[dict[str, Any]]
+    rows: list[Any]  # each read by ``CheckResult.read``
     facts: dict[str, Any]
     patch_targets: dict[str, Any]
+
+    @classmethod
+    def read(cls, record: object) -> ProbeOutput | None:
+        """A verify record (what ``dataclasses.asdict`` made of one, by this k3env or an
+        earlier one); None: not one (the image is probed again)."""
+        if not isinstance(record, dict):
+            return None
+        rows, facts, targets = (record.get(k) for k in ("rows", "facts", "patch_targets"))
+        if isinstance(rows, list) and isinstance(facts, dict) and isinstance(targets, dict):
+            return cls(rows=rows, facts=facts, patch_targets=targets)
+        return None
 
 
 def _probe_sources() -> dict[str, bytes]:

@@ -5,22 +5,24 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from k3env.checks.verdicts import CHECKS, CheckResult, ImageReport
+from k3env.verdict import FAILED, NOT_CHECKED, NOT_RUN, PASSED
 
-_MARK = {"pass": "✅", "fail": "❌", "skip": "n/a"}
+# A status in markdown: only passed is a check mark.
+MARKS = {PASSED: "✅", FAILED: "❌", NOT_RUN: "⛔ not run", NOT_CHECKED: "not checked"}
 
 
 def table(reports: Sequence[ImageReport]) -> str:
     width = max([len(r.image) for r in reports] + [5])
-    head = f"{'image':{width}}  {'platform':11}  " + "  ".join(f"{c:9}" for c in CHECKS)
+    head = f"{'image':{width}}  {'platform':11}  " + "  ".join(f"{c:11}" for c in CHECKS)
     head += "  seconds"
     lines = [head, "-" * len(head)]
     for r in reports:
-        cells = "  ".join(f"{r.status(c):9}" for c in CHECKS)
+        cells = "  ".join(f"{r.status(c):11}" for c in CHECKS)
         lines.append(f"{r.image:{width}}  {r.platform:11}  {cells}  {r.seconds:7.2f}")
     for r, f in _failures(reports):
         lines.append("")
         lines.append(
-            f"FAIL {_where(r, f)} {f.check}: {f.subject} [{f.component} {f.version or '?'}]"
+            f"{f.status} {_where(r, f)} {f.check}: {f.subject} [{f.component} {f.version or '?'}]"
         )
         lines.extend(f"    {line}" for line in f.output.strip().splitlines()[-15:])
     return "\n".join(lines)
@@ -50,11 +52,11 @@ def markdown(
         "|---|---|" + "---|" * (len(CHECKS) + len(extra)),
     ]
     for r in reports:
-        marks = " | ".join(_MARK[r.status(c)] for c in CHECKS)
+        marks = " | ".join(MARKS[r.status(c)] for c in CHECKS)
         if serves is not None:
             served = serves.get(r.image_id)
             marks += " | " + (
-                "not smoked" if served is None else _MARK["pass" if served else "fail"]
+                "not smoked" if served is None else MARKS[PASSED if served else FAILED]
             )
         lines.append(f"| `{r.image}` | {r.platform} | {marks} |")
     versions = {

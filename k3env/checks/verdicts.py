@@ -1,10 +1,14 @@
 """Verify's verdicts: one row per check, an image's report, and the rows the host judges
 itself from the lock and what the probe read (versions and requirements, patches present).
+
+A row's status is one of ``verdict.STATUSES``: the probe's own words (pass / fail / skip, also
+in records earlier k3env wrote) are read at the edge (``CheckResult.read``), and a check the
+plan asked for that the probe never reported is ``not run`` (``with_unreported``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +20,17 @@ from k3env.config.spec import ImageSpec
 from k3env.config.twinreq import pinned_versions
 from k3env.image.build import BuildResult
 from k3env.image.patches import SKIPPED, missing_edits
+from k3env.quoting import one_line
+from k3env.verdict import (
+    FAILED,
+    NOT_CHECKED,
+    NOT_RUN,
+    PASSED,
+    STATUSES,
+    Gate,
+    read_status,
+    summary,
+)
 from k3env.versions import Installed, canonical_name, unmet_requirements
 
 CHECKS = ("versions", "imports", "args", "parsers", "tokenizer", "patches", "env")
@@ -27,6 +42,9 @@ COMPONENTS = {
     "torch": "torch",
     "aiperf": "aiperf",
 }
+# The in-image probe's words, as verdicts: a skip's output says why it was not checked.
+PROBE_WORDS = {"pass": PASSED, "fail": FAILED, "skip": NOT_CHECKED}
+NOT_REPORTED = "planned, and the probe reported no verdict for it"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,13 +53,53 @@ class CheckResult:
     profile: str | None
     check: str
     subject: str
-    status: str  # pass | fail | skip
+    status: str  # one of verdict.STATUSES
     component: str
     version: str | None
-    output: str
+    output: str  # the evidence, the failure's own words, or why it was not checked
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"check {self.subject!r}: status {self.status!r} is not a verdict")
+
+    @classmethod
+    def read(cls, row: object, image: str) -> CheckResult:
+        """A row as the probe printed it, or as a record of an earlier k3env kept it (the
+        probe's pass / fail / skip, or the four words); any other status is ``failed``, named."""
+        got = row if isinstance(row, Mapping) else {"output": f"not a row: {row!r:.200}"}
+        word, profile, version = got.get("status"), got.get("profile"), got.get("version")
+        status, output = read_status(
+            PROBE_WORDS.get(word, word) if isinstance(word, str) else word,
+            str(got.get("output") or ""),
+        )
+        return cls(image=image, profile=None if profile is None else str(profile),
+                   check=str(got.get("check", "?")), subject=str(got.get("subject", "?")),
+                   status=status, component=str(got.get("component", "?")),
+                   version=None if version is None else str(version), output=output)  # fmt: skip
+
+    @property
+    def gate(self) -> Gate:
+        """This row in the one verdict model: named by image, profile, check and subject."""
+        where = self.image + (f"/{self.profile}" if self.profile else "")
+        first = next(iter(self.output.strip().splitlines()), "")
+        return Gate(name=f"{where} {self.check} {self.subject}", status=self.status,
+                    detail=one_line(first)[:300])  # fmt: skip
 
     def as_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
+
+
+def with_unreported(
+    image: str, planned: Iterable[tuple[str, str | None, str]], rows: Sequence[CheckResult]
+) -> tuple[CheckResult, ...]:
+    """``rows``, then each planned (check, profile, subject) none of them reported, as ``not
+    run``: a check nobody reported is never read as passed, nor as not checked."""
+    seen = {(r.check, r.profile, r.subject) for r in rows}
+    return (*rows, *(CheckResult(image=image, profile=profile, check=check, subject=subject,
+                                 status=NOT_RUN, component="k3env-probe", version=None,
+                                 output=NOT_REPORTED)
+                     for check, profile, subject in dict.fromkeys(planned)
+                     if (check, profile, subject) not in seen))  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -57,15 +115,17 @@ class ImageReport:
 
     @property
     def failed(self) -> list[CheckResult]:
-        return [r for r in self.results if r.status == "fail"]
+        """The checks that failed or never ran: neither is a pass."""
+        return [r for r in self.results if r.status in (FAILED, NOT_RUN)]
+
+    @property
+    def gates(self) -> tuple[Gate, ...]:
+        return tuple(r.gate for r in self.results)
 
     def status(self, check: str) -> str:
-        states = {r.status for r in self.results if r.check == check}
-        if "fail" in states:
-            return "fail"
-        if "pass" in states:
-            return "pass"
-        return "skip"
+        """One status for a check (``verdict.summary``); ``not checked``: nothing to check."""
+        gates = [r.gate for r in self.results if r.check == check]
+        return summary(gates) if gates else NOT_CHECKED
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -120,7 +180,7 @@ def requirement_rows(
 
     raw = facts.get("distributions")
     if not isinstance(raw, list):
-        return [row("fail", "requirements", "the probe listed no installed distributions")]
+        return [row(FAILED, "requirements", "the probe listed no installed distributions")]
     rows = []
     seen: dict[str, dict[str, Any]] = {}
     for d in raw:
@@ -128,7 +188,7 @@ def requirement_rows(
         if key in seen and seen[key].get("path") != d.get("path"):
             rows.append(
                 row(
-                    "fail",
+                    FAILED,
                     f"installed {key}",
                     f"{key} is installed twice: {seen[key]['version']} ({seen[key].get('path')}) "
                     f"and {d['version']} ({d.get('path')}); Python imports one of them",
@@ -151,23 +211,23 @@ def requirement_rows(
     )
     for u in unmet:
         if u.waived is None:
-            rows.append(row("fail", f"requires {u.dist}", u.message))
+            rows.append(row(FAILED, f"requires {u.dist}", u.message))
     waived = [u for u in unmet if u.waived is not None]
     if waived:
         targets = sorted({u.target for u in waived})
         rows.append(
             row(
-                "skip",
+                NOT_CHECKED,
                 "requirements waived in the twin",
                 f"{len(waived)} requirement(s) on {len(targets)} distribution(s) the CPU twin "
                 f"leaves out or stands in for, not checked here: {', '.join(targets)}",
             )
         )
-    if not any(r.status == "fail" for r in rows):
+    if not any(r.status == FAILED for r in rows):
         used = [f"{w}[{','.join(e)}]" for w, e in sorted(extras.items()) if e]
         rows.append(
             row(
-                "pass",
+                PASSED,
                 "requirements",
                 f"every Requires-Dist of {len(installed)} installed distributions holds"
                 + (f" (extras in use: {', '.join(used)})" if used else ""),
@@ -205,17 +265,17 @@ def patch_rows(
             return image_row(spec, "patches", name, status, output)
 
         if result is not None and result.status == SKIPPED:
-            rows.append(row("skip", result.detail))
+            rows.append(row(NOT_CHECKED, result.detail))
             continue
         target = targets.get(name) or {}
         if target.get("text") is None:
-            rows.append(row("fail", f"target {pin.target} not found in the image"))
+            rows.append(row(FAILED, f"target {pin.target} not found in the image"))
             continue
         missing = missing_edits(load_patch_file(pin, verify_patch_file(lock, pin)), target["text"])
         path = target.get("path")
         rows.append(
-            row("fail", f"{path}: " + "; ".join(missing))
+            row(FAILED, f"{path}: " + "; ".join(missing))
             if missing
-            else row("pass", f"{path}: every edit present")
+            else row(PASSED, f"{path}: every edit present")
         )
     return rows

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from k3env.checks.probe_plan import plan_for
+from k3env.checks.probe_plan import plan_for, planned_checks
 from k3env.checks.probe_run import (
     PROBE_ENV,
     ProbeOutput,
@@ -25,7 +25,13 @@ from k3env.checks.probe_run import (
     probe_sha256,
     run_probe,
 )
-from k3env.checks.verdicts import CheckResult, ImageReport, patch_rows, requirement_rows
+from k3env.checks.verdicts import (
+    CheckResult,
+    ImageReport,
+    patch_rows,
+    requirement_rows,
+    with_unreported,
+)
 from k3env.config.pins import Lock
 from k3env.config.spec import ImageSpec
 from k3env.engine.protocol import BaseImage, Engine
@@ -36,6 +42,7 @@ from k3env.image.build import BuildResult
 from k3env.installed import DPKG_STATUS, STATUS_LIMIT, debian_installed
 from k3env.log import Log
 from k3env.state import State
+from k3env.verdict import FAILED
 
 
 def _with_variant_notes(
@@ -46,7 +53,7 @@ def _with_variant_notes(
 
     out = []
     for r in results:
-        if r.check == "tokenizer" and r.status == "fail" and lock.variants:
+        if r.check == "tokenizer" and r.status == FAILED and lock.variants:
             note = tokenizer_note(lock, r.subject.removeprefix("model_type "), state, log)
             if note:
                 r = dataclasses.replace(r, output=f"{note}\n{r.output}")
@@ -84,7 +91,7 @@ def verify_images(
     share, and that image is probed on its own). ``share=False`` probes each on its own."""
     log = log or Log(quiet=True)
     start = time.monotonic()
-    done = _Done(outputs={}, finished={})
+    done = _Done(outputs={}, finished={}, plans={})
     jobs = _plan_jobs(engine, state, lock, pairs, twin=twin, share=share, done=done)
     groups = _groups(engine, jobs, share=share)
     _schedule(engine, state, jobs, groups, done, timeout=timeout, log=log,
@@ -96,6 +103,7 @@ def verify_images(
             spec,
             build,
             *done.outputs[i],
+            done.plans[i],
             twin=twin,
             log=log,
             seconds=done.finished[i] - start,
@@ -106,10 +114,12 @@ def verify_images(
 
 @dataclass(frozen=True, kw_only=True)
 class _Done:
-    """Each image's probe output (and whether it came from its record), and when it was in."""
+    """Each image's probe output (and whether it came from its record), when it was in, and
+    the plan it answered."""
 
     outputs: dict[int, tuple[ProbeOutput, bool]]
     finished: dict[int, float]
+    plans: dict[int, dict[str, Any]]
 
 
 def _plan_jobs(
@@ -126,15 +136,14 @@ def _plan_jobs(
     jobs: dict[int, _Job] = {}
     for i, (spec, build) in enumerate(pairs):
         base_pin = select_base(lock, spec, twin)  # the base the builder used
-        plan = plan_for(lock, spec, build, base_pin, twin)
+        plan = done.plans[i] = plan_for(lock, spec, build, base_pin, twin)
         # An image never changes: the same image, plan and probe give the same verdicts.
         key = canonical_sha256(
             {"image": build.image_id, "plan": plan, "probe": probe_sha256(), "env": PROBE_ENV}
         )
-        recorded = state.read_record("verify", key)
+        out = ProbeOutput.read(state.read_record("verify", key))
         # --isolated asks for an image's own import: a recorded shared verdict does not do.
-        if isinstance(recorded, dict) and (share or "shared_import" not in recorded["facts"]):
-            out = ProbeOutput(**recorded)
+        if out is not None and (share or "shared_import" not in out.facts):
             if not {"debian_packages", "debian_packages_unread"} & out.facts.keys():
                 # Recorded before verify read dpkg's status: read now (no container start).
                 out = dataclasses.replace(
@@ -157,9 +166,9 @@ def _groups(engine: Engine, jobs: Mapping[int, _Job], *, share: bool) -> list[li
     for i, job in jobs.items():
         # The same files, interpreter and entrypoints to import (and the same modules the
         # twin leaves out): one import serves them all.
-        imports = sorted({c["role"] for p in job.plan["profiles"] for c in p["commands"]})
         group = (
-            (job.python, files_key(engine, job.build.image_id, job.image), tuple(imports),
+            (job.python, files_key(engine, job.build.image_id, job.image),
+             tuple(job.plan["imports"]),
              tuple(job.plan["absent_by_design"]))
             if share
             else i
@@ -250,25 +259,16 @@ def _report(
     build: BuildResult,
     out: ProbeOutput,
     cached: bool,
+    plan: dict[str, Any],
     *,
     twin: bool,
     log: Log,
     seconds: float,
 ) -> ImageReport:
     facts = out.facts
-    results = tuple(
-        CheckResult(
-            image=spec.name,
-            profile=r.get("profile"),
-            check=str(r["check"]),
-            subject=str(r["subject"]),
-            status=str(r["status"]),
-            component=str(r["component"]),
-            version=r.get("version"),
-            output=str(r.get("output", "")),
-        )
-        for r in out.rows
-    ) + tuple(patch_rows(lock, spec, build, out.patch_targets))
+    rows = [CheckResult.read(r, spec.name) for r in out.rows]
+    results = with_unreported(spec.name, planned_checks(plan), rows)
+    results += tuple(patch_rows(lock, spec, build, out.patch_targets))
     results += tuple(requirement_rows(lock, spec, facts, twin, build.platform))
     results = tuple(_with_variant_notes(results, lock, state, log))
     state.write_record(facts, "facts", build.image_id)

@@ -29,7 +29,7 @@ from k3env.quoting import one_line
 from k3env.smoke import stages
 from k3env.state import State
 from k3env.untrusted import read_tail
-from k3env.verdict import Gate, ok, planned
+from k3env.verdict import FAILED, Gate, ok, planned
 
 MANIFEST = "k3env-smoke.json"  # what the job ran: written by `k3env smoke --cluster`
 RESULT = "result.json"  # the driver's gates
@@ -96,8 +96,22 @@ class ClusterVerdict:
         return ok(self.gates)
 
     @property
+    def all_gates(self) -> tuple[Gate, ...]:
+        """The job in the one verdict model: the battery's gates, then a failed gate for a
+        Slurm job that did not complete and for each failure its logs show."""
+        job = self.job
+        ended = (
+            (Gate(name="slurm job", status=FAILED, detail=f"{job.state} (exit {job.exit_code})"),)
+            if job is not None and not job.ok
+            else ()
+        )
+        return (*self.gates, *ended, *(Gate(name=f"stage {f.stage}", status=FAILED,
+                detail=f"{f.meaning or 'an error no fact names'}: {f.cited()}")
+                for f in self.failures))  # fmt: skip
+
+    @property
     def ok(self) -> bool:
-        return self.battery_ok and not self.failures and (self.job is None or self.job.ok)
+        return ok(self.all_gates)
 
     def as_json(self) -> dict[str, Any]:
         return {

@@ -36,7 +36,7 @@ from k3env.srt.recipe import as_pinned, precision_of, to_yaml
 from k3env.srt.recipe_check import srt_loader
 from k3env.state import State
 from k3env.untrusted import read_tail
-from k3env.verdict import FAILED, PASSED
+from k3env.verdict import FAILED, Gate
 
 DRIVER = resources.files("k3env.probes") / "smoke_driver.py"
 RECIPE = "recipe.yaml"
@@ -59,7 +59,7 @@ class Written:
     out: Path
     smoke: ClusterSmoke
     image: Image
-    validation: dict[str, str]
+    validation: Gate | None  # srt-slurm's loader on the recipe; None: no recipe written
     files: tuple[str, ...]
 
     @property
@@ -73,7 +73,7 @@ class Written:
             "container": self.image.container,
             "digest": self.image.digest,
             "image_from": self.image.how,
-            "validation": self.validation,
+            "validation": None if self.validation is None else self.validation.as_json(),
             "files": list(self.files),
         }
 
@@ -118,9 +118,9 @@ def resolve_image(
     )
 
 
-def _validate(lock: Lock, state: State, log: Log, text: str) -> dict[str, str]:
+def _validate(lock: Lock, state: State, log: Log, text: str) -> Gate:
     """The recipe through the pinned srt-slurm's own loader, job lookups and dry-run where it
-    is materialized (a failure is an error: nothing is written); else ``not validated``."""
+    is materialized (a failure is an error: nothing is written); else ``not checked``, why."""
     with tempfile.TemporaryDirectory(prefix="k3env-smoke-recipe-") as tmp:
         path = Path(tmp) / RECIPE
         path.write_text(text)
@@ -132,8 +132,7 @@ def _validate(lock: Lock, state: State, log: Log, text: str) -> dict[str, str]:
             where=loader.detail,
             fix="the serve profile or the pinned srt-slurm must change (srt-slurm's words)",
         )
-    verdict = "validated" if loader.verdict == PASSED else "not validated"
-    return {"verdict": verdict, "detail": loader.detail}
+    return loader.gate
 
 
 def write_job(
@@ -289,11 +288,7 @@ def write_cpu_job(
         out=out,
         smoke=smoke,
         image=image,
-        validation={
-            "verdict": "not written",
-            "detail": "CPU partition mode writes the sbatch script only (srt-slurm starts "
-            "its engine on GPU nodes)",
-        },
+        validation=None,  # the sbatch script only: srt-slurm starts its engine on GPU nodes
         files=tuple(str(out / r) for r in ("bin", "model", "engine", SCRIPT)),
     )
 

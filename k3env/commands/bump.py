@@ -24,7 +24,8 @@ from k3env.config.cluster import DEFAULT_CLUSTER
 from k3env.config.lock import load_lock
 from k3env.config.pins import Lock
 from k3env.config.spec import DEFAULT_IMAGES, load_specs
-from k3env.errors import CheckFailed, LockError
+from k3env.errors import LockError
+from k3env.verdict import exit_code
 
 if TYPE_CHECKING:
     from k3env.bump.closures import Regenerated
@@ -135,14 +136,14 @@ def run(args: argparse.Namespace, app: App) -> int:
         branch = commit_branch(lock.root, lock, title(args.pin, changes), text)
     payload = {**as_json(args.pin, changes, before, after, written, text), "branch": branch}
     app.emit(payload, lambda: print(text))
-    if after.failed:
-        raise CheckFailed(
-            "checks fail after the bump: "
-            + ("the lock was written (--keep-failing)" if written else "the lock is unchanged"),
-            where=str(lock.path),
-            fix="read the PR body above: fix the failing checks or patches, then bump again",
-        )
-    return 0
+    return exit_code(
+        after.gates,
+        what="checks fail after the bump ("
+        + ("the lock was written: --keep-failing" if written else "the lock is unchanged")
+        + ")",
+        where=str(lock.path),
+        fix="read the PR body above: fix the failing checks or patches, then bump again",
+    )
 
 
 def _after(

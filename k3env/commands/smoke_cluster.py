@@ -7,10 +7,12 @@ import argparse
 from typing import TYPE_CHECKING
 
 from k3env.commands.app import App
-from k3env.errors import CheckFailed, ConfigError
+from k3env.errors import ConfigError
 from k3env.quoting import one_line
+from k3env.verdict import exit_code
 
 if TYPE_CHECKING:
+    from k3env.cluster.collect import ClusterVerdict
     from k3env.cluster.job import Written
     from k3env.config.cluster import Cluster
     from k3env.config.spec import ImageSpec
@@ -30,7 +32,7 @@ def run_cluster(args: argparse.Namespace, app: App) -> int:
             )
         verdict = record(state, collect(args.collect))
         app.emit({"collected": verdict.as_json()}, lambda: print(table(verdict)))
-        return _verdict(verdict.ok, verdict.failures, str(args.collect))
+        return _exit_code(verdict, str(args.collect))
     from k3env.config.cluster import load_cluster
     from k3env.config.lock import load_lock
     from k3env.config.spec import load_specs
@@ -71,7 +73,7 @@ def run_cluster(args: argparse.Namespace, app: App) -> int:
         app.log.info(line)
     verdict = submit_and_collect(written, state, app.log, job_timeout=args.job_timeout)
     app.emit({**payload, "collected": verdict.as_json()}, lambda: print(table(verdict)))
-    return _verdict(verdict.ok, verdict.failures, str(written.out))
+    return _exit_code(verdict, str(written.out))
 
 
 def _profile(args: argparse.Namespace, spec: ImageSpec) -> str:
@@ -114,11 +116,11 @@ def _written(w: object) -> list[str]:
 
     assert isinstance(w, Written)
     s = w.smoke
-    no_recipe = w.validation["verdict"] == "not written"
+    no_recipe = w.validation is None
     recipe = (
-        f"not written ({w.validation['detail']})"
-        if no_recipe
-        else f"{w.out / RECIPE} ({w.validation['verdict']}: {w.validation['detail']})"
+        "not written (CPU partition mode: srt-slurm starts its engine on GPU nodes)"
+        if w.validation is None
+        else f"{w.out / RECIPE} ({w.validation.status}: {w.validation.detail})"
     )
     run = f"sbatch {w.out / SCRIPT}"
     where = (
@@ -141,11 +143,10 @@ def _written(w: object) -> list[str]:
     return [one_line(line) for line in lines]
 
 
-def _verdict(ok: bool, failures: object, where: str) -> int:
-    if not ok:
-        raise CheckFailed(
-            "the cluster smoke job did not serve",
-            where=where,
-            fix="each failure above names its stage, its log line and the bring-up's fix",
-        )
-    return 0
+def _exit_code(verdict: ClusterVerdict, where: str) -> int:
+    return exit_code(
+        verdict.all_gates,
+        what="the cluster smoke job did not serve",
+        where=where,
+        fix="each failure above names its stage, its log line and the bring-up's fix",
+    )

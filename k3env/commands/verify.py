@@ -18,14 +18,13 @@ the export's recorded sha256; the file's own bytes: `export --check`)
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from k3env.commands.app import App, image_args, platform_arg
-from k3env.errors import CheckFailed
 from k3env.files import write_atomic
-from k3env.verdict import NOT_CHECKED, PASSED, Gate, bad
+from k3env.verdict import NOT_CHECKED, PASSED, Gate, bad, exit_code
 
 if TYPE_CHECKING:
     from k3env.signing import VerifyKey
@@ -99,30 +98,21 @@ def run(args: argparse.Namespace, app: App) -> int:
         print(matrix)
 
     app.emit(payload, human)
-    problems: list[str] = []
-    fixes: list[str] = []
-    if failed:
-        problems.append(f"{len(failed)} check(s) failed in {sorted({f.image for f in failed})}")
-        fixes.append(
-            "each failure above names the image, profile, check and component, with the "
-            "probe's own output"
-        )
-    unsigned = [
-        f"{r.image}'s signed SBOM and provenance: "
-        + "; ".join(f"{g.name} {g.status}: {g.detail}" for g in wrong)
-        for r in reports
-        if (wrong := bad(attested[r.image_id].gates))
-    ]
-    if unsigned:
-        problems += unsigned
-        fixes.append(
-            "export the image again with --sign-key (the private key of --key's pair), or "
-            "pass the key it was signed with; an SBOM or statement changed after signing is "
-            "tampering"
-        )
-    if problems:
-        raise CheckFailed("; ".join(problems), where="k3env verify", fix="; ".join(fixes))
-    return 0
+    signed = [replace(g, name=f"{r.image} {g.name}")
+              for r in reports for g in attested[r.image_id].gates]  # fmt: skip
+    fixes = [CHECKS_FIX] * bool(failed) + [SIGNED_FIX] * bool(bad(signed))
+    return exit_code([*(g for r in reports for g in r.gates), *signed],
+                     what="the images do not verify", where="k3env verify",
+                     fix="; ".join(fixes))  # fmt: skip
+
+
+CHECKS_FIX = (
+    "each failure above names the image, profile, check and component, with the probe's own output"
+)
+SIGNED_FIX = (
+    "export the image again with --sign-key (the private key of --key's pair), or pass the key "
+    "it was signed with; an SBOM or statement changed after signing is tampering"
+)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -199,7 +199,7 @@ def test_a_vllm_variant_over_the_twin_reads_the_env_the_twins_vllm_does_not(
     assert [f["subject"] for f in env] == ["VLLM_PREFIX_CACHE_RETENTION_INTERVAL"]
     assert "nothing in the image reads it (searched vllm 0.31.0)" in env[0]["output"]
     assert "takes --prefix-cache-retention-interval instead" in env[0]["output"]
-    assert older["status"] == "pass", older["failed"]
+    assert older["status"] == "passed", older["failed"]
     assert older["versions"] == "aiperf 0.13.0, vllm 0.29.0"
     # The layer holds the release once (the twin's 0.31.0 whited out) over the twin's torch.
     found = json.loads(_in_image(older["image_id"], (

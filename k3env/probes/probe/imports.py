@@ -15,17 +15,10 @@ from .absent import absent_top, import_past_absent
 from .harness import MARK, PACKAGE_DIR, captured, in_fork
 from .session import Plan, Run
 
-ENTRYPOINT_MODULES = {
-    "vllm-serve": ("vllm.entrypoints.cli.serve",),
-    "dynamo-worker": ("dynamo.vllm.main",),
-    "dynamo-frontend": ("dynamo.frontend.main",),
-}
-
 
 def entrypoints(plan: Plan) -> list[str]:
-    return sorted(
-        {m for p in plan["profiles"] for c in p["commands"] for m in ENTRYPOINT_MODULES[c["role"]]}
-    )
+    """The modules the plan's processes import first (the host's table, ``ENTRYPOINTS``)."""
+    return [str(m) for m in plan.get("imports", [])]
 
 
 def absent_by_design(plan: Plan) -> list[str]:
