@@ -80,8 +80,7 @@ def run(args: argparse.Namespace, app: App) -> int:
             {"file": str(args.check), "checks": [i.as_json() for i in items]},
             lambda: print("\n".join(f"{i.status:<11} {i.name}: {i.detail}" for i in items)),
         )
-        require_ok(args.check, items)
-        return 0
+        return require_ok(args.check, items)
     _lock, specs, engine, state, builds = app.builds(args)
     exported = []
     signed: dict[str, dict[str, Any]] = {}

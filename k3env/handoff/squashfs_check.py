@@ -29,7 +29,7 @@ from k3env.config.patchfile import load_patch_file
 from k3env.config.pinned_files import verify_patch_file
 from k3env.config.pins import Lock
 from k3env.config.spec import ImageSpec
-from k3env.errors import CheckFailed, ConfigError, UntrustedFileError
+from k3env.errors import ConfigError, UntrustedFileError
 from k3env.handoff.enroot import enroot_files
 from k3env.handoff.provenance import (
     provenance_document,
@@ -41,7 +41,7 @@ from k3env.image.envpolicy import merged_env
 from k3env.image.patches import ALREADY_PRESENT, APPLIED, missing_edits
 from k3env.log import Log
 from k3env.quoting import one_line
-from k3env.verdict import FAILED, NOT_CHECKED, PASSED, Gate, ok
+from k3env.verdict import FAILED, NOT_CHECKED, PASSED, Gate, exit_code
 
 
 # --- check a squashfs ---------------------------------------------------------------------------
@@ -386,12 +386,11 @@ def _patch_item(fs: Squashfs, p: Mapping[str, Any], lock: Lock) -> Gate:
     )
 
 
-def require_ok(sqsh: Path, items: list[Gate]) -> None:
-    if not ok(items):
-        bad = [i for i in items if i.bad] or list(items)
-        raise CheckFailed(
-            f"{len(bad)} check(s) failed: " + "; ".join(f"{i.name}: {i.detail}" for i in bad),
-            where=str(sqsh),
-            fix="re-import the image by the digest k3env push printed (or re-export it); a "
-            "difference you did not make is tampering",
-        )
+def require_ok(sqsh: Path, items: list[Gate]) -> int:
+    return exit_code(
+        items,
+        what="the file is not the image",
+        where=str(sqsh),
+        fix="re-import the image by the digest k3env push printed (or re-export it); a "
+        "difference you did not make is tampering",
+    )
