@@ -402,8 +402,8 @@ def test_check_with_a_key_lists_the_image_once_and_reads_the_file_once(
     _, _, other = keypair(tmp_path, "other")
     assert main([*argv, "--key", str(other)]) == 4
     err = capsys.readouterr().err
-    assert "sbom signature: not the given key's signature" in err
-    assert "provenance: refused: no signature in the envelope is the given key's" in err
+    assert "sbom signature failed: not the given key's signature" in err
+    assert "provenance failed: refused: no signature in the envelope is the given key's" in err
 
 
 def test_verify_key_fails_the_command_on_a_wrong_key_and_reports_gates_per_image(
@@ -504,14 +504,14 @@ def test_a_10000_deep_statement_is_refused_in_words_with_or_without_a_key(
         beside(exported, STATEMENT_SUFFIX).write_bytes(data)
         assert main(argv) == 4
         err = capsys.readouterr().err
-        assert f"provenance: {says}" in err, err
+        assert f"provenance failed: {says}" in err, err
         assert "Traceback" not in err and "RecursionError" not in err
     # A statement whose subject is not where k3env reads it: named, not a KeyError.
     from k3env.signing import envelope
 
     beside(exported, STATEMENT_SUFFIX).write_bytes(envelope(key, b'{"subject": {"x": 1}}'))
     assert main(argv) == 4
-    assert "provenance: refused: its statement has no string at subject[0]" in (
+    assert "provenance failed: refused: its statement has no string at subject[0]" in (
         capsys.readouterr().err
     )
 
