@@ -112,6 +112,12 @@ def test_a_clean_state_passes(
     assert [p.status for p in outcome.patches] == ["applies", "upstream"]
     assert outcome.preflight_errors == {"probe": 0}
     assert not outcome.failed
+    # The state in the one verdict model (verify did not run: no gate, the body says so).
+    assert [(g.name, g.status, g.detail) for g in outcome.gates] == [
+        ("preflight probe", "passed", "0 error(s)"),
+        ("patch int64 on testbase", "passed", f"applies: {outcome.patches[0].detail}"),
+        ("patch int64 on fixedbase", "passed", f"upstream: {outcome.patches[1].detail}"),
+    ]
 
 
 def test_preflight_errors_are_counted_per_image(

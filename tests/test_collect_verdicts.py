@@ -26,10 +26,10 @@ from k3env.cluster.collect import (
     recorded,
     table,
 )
-from k3env.errors import ConfigError
+from k3env.errors import CheckFailed, ConfigError
 from k3env.smoke.stages import FACTS, FIRST_DECODE, GRAPHS, INIT, KV_CACHE, SERVING
 from k3env.state import State
-from k3env.verdict import Gate
+from k3env.verdict import Gate, exit_code
 
 from .conftest import REPO
 
@@ -87,6 +87,14 @@ def test_a_job_serves_only_completed_with_every_gate_good_and_no_failure() -> No
         bad = replace(v, gates=(good, Gate(name="stop", status=status)))
         assert not bad.ok and not bad.battery_ok
     assert not replace(v, gates=()).ok  # no evidence at all is not a pass
+    # In the one model: the battery's gates, then what else failed; one exit code from them.
+    cut = replace(v, job=JobState(job_id="7", state="TIMEOUT", exit_code="0:15"), failures=(boom,))
+    assert [(g.name, g.status, g.detail) for g in cut.all_gates] == [
+        ("chat", "passed", "ok"), ("slurm job", "failed", "TIMEOUT (exit 0:15)"),
+        ("stage init", "failed", "an error no fact names: a.log:1: Error"),
+    ]  # fmt: skip
+    with pytest.raises(CheckFailed, match="2 of 3 failed or did not run: slurm job failed"):
+        exit_code(cut.all_gates, what="did not serve", where="d", fix="")
 
 
 def test_a_verdict_as_json_says_every_field() -> None:

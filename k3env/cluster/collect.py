@@ -99,15 +99,13 @@ class ClusterVerdict:
     def all_gates(self) -> tuple[Gate, ...]:
         """The job in the one verdict model: the battery's gates, then a failed gate for a
         Slurm job that did not complete and for each failure its logs show."""
-        job = self.job
-        ended = (
-            (Gate(name="slurm job", status=FAILED, detail=f"{job.state} (exit {job.exit_code})"),)
-            if job is not None and not job.ok
-            else ()
-        )
-        return (*self.gates, *ended, *(Gate(name=f"stage {f.stage}", status=FAILED,
-                detail=f"{f.meaning or 'an error no fact names'}: {f.cited()}")
-                for f in self.failures))  # fmt: skip
+        said = [Gate(name=f"stage {f.stage}", status=FAILED,
+                     detail=f"{f.meaning or 'an error no fact names'}: {f.cited()}")
+                for f in self.failures]  # fmt: skip
+        if self.job is not None and not self.job.ok:
+            job = f"{self.job.state} (exit {self.job.exit_code})"
+            said.insert(0, Gate(name="slurm job", status=FAILED, detail=job))
+        return (*self.gates, *said)
 
     @property
     def ok(self) -> bool:
