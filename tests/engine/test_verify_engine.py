@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from k3env.checks.probe_plan import ENV_DEFAULT_SOURCES, ENV_FAMILIES
+from k3env.checks.probe_plan import ENTRYPOINTS, ENV_DEFAULT_SOURCES, ENV_FAMILIES
 from k3env.checks.probe_run import ProbeOutput, probe_env, run_probe
 from k3env.checks.verdicts import COMPONENTS
 from k3env.cli import main
@@ -58,6 +58,9 @@ def plan(**overrides: Any) -> dict[str, Any]:
         "tokenizer_candidates": [],
     }
     base.update(overrides)
+    # The entrypoints the profiles' processes import, as probe_plan.plan_for names them.
+    roles = {c["role"] for p in base["profiles"] for c in p["commands"]}
+    base.setdefault("imports", sorted({m for r in roles for m in ENTRYPOINTS[r]}))
     return base
 
 
