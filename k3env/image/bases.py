@@ -76,7 +76,10 @@ def registry_base(engine: Engine, log: Log, state: State | None = None) -> BaseR
                 raise EngineError("pulled image not found", where=ref, fix="pull it by hand")
         manifest = None
         if state is not None:
-            known = named(engine, state, image, repository=pin.repository)
+            # On the classic store a base's config is the engine's view of it, as before
+            # (no registry read where the engine has the base: not yet the same on 20.10 and 28).
+            containerd = engine.image_store() != CLASSIC
+            known = named(engine, state, image, repository=pin.repository if containerd else None)
             if known is not None:
                 image, manifest = known.image, known.manifest
             elif engine.image_store() != CLASSIC:

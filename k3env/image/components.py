@@ -30,8 +30,15 @@ from k3env.errors import LockError
 from k3env.files import write_atomic
 from k3env.hashing import canonical_sha256
 from k3env.image.bases import ResolvedBase
-from k3env.image.blobs import Manifest, keep_config, keep_layer, keep_manifest, kept_image
-from k3env.image.identity import know
+from k3env.image.blobs import (
+    Manifest,
+    keep_config,
+    keep_layer,
+    keep_manifest,
+    kept_config,
+    kept_image,
+)
+from k3env.image.identity import Known, know
 from k3env.image.install import add_whiteouts, install_tree, load_checked
 from k3env.image.layer import (
     epoch_of,
@@ -129,14 +136,11 @@ def bake(
     layer and config a publish sends)."""
     key = components_key(base, pins)
     reference = f"{REPOSITORY}:{key[:20]}"
-    found = engine.lookup(reference)
-    known = know(engine, state, reference) if found and found.labels.get(LABEL) == key else None
-    if known is not None and known.manifest is None and base.manifest is not None:
-        known = None  # its manifest is lost here while its base's is known: made again
-    if known is not None and (not registry_form or kept_image(state, known.names.config)):
-        return _over(base, reference, known.image, known.manifest), _baked(
-            key, reference, known.names.config, pins, found.labels if found else {}
-        )
+    hit = _built(engine, state, base, reference, key, registry_form)
+    if hit is not None:
+        known, labels = hit
+        over = _over(base, reference, known.image, known.manifest)
+        return over, _baked(key, reference, known.names.config, pins, labels)
     names = ", ".join(f"{w.name} {w.version}" for c in pins for w in c.wheels)
     epoch = epoch_of(base.image.created)
     with tempfile.TemporaryDirectory(prefix="k3env-components-") as tmp:
@@ -192,6 +196,24 @@ def bake(
     return _over(base, reference, image, manifest), _baked(
         key, reference, image_names.config, pins, labels
     )
+
+
+def _built(
+    engine: Engine, state: State, base: ResolvedBase, reference: str, key: str, registry_form: bool
+) -> tuple[Known, Mapping[str, str]] | None:
+    """The components image the engine holds under ``reference`` for ``key``, as k3env wrote
+    it, with its labels; ``None`` (made again, the same bytes): none; its config (what images
+    over it are built on) or its manifest lost here, rather than built on from the engine's
+    view of it; or, for a publish, its registry form not kept."""
+    found = engine.lookup(reference)
+    known = know(engine, state, reference) if found and found.labels.get(LABEL) == key else None
+    if found is None or known is None or kept_config(state, known.names.config) is None:
+        return None
+    if known.manifest is None and base.manifest is not None:
+        return None
+    if registry_form and not kept_image(state, known.names.config):
+        return None
+    return known, found.labels
 
 
 def _baked(

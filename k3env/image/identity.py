@@ -47,12 +47,22 @@ class Known:
 
 
 def identify(
-    store: str, state: State, found: str, *, repository: str | None = None
+    store: str,
+    state: State,
+    found: str,
+    *,
+    repository: str | None = None,
+    digest: str | None = None,
 ) -> tuple[ImageNames, Manifest | None] | None:
     """The names and manifest of the image an engine with ``store`` calls ``found``: from
-    what k3env kept, else (``repository``) the registry's manifest under that digest."""
+    what k3env kept, else the registry's (``repository``) manifest under that digest, or on
+    a classic store under ``digest`` (the one the caller pushed or pinned it by), when that
+    manifest names this config."""
     if store == CLASSIC:
         manifest = manifest_for_config(state, found)
+        if manifest is None and repository is not None and digest is not None:
+            fetched = _fetched_manifest(state, repository, digest)
+            manifest = fetched if fetched is not None and fetched.config == found else None
         return ImageNames(config=found, manifest=manifest.digest if manifest else None), manifest
     manifest = kept_manifest(state, found)
     if manifest is None and repository is not None:
@@ -64,27 +74,41 @@ def identify(
     return names, manifest
 
 
-def know(engine: Engine, state: State, ref: str, *, repository: str | None = None) -> Known | None:
+def know(
+    engine: Engine,
+    state: State,
+    ref: str,
+    *,
+    repository: str | None = None,
+    digest: str | None = None,
+) -> Known | None:
     """The image ``ref`` names in ``engine``, named and read as k3env wrote it (or its
-    registry, ``repository``, holds it); ``None``: the engine lacks it, or k3env cannot name
-    it on this engine's store."""
+    registry, ``repository``, holds it: ``identify``); ``None``: the engine lacks it, or
+    k3env cannot name it on this engine's store."""
     image = engine.inspect(ref)
     if image is None:
         return None
-    return named(engine, state, image, repository=repository)
+    return named(engine, state, image, repository=repository, digest=digest)
 
 
 def named(
-    engine: Engine, state: State, image: BaseImage, *, repository: str | None = None
+    engine: Engine,
+    state: State,
+    image: BaseImage,
+    *,
+    repository: str | None = None,
+    digest: str | None = None,
 ) -> Known | None:
-    """``know`` of an image already inspected."""
+    """``know`` of an image already inspected. Its image is read from its config JSON, kept
+    or (``repository``) read from its registry by digest; only on a classic store, where
+    neither has it, from the engine's view (which differs by engine release)."""
     store = engine.image_store()
-    found = identify(store, state, image.id, repository=repository)
+    found = identify(store, state, image.id, repository=repository, digest=digest)
     if found is None:
         return None
     names, manifest = found
     config = kept_config(state, names.config)
-    if config is None and store != CLASSIC and repository is not None and manifest is not None:
+    if config is None and repository is not None:
         config = _fetched_config(state, repository, names.config)
     if config is not None:
         image = image_of_config(config.path.read_bytes(), image.id, str(config.path))

@@ -523,7 +523,9 @@ def twin_base(
     platform: str = DEFAULT_PLATFORM,
 ) -> ResolvedBase:
     reference, digest = ensure_twin(lock, engine, state, log, platform)
-    known = know(engine, state, reference, repository=reference.rsplit(":", 1)[0])
+    # Its config and manifest as pushed, where this state did not keep them (a clean state):
+    # what an image over it is built on is the same bytes whatever the state or engine.
+    known = know(engine, state, reference, repository=reference.rsplit(":", 1)[0], digest=digest)
     if known is None:
         raise EngineError("twin image vanished", where=reference, fix="run `k3env twin` again")
     manifest = known.manifest or twin_manifest(state, known.names.config)
