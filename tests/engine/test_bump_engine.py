@@ -129,7 +129,7 @@ def test_bump_whose_image_fails_verify_keeps_the_lock_and_shows_the_check(
     assert "the lock is unchanged" in err
     assert (twin_project / LOCK).read_bytes() == before
     text = (twin_project / "body.md").read_text()
-    assert "**pass → fail**" in text  # the tokenizer check changed state
+    assert "**passed → failed**" in text  # the tokenizer check changed state
     assert "model_type kimi_k3" in text and "dynamo-runtime 1.2.1" in text
     # The SBOM diff: what verify found installed in the image before and after the bump.
     sbom = text.split(f"### {SBOM_DIFF}", 1)[1]
