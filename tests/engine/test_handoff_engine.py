@@ -220,7 +220,7 @@ def test_a_signed_export_carries_its_sbom_and_provenance_and_a_tamper_is_refused
     assert (
         main(["export", "--lock", LOCK, "--check", a["path"], "--key", str(keys["other"][1])]) == 4
     )
-    assert "sbom signature: not the given key's signature" in capsys.readouterr().err
+    assert "sbom signature failed: not the given key's signature" in capsys.readouterr().err
     # verify --key: the last export's signatures and statement, by the export's record; and
     # dpkg's packages read from the real image's files into its facts, as the SBOM lists them.
     verify = ["verify", "--lock", LOCK, "--json", "--key"]
@@ -240,7 +240,7 @@ def test_a_signed_export_carries_its_sbom_and_provenance_and_a_tamper_is_refused
     assert (
         main(["export", "--lock", LOCK, "--check", a["path"], "--key", str(keys["k3env"][1])]) == 4
     )
-    assert "sbom: differs from the SBOM made from the file" in capsys.readouterr().err
+    assert "sbom failed: differs from the SBOM made from the file" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
