@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import stat
 import sys
 from pathlib import Path
 
@@ -201,19 +202,13 @@ def _hold(where: Dir, owners: frozenset[int], image: str) -> None:
             return
         try:
             st = os.fstat(fd)
-            if st.st_uid != os.geteuid() or st.st_nlink != 1 or not _regular(st.st_mode):
+            if st.st_uid != os.geteuid() or st.st_nlink != 1 or not stat.S_ISREG(st.st_mode):
                 say("no hold written (the name is another's file): garbage collection cannot "
                     "see this job")  # fmt: skip
                 return
             os.write(fd, f"{image}\n".encode())
         finally:
             os.close(fd)
-
-
-def _regular(mode: int) -> bool:
-    import stat
-
-    return stat.S_ISREG(mode)
 
 
 def get(uri: str, cache: Path, mode: str, policy: str) -> str:
