@@ -38,6 +38,8 @@ PROFILE = "aggregated"
 # Where srt-slurm's vllm frontend binds (srt-slurm allocates the port; any stands in).
 DIRECT_PREFIX = ("vllm", "serve", "/model", "--host", "0.0.0.0", "--port", "8000")
 FRONTEND_ARGV = ("python3", "-m", "dynamo.frontend", "--http-port", "8000")
+# srt-slurm's loader on a direct vLLM frontend over prefill/decode workers (PR #278's schema).
+DIRECT_DISAGG = "frontend.type: vllm supports aggregate jobs only, not disaggregated layouts"
 _FLAG = re.compile(r"--[a-z0-9][a-z0-9-]*")
 _KV_WORDS = (
     "kv_connector",
@@ -124,8 +126,14 @@ def _multinode(nodes: int) -> list[str]:
 
 
 def _nodes(recipe: Recipe) -> int:
-    value = recipe.resources.get("agg_nodes")
-    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 1
+    """The nodes one worker of the recipe's mode spans (srt-slurm: the role's nodes over its
+    workers; a decode role on the prefill role's nodes, ``decode_nodes: 0``, spans one)."""
+    role = "agg" if recipe.mode == "aggregated" else recipe.mode
+    nodes, workers = (recipe.resources.get(f"{role}_{k}") for k in ("nodes", "workers"))
+    nodes = nodes if isinstance(nodes, int) and not isinstance(nodes, bool) and nodes > 0 else 1
+    if isinstance(workers, int) and not isinstance(workers, bool) and workers > 0:
+        return max(1, nodes // workers)
+    return nodes
 
 
 def frontend_type(recipe: Recipe) -> str:
@@ -145,15 +153,17 @@ def commands(recipe: Recipe, notes: list[str]) -> tuple[Command, ...]:
             + ": k3env's rules read vLLM recipes",
             f"set {said}: vllm (a recipe for another engine is not checked here)",
         )
-    if not recipe.engine_flags and recipe.backend.get("vllm_config"):
-        raise recipe.fail(
-            "backend.vllm_config",
-            f"the recipe has no {recipe.own(ENGINE_KEY)}: k3env maps aggregate recipes",
-            "disaggregated (prefill/decode) recipes are not mapped yet",
-        )
     flags = dict(recipe.engine_flags)
     nodes = _nodes(recipe)
     name = str(flags.get("served-model-name") or Path(recipe.model_path).name)
+    disagg = recipe.mode != "aggregated"
+    if frontend_type(recipe) == "vllm" and disagg:
+        raise recipe.fail(
+            "frontend.type",
+            f"{recipe.own('frontend.type')}: vllm over {recipe.mode} workers: srt-slurm's "
+            f"loader refuses it ({DIRECT_DISAGG!r}, PR #278)",
+            "use frontend.type: dynamo for a prefill/decode job, or make it one aggregate role",
+        )
     if frontend_type(recipe) == "vllm":
         for key in ("host", "port", "connector"):
             flags.pop(key, None)
@@ -161,6 +171,8 @@ def commands(recipe: Recipe, notes: list[str]) -> tuple[Command, ...]:
         argv = [*DIRECT_PREFIX, *_multinode(nodes), *flag_args(flags)]
         return (Command(role="vllm-serve", argv=tuple(argv)),)
     worker = ["python3", "-m", "dynamo.vllm", "--model", "/model", "--served-model-name", name]
+    if disagg:  # build_worker_command: `--disaggregation-mode` for a prefill or decode worker
+        worker += ["--disaggregation-mode", recipe.mode]
     flags.pop("served-model-name", None)
     connector = flags.pop("connector", None)
     if connector is None:

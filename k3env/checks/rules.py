@@ -648,7 +648,7 @@ RULES: tuple[Rule, ...] = (
         symptom="all warmup requests get 400 (nvext.session_control rejected)",
         components="aiperf, Dynamo frontend",
         severity=ERROR,
-        fix="set AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING=0 (a single aggregate worker has no P/D routing to bind)",
+        fix="set AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING=0 (the pinned Dynamo has no session_control field to bind a conversation to a worker)",
         source="bring-up commit 6 (fifth sweep)",
         check=aiperf_session_control,
         applies_to={"dynamo": ">=1.4.0.dev0"},

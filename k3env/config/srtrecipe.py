@@ -10,7 +10,7 @@ refused here too, naming the key and its line.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from k3env.errors import ConfigError
 # The engine flags k3env maps: the aggregate worker's (srt-slurm's `vllm_config.aggregated`).
 ENGINE_KEY = "backend.vllm_config.aggregated"
 AGG_ENV_KEY = "backend.aggregated_environment"
+DISAGG_MODES = ("prefill", "decode")  # srt-slurm's disaggregated worker modes
 ENV_KEY = "environment"
 FRONTEND_ENV_KEY = "frontend.env"  # the frontend's own (srt-slurm's frontends export it)
 BENCH_ENV_KEY = "benchmark.env"  # the benchmark client's own (where its runner passes it)
@@ -53,6 +54,43 @@ class Recipe:
     spelling: Spelling = field(default_factory=Spelling)
     frontend_env: Mapping[str, str] = field(default_factory=dict)  # frontend.env
     benchmark_env: Mapping[str, str] = field(default_factory=dict)  # benchmark.env
+    # The worker mode this view is (srt-slurm's ``aggregated``, ``prefill`` or ``decode``), and
+    # each disaggregated mode's ``backend.<mode>_environment`` (``workers`` reads them).
+    mode: str = "aggregated"
+    mode_env: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+
+    def workers(self) -> tuple[Recipe, ...]:
+        """One view per worker mode srt-slurm starts: the recipe itself for an aggregate job;
+        for a disaggregated one (``resources.prefill_nodes`` / ``decode_nodes``, or flags under
+        ``vllm_config.prefill`` / ``decode`` and none under ``aggregated``), a view each for
+        prefill and decode with that mode's flags and env in the aggregate worker's place,
+        ``own`` naming them where the recipe writes them."""
+        config = self.backend.get("vllm_config")
+        config = config if isinstance(config, Mapping) else {}
+        disagg = any(self.resources.get(f"{m}_nodes") is not None for m in DISAGG_MODES)
+        if self.engine_flags or not (disagg or any(config.get(m) for m in DISAGG_MODES)):
+            return (self,)
+        views = []
+        for mode in DISAGG_MODES:
+            flags = config.get(mode)
+            if not flags and not _count(self.resources.get(f"{mode}_workers")):
+                continue
+            moved = (
+                (ENGINE_KEY, self.own(f"backend.vllm_config.{mode}")),
+                (AGG_ENV_KEY, self.own(f"backend.{mode}_environment")),
+                ("resources.agg_nodes", self.own(f"resources.{mode}_nodes")),
+                ("resources.agg_workers", self.own(f"resources.{mode}_workers")),
+            )
+            views.append(
+                replace(
+                    self,
+                    mode=mode,
+                    engine_flags=flags if isinstance(flags, Mapping) else {},
+                    agg_env=self.mode_env.get(mode, {}),
+                    spelling=Spelling(moved + self.spelling.pairs),
+                )
+            )
+        return tuple(views) or (self,)
 
     @property
     def path(self) -> Path:
@@ -209,6 +247,7 @@ def load_recipe(
         spelling=spelling,
         frontend_env=read.env(FRONTEND_ENV_KEY),
         benchmark_env=read.env(BENCH_ENV_KEY),
+        mode_env={m: read.env(f"backend.{m}_environment") for m in DISAGG_MODES},
     )
 
 

@@ -143,6 +143,13 @@ def spec_text(
     notes: list[str],
 ) -> str:
     """The image spec TOML for ``recipe`` over the lock's ``base``, commented."""
+    if len(recipe.workers()) > 1:  # a spec's profile is one worker's command lines
+        raise recipe.fail(
+            "backend.vllm_config",
+            f"a disaggregated recipe ({recipe.own('backend.vllm_config')}.prefill / .decode): "
+            "k3env adopt writes one aggregate worker's profile",
+            "adopt an aggregate form of the recipe; preflight --recipe judges this one as it is",
+        )
     pin = lock.bases[base]
     baked = {**lock.env, **pin.env}
     env = {k: v for k, v in recipe.env().items() if baked.get(k) != v}

@@ -350,13 +350,26 @@ def check_recipe(
     *,
     model_type: str | None = None,
 ) -> RecipeResult:
-    mapped = map_recipe(recipe, lock, cluster, image, model_type_given=model_type)
     cli = cli_for(lock, image.base, cluster.platform, image.facts, image.facts_source,
                   placed=image.placed, container=image.container)  # fmt: skip
-    ctx = replace(mapped.context, job=job_shape(recipe.doc), frontend_type=frontend_type(recipe),
-                  engine_cli=cli.cli, engine_cli_why=cli.why)  # fmt: skip
-    report = run_rules([ctx], rules)
-    findings = [_finding(recipe, mapped, f) for f in report.findings]
+    findings: list[Finding] = []
+    env: list[EnvEntry] = []
+    notes: list[str] = []
+    lacked: list[str] = []
+    unchecked: list[NotChecked] = []
+    # A disaggregated recipe is judged once per worker mode (its flags and env in the
+    # aggregate worker's place, keyed where the recipe writes them); what both share, once.
+    for view in recipe.workers():
+        mapped = map_recipe(view, lock, cluster, image, model_type_given=model_type)
+        ctx = replace(mapped.context, job=job_shape(recipe.doc), frontend_type=frontend_type(view),
+                      engine_cli=cli.cli, engine_cli_why=cli.why)  # fmt: skip
+        report = run_rules([ctx], rules)
+        findings += [_finding(view, mapped, f) for f in report.findings]
+        env += mapped.env
+        notes += mapped.notes
+        lacked += next(iter(report.lacked.values()), ())
+        unchecked += next(iter(report.not_checked.values()), ())
+    findings = list(dict.fromkeys(findings))
     for key, message, stage in loader.errors:
         where = key or "(recipe)"
         fix = "fix the key as srt-slurm's own message says"
@@ -376,17 +389,15 @@ def check_recipe(
             )
         )
     findings.sort(key=lambda f: (f.severity != ERROR, f.file, f.line or 0, f.key, f.rule))
-    lacked = next(iter(report.lacked.values()), ())
-    unchecked = next(iter(report.not_checked.values()), ())
     return RecipeResult(
         recipe=recipe,
         image=image,
         findings=tuple(findings),
-        env=mapped.env,
-        notes=mapped.notes,
+        env=tuple(dict.fromkeys(env)),
+        notes=tuple(dict.fromkeys(notes)),
         loader=loader,
-        lacked=tuple(lacked),
-        not_checked=tuple(unchecked),
+        lacked=tuple(dict.fromkeys(lacked)),
+        not_checked=tuple(dict.fromkeys(unchecked)),
     )
 
 
