@@ -14,6 +14,7 @@ import yaml  # type: ignore[import-untyped]
 from k3env.checks.recipe_map import DIRECT_DISAGG, commands
 from k3env.cli import main
 from k3env.config.srtrecipe import load_recipe
+from k3env.config.srtrecipe2 import UNKNOWN_ROLE
 from k3env.config.yamlread import load_yaml
 
 from .conftest import REPO
@@ -160,3 +161,19 @@ def test_adopt_refuses_a_disaggregated_recipe_and_writes_nothing(
     assert main(["adopt", str(path)]) == 2
     assert "disaggregated" in capsys.readouterr().err
     assert sorted(p for p in resolved.rglob("*") if p.is_file()) == before
+
+
+def test_a_schema_2_role_srt_slurm_does_not_start_is_refused_on_its_line_in_its_words(
+    resolved: Path, srt2: Srt2, capsys: pytest.CaptureFixture[str]
+) -> None:
+    text = srt2.migrated(DISAGG).replace("  prefill:\n", "  prefil:\n", 1)
+    with pytest.raises(ValueError) as said:  # 2.x's own expansion refuses it
+        srt2.roles.expand_roles(yaml.safe_load(text))
+    assert str(said.value) == UNKNOWN_ROLE.format(role="prefil")
+    path = resolved / "typo.yaml"
+    path.write_text(text)
+    pin(SRT2)
+    capsys.readouterr()
+    assert main(["preflight", "-q", "--recipe", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:{load_yaml(path).line('roles.prefil')}" in err and str(said.value) in err

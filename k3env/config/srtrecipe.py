@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from k3env.config.reader import ENV_NAME_RE
-from k3env.config.srtrecipe2 import Spelling, as_schema1, schema_of
+from k3env.config.srtrecipe2 import UNKNOWN_ROLE, Spelling, as_schema1, schema_of, unknown_role
 from k3env.config.yamlread import YamlDoc, load_yaml
 from k3env.errors import ConfigError
 
@@ -221,6 +221,13 @@ def load_recipe(
     data: dict[str, Any] = doc.data
     _not_a_cluster_config(path, data)
     schema = schema_of(data, doc.where("schema"))
+    role = unknown_role(data) if schema == 2 else None
+    if role is not None:
+        raise ConfigError(
+            f"roles.{role}: srt-slurm 2.x refuses it: {UNKNOWN_ROLE.format(role=role)}",
+            where=doc.where(f"roles.{role}"),
+            fix="name the role agg, prefill or decode",
+        )
     view, spelling = as_schema1(data) if schema == 2 else (data, Spelling())
     read = _Reader(doc, view, spelling)
     name = read.string(view, "name", "name", True)

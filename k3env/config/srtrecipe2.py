@@ -39,6 +39,9 @@ _ROLE_BACKEND = (("env", "{m}_environment"), ("args", "{e}_config.{m}"),
 # release or a staged wheel installed).
 _DYNAMO_SOURCE = (("rev", "hash"), ("pypi", "version"), ("wheel", "wheel"))
 SUPPORTED = (1, 2)
+# srt-slurm 2.x's expansion on a role it does not start (src/srtctl/core/roles.py
+# `expand_roles`, its ROLE_NAMES in that order); tests/test_recipe_disagg.py runs the real one.
+UNKNOWN_ROLE = "unknown role {role!r}; valid roles are prefill, decode, agg"
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,18 @@ class Spelling:
             if key == old or key.startswith(old + "."):
                 return new + key[len(old) :]
         return key
+
+
+def unknown_role(data: Mapping[str, Any]) -> str | None:
+    """The first ``roles:`` entry srt-slurm 2.x does not start (its flags and env would reach
+    no worker), or None."""
+    roles = data.get("roles")
+    names = dict(ROLE_MODES)
+    return (
+        next((str(r) for r in roles if r not in names), None)
+        if isinstance(roles, Mapping)
+        else None
+    )
 
 
 def schema_of(data: Mapping[str, Any], where: str) -> int:
