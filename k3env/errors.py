@@ -11,6 +11,9 @@ from __future__ import annotations
 
 from k3env.quoting import one_line
 
+# `said`'s bounds: the message, then the other program's last line (each on its own).
+SAID_MESSAGE, SAID_LAST = 240, 300
+
 
 class K3envError(Exception):
     """Base of every error k3env reports to a user. ``message``, ``where`` and ``fix`` are
@@ -49,9 +52,12 @@ class K3envError(Exception):
     @property
     def said(self) -> str:
         """The message on one line (a table cell, a note), with the last line the other
-        program printed when there is one."""
-        last = (self.output or "").strip().splitlines()[-1:]
-        return one_line(" ".join([self.message, *last]))
+        program printed when there is one: each bounded on its own (a long message, such as
+        a command line, never pushes out the line that says why)."""
+        last = [one_line(x)[:SAID_LAST] for x in (self.output or "").strip().splitlines()[-1:]]
+        message = one_line(self.message)
+        message = message if len(message) <= SAID_MESSAGE else message[: SAID_MESSAGE - 3] + "..."
+        return " ".join([message, *last])
 
     def as_json(self) -> dict[str, object]:
         return {

@@ -47,6 +47,14 @@ def test_another_programs_output_is_quoted_a_line_each_under_the_message() -> No
     assert ConfigError("plain").as_json()["output"] is None
 
 
+def test_said_keeps_the_line_that_says_why_after_a_long_message() -> None:
+    command = "`python -m pip install " + "x " * 400 + "` exited 1:"
+    e = ToolError(command, where="pip", fix="-", output="noise\nERROR: No matching distribution\n")
+    said = e.said
+    assert said.endswith(" ERROR: No matching distribution") and len(said) < 600
+    assert said.startswith("`python -m pip install x") and "..." in said
+
+
 def test_the_cli_says_such_an_error_on_stderr_with_no_raw_escape(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

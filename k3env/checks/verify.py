@@ -217,7 +217,7 @@ def _schedule(
         except EngineError as e:
             if len(members) == 1:
                 raise
-            return [f"the group's container failed: {e.said[:300]}" for _ in members]
+            return [f"the group's container failed: {e.said}" for _ in members]
 
     with ThreadPoolExecutor(max_workers=cores) as pool:
         running: dict[Future[list[ProbeOutput | str]], list[int]] = {
