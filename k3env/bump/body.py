@@ -55,7 +55,9 @@ def body(
     changes: Sequence[Change],
     before: Outcome,
     after: Outcome,
+    extra: Sequence[str] = (),
 ) -> str:
+    """The markdown body (``extra``: sections a pin adds after the patches)."""
     lines = [
         f"## {title(pin, changes)}",
         "",
@@ -75,6 +77,7 @@ def body(
             lines.append(f"| `{p.name}` | {p.base} | {mark} | {p.detail} |")
     else:
         lines.append("No container patch applies to the bumped pins.")
+    lines += extra
     lines += ["", "### Compat matrix (before → after)", ""]
     if after.twin:
         lines += [
