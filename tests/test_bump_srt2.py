@@ -189,3 +189,77 @@ def test_whatever_ends_the_bump_puts_lock_requirements_and_schema_back(
     assert main(bump(release, offline, "v2.0.0")) == code
     assert written and written[0] != before[REQUIREMENTS]
     assert files() == before
+
+
+def test_where_the_release_does_not_materialize_its_checks_are_not_checked_never_passed(
+    srt_repo: Path, release: Path, offline: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """CI's case: no 2.x can be installed here (pip finds none of its wheels). The schema,
+    the release's own gate and migrate are said not checked, with why; the old schema kept."""
+    before = files()
+    empty = tmp_path / "no-wheels"
+    empty.mkdir()
+    monkeypatch.setenv("PIP_FIND_LINKS", str(empty))
+    monkeypatch.setenv("K3ENV_STATE_DIR", str(tmp_path / "state"))  # no cached 2.x either
+    code = main(bump(release, offline, "v2.0.0", "--recipes", str(USER)))
+    crossing = json.loads(capsys.readouterr().out)["srt_slurm"]
+    assert code == 0
+    why = "srt-slurm does not materialize here: "
+    assert crossing["schema"]["status"] == "not checked"
+    assert crossing["schema"]["detail"].startswith(why)
+    assert {r["release"]["status"] for r in crossing["recipes"]} == {"not checked"}
+    assert {r["k3env"]["status"] for r in crossing["recipes"]} == {"passed"}
+    (mine,) = crossing["user_recipes"]
+    assert mine["status"] == "not checked" and mine["detail"].startswith(why)
+    assert SCHEMA.read_bytes() == before[SCHEMA]
+    assert LOCK.read_bytes() != before[LOCK]  # the pin and its requirements did move
+
+
+@pytest.mark.parametrize("images_fail", [True, False])
+def test_the_full_bump_keeps_what_moved_only_when_the_bumped_images_pass(
+    srt_repo: Path, release: Path, offline: Path, images_fail: bool
+) -> None:
+    """Without --edit-only the images are built, verified and preflighted on the bumped lock
+    (here a stand-in for that judging: the engine path is tests/engine's): the lock,
+    requirements and schema are what the judging sees, and put back when it fails."""
+    import argparse
+
+    from k3env.bump.evaluate import Outcome
+    from k3env.bump.pins import candidate_lock
+    from k3env.commands import bump as command
+    from k3env.commands.app import App
+    from k3env.config.lock import load_lock
+    from k3env.log import Log
+
+    before = files()
+    lock = load_lock(LOCK)
+    leaves = {"srt_slurm.version": "v2.0.0",
+              "srt_slurm.commit": git(release, "rev-parse", "v2.0.0")}  # fmt: skip
+    args = argparse.Namespace(
+        lock=LOCK, pin="srt-slurm", source=str(release), wheels_from=[str(offline)],
+        twin_index_url=None, recipes=[], images=Path("images"),
+        cluster=Path("clusters/b200-dgxc.toml"), keep_failing=False,
+    )  # fmt: skip
+    regenerate = command._crossing(args, App(log=Log(quiet=True)), lock, leaves)
+    assert regenerate is not None
+    judged: list[int] = []
+
+    def judge(bumped: object) -> Outcome:
+        judged.append(len(load_lock(LOCK).srt_slurm.patches))  # type: ignore[union-attr]
+        return Outcome(reports=(), preflight_errors={"x": int(images_fail)}, patches=())
+
+    new_lock, changes = candidate_lock(lock, leaves)
+    before_outcome = Outcome(reports=(), preflight_errors={"x": 0}, patches=())
+    _, _, _, text, written, crossing = command._after(
+        args, lock, new_lock, changes, leaves, regenerate, judge, before_outcome
+    )
+    assert judged == [0]  # the judging saw the lock without the dropped patches
+    assert crossing is not None and "### srt-slurm, across the schema break" in text
+    assert written is not images_fail
+    if images_fail:
+        assert files() == before
+    else:
+        assert 'version = "v2.0.0"' in LOCK.read_text() and "[[srt_slurm.patches]]" not in (
+            LOCK.read_text()
+        )

@@ -48,7 +48,7 @@ from k3env.hashing import sha256_digest
 from k3env.image.envpolicy import merged_env
 from k3env.log import Log
 from k3env.runner import attempt, require_tool, run
-from k3env.srt.fates import SrtPatchFate, patch_fates
+from k3env.srt.fates import patch_fates
 from k3env.srt.gate import loads_schema, refusal
 from k3env.srt.materialize import Materialized, materialize, run_git
 from k3env.srt.migrate import migrate
@@ -73,6 +73,16 @@ class RenderedRecipe:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Dropped:
+    """A PR patch the release already has: out of the lock (its file left for the PR to
+    remove)."""
+
+    label: str
+    file: str
+    detail: str  # how it was found upstream (srt.fates)
+
+
+@dataclass(frozen=True, kw_only=True)
 class UserRecipe:
     path: str
     gate: Gate  # the release's own migrate on a copy (or not checked, why)
@@ -85,7 +95,7 @@ class Crossing:
 
     changes: tuple[Change, ...]
     saved: dict[Path, bytes]  # the files' bytes before, for ``restore``
-    dropped: tuple[SrtPatchFate, ...]
+    dropped: tuple[Dropped, ...]
     requirements: Gate
     schema: Gate
     recipes: tuple[RenderedRecipe, ...]
@@ -168,8 +178,9 @@ def cross(
             fix="rebase the patch on the new version (or drop it if it is upstream), then bump "
             "again",
         )
-    dropped = tuple(f for f in fates if f.status == "upstream")
     gone = {i for i, f in enumerate(fates) if f.status == "upstream"}
+    dropped = tuple(Dropped(label=fates[i].label, file=srt.patches[i].file,
+                            detail=fates[i].detail) for i in sorted(gone))  # fmt: skip
     text = drop_patches(text, gone)
     changes += [Change(key=f"srt_slurm.patches[{i}]", old=fates[i].label, new="(dropped)")
                 for i in sorted(gone)]  # fmt: skip
@@ -372,7 +383,7 @@ def _render(
         mine = Gate(
             name=f"k3env's gate model: {name}",
             status=FAILED if refused else PASSED,
-            detail=refused[1] if refused else f"loads (schema {data.get('schema', 1)})",
+            detail=refused[1] if refused else f"loads as schema {data.get('schema', 1)}",
         )
         if said is None:
             theirs = Gate(name=f"srt-slurm's gate: {name}", status=NOT_CHECKED, detail=why)
@@ -444,7 +455,8 @@ def body_lines(c: Crossing) -> list[str]:
     """The PR body's sections for the crossing (markdown)."""
     lines = ["", "### srt-slurm, across the schema break", ""]
     for f in c.dropped:
-        lines.append(f"- `{f.label}`: ⬆️ upstream: drop it ({f.detail}); dropped from the lock")
+        lines.append(f"- `{f.label}`: ⬆️ upstream: drop it ({f.detail}); dropped from the "
+                     f"lock, `git rm {f.file}` with this PR")  # fmt: skip
     for g in (c.requirements, c.schema):
         lines.append(f"- {g.name}: **{g.status}**: {g.detail}")
     lines += ["", "#### k3env's recipes as the new pin loads them", ""]

@@ -145,7 +145,8 @@ def run(args: argparse.Namespace, app: App) -> int:
         args.body.write_text(text)
     branch = None
     if args.commit and written:
-        branch = commit_branch(lock.root, lock, title(args.pin, changes), text)
+        also = tuple(crossing.saved) if crossing else ()
+        branch = commit_branch(lock.root, lock, title(args.pin, changes), text, also)
     payload = {**as_json(args.pin, changes, before, after, written, text), "branch": branch}
     if crossing is not None:
         payload["srt_slurm"] = crossing.as_json()
