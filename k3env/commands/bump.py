@@ -1,6 +1,8 @@
 """Change one pin (`bases.NAME TAG` resolves and records the digest; `dynamo TAG|COMMIT` resolved
-on the source, name, version, commit and the baked wheels (by sha256) together; `srt-slurm TAG`;
-`aiperf VERSION`; `container_patches.NAME`; `twin [INSTANT]`, the package index's cut-off, the
+on the source, name, version, commit and the baked wheels (by sha256) together; `srt-slurm TAG`,
+to a 2.x release with what moves with it: the PR patches it has dropped, srtctl's requirements
+from its pyproject.toml, its schema, k3env's recipes as schema 2 judged by its own gate, and
+`--recipes`' changes from its own migrate; `aiperf VERSION`; `container_patches.NAME`; `twin [INSTANT]`, the package index's cut-off, the
 twin's files regenerated at it, every wheel that moved listed) in place (only the changed leaves
 differ), rebuild, verify and preflight before and after, report each container patch as applies
 / upstream (drop it) / conflicts, and write a PR title and markdown body; the lock is replaced
