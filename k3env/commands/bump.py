@@ -1,16 +1,16 @@
-"""Change one pin (`bases.NAME TAG` resolves and records the digest; `dynamo TAG|COMMIT` resolved
-on the source, name, version, commit and the baked wheels (by sha256) together; `srt-slurm TAG`,
-to a 2.x release with what moves with it: the PR patches it has dropped, srtctl's requirements
-from its pyproject.toml, its schema, k3env's recipes as schema 2 judged by its own gate, and
-`--recipes`' changes from its own migrate; `aiperf VERSION`; `container_patches.NAME`; `twin [INSTANT]`, the package index's cut-off, the
-twin's files regenerated at it, every wheel that moved listed) in place (only the changed leaves
-differ), rebuild, verify and preflight before and after, report each container patch as applies
-/ upstream (drop it) / conflicts, and write a PR title and markdown body; the lock is replaced
-atomically only when everything passes (or `--keep-failing`; `--skip-verify` writes it after
-build and preflight alone, `--edit-only` with no check at all); `--commit` makes a local branch
-and commit, never a push; `--twin` builds, verifies and tests patches over the CPU twins (the
-offline default). `.github/workflows/pin-bump.yml` runs it for each pin `k3env outdated` finds,
-one PR each
+"""Change one pin (`bases.NAME TAG` resolves and records the digest; `dynamo TAG|COMMIT` resolved on
+the source, name, version, commit and the baked wheels (by sha256) together; `srt-slurm TAG`, to a
+2.x release with what moves with it: the PR patches it has dropped, srtctl's requirements from its
+pyproject.toml, its schema, k3env's recipes as schema 2 judged by its own gate, and `--recipes`'
+changes from its own migrate; `aiperf VERSION`; `container_patches.NAME`; `twin [INSTANT]`, the
+package index's cut-off, the twin's files regenerated at it, every wheel that moved listed) in place
+(only the changed leaves differ), rebuild, verify and preflight before and after, report each
+container patch as applies / upstream (drop it) / conflicts, and write a PR title and markdown body;
+the lock is replaced atomically only when everything passes (or `--keep-failing`; `--skip-verify`
+writes it after build and preflight alone, `--edit-only` with no check at all); `--commit` makes a
+local branch and commit, never a push; `--twin` builds, verifies and tests patches over the CPU
+twins (the offline default). `.github/workflows/pin-bump.yml` runs it for each pin `k3env outdated`
+finds, one PR each
 """
 
 from __future__ import annotations
