@@ -143,8 +143,18 @@ def test_the_bump_to_2x_drops_patches_regenerates_requirements_and_renders_schem
     assert mine["status"] == "passed" and mine["notes"] == list(notes) and notes
     assert all(f"  - {n}" in body for n in notes)
     assert user.read_bytes() == USER.read_bytes()
-    # The new pin materializes with what the bump wrote.
-    assert main(["srt", "materialize", "--source", str(release), "-q"]) == 0
+    # The new pin materializes with what the bump wrote; its own gate, as the bump asks it,
+    # refuses a schema-1 recipe in its own words (a verdict that can fail).
+    from k3env.bump.srt import _release_gate
+    from k3env.config.lock import load_lock
+    from k3env.log import Log
+    from k3env.srt.materialize import materialize
+    from k3env.state import State
+
+    m = materialize(load_lock(LOCK), State(), Log(quiet=True), source=str(release))
+    one, two = _release_gate(m, [USER.read_text(), crossing["recipes"][0]["yaml"]], Log(quiet=True))
+    assert one == ("failed", f"ValueError: {srt2.gate(yaml.safe_load(USER.read_text()))}")
+    assert two == ("passed", "passes its gate and role expansion")
 
 
 def test_a_patch_that_conflicts_refuses_the_bump_and_keeps_every_file(
