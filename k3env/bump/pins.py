@@ -254,8 +254,11 @@ def finish(lock: Lock, changes: dict[str, str], after: Outcome, keep_failing: bo
     return True
 
 
-def commit_branch(root: Path, lock: Lock, pin_title: str, message: str) -> str:
-    """A local branch + commit of the lock with the PR message (never pushed)."""
+def commit_branch(
+    root: Path, lock: Lock, pin_title: str, message: str, also: tuple[Path, ...] = ()
+) -> str:
+    """A local branch + commit of the lock with the PR message (never pushed); ``also``: the
+    other files the bump wrote (srt-slurm 2.x: its recorded schema)."""
     log = Log(quiet=True)
     slug = re.sub(r"[^A-Za-z0-9._-]+", "-", pin_title.lower()).strip("-")[:60]
     branch = f"k3env/{slug}"
@@ -263,6 +266,8 @@ def commit_branch(root: Path, lock: Lock, pin_title: str, message: str) -> str:
     run(["git", "add", str(lock.path)], log, cwd=root, what="git add")
     # What the bump regenerated beside the lock (`bump twin`: the twin's pinned files).
     run(["git", "add", "-u", "--", str(lock.path.parent)], log, cwd=root, what="git add")
+    if also:
+        run(["git", "add", "--", *map(str, also)], log, cwd=root, what="git add")
     msg = root / ".git" / "K3ENV_BUMP_MSG"
     msg.write_text(f"{pin_title}\n\n{message}")
     try:

@@ -1,14 +1,16 @@
-"""Change one pin (`bases.NAME TAG` resolves and records the digest; `dynamo TAG|COMMIT` resolved
-on the source, name, version, commit and the baked wheels (by sha256) together; `srt-slurm TAG`;
-`aiperf VERSION`; `container_patches.NAME`; `twin [INSTANT]`, the package index's cut-off, the
-twin's files regenerated at it, every wheel that moved listed) in place (only the changed leaves
-differ), rebuild, verify and preflight before and after, report each container patch as applies
-/ upstream (drop it) / conflicts, and write a PR title and markdown body; the lock is replaced
-atomically only when everything passes (or `--keep-failing`; `--skip-verify` writes it after
-build and preflight alone, `--edit-only` with no check at all); `--commit` makes a local branch
-and commit, never a push; `--twin` builds, verifies and tests patches over the CPU twins (the
-offline default). `.github/workflows/pin-bump.yml` runs it for each pin `k3env outdated` finds,
-one PR each
+"""Change one pin (`bases.NAME TAG` resolves and records the digest; `dynamo TAG|COMMIT` resolved on
+the source, name, version, commit and the baked wheels (by sha256) together; `srt-slurm TAG`, to a
+2.x release with what moves with it: the PR patches it has dropped, srtctl's requirements from its
+pyproject.toml, its schema, k3env's recipes as schema 2 judged by its own gate, and `--recipes`'
+changes from its own migrate; `aiperf VERSION`; `container_patches.NAME`; `twin [INSTANT]`, the
+package index's cut-off, the twin's files regenerated at it, every wheel that moved listed) in place
+(only the changed leaves differ), rebuild, verify and preflight before and after, report each
+container patch as applies / upstream (drop it) / conflicts, and write a PR title and markdown body;
+the lock is replaced atomically only when everything passes (or `--keep-failing`; `--skip-verify`
+writes it after build and preflight alone, `--edit-only` with no check at all); `--commit` makes a
+local branch and commit, never a push; `--twin` builds, verifies and tests patches over the CPU
+twins (the offline default). `.github/workflows/pin-bump.yml` runs it for each pin `k3env outdated`
+finds, one PR each
 """
 
 from __future__ import annotations
@@ -24,12 +26,13 @@ from k3env.config.cluster import DEFAULT_CLUSTER
 from k3env.config.lock import load_lock
 from k3env.config.pins import Lock
 from k3env.config.spec import DEFAULT_IMAGES, load_specs
-from k3env.errors import LockError
+from k3env.errors import ConfigError, LockError
 from k3env.verdict import exit_code
 
 if TYPE_CHECKING:
     from k3env.bump.closures import Regenerated
     from k3env.bump.evaluate import Outcome
+    from k3env.bump.srt import Crossing
     from k3env.config.lock_edit import Change
 
 NAME = "bump"
@@ -63,7 +66,17 @@ def arguments(p: argparse.ArgumentParser) -> None:
         "--wheels-from",
         action="append",
         metavar="DIR",
-        help="find a component's wheels here only (no package index); default: the index",
+        help="find a component's wheels (srt-slurm 2.x: srtctl's requirements) here only (no "
+        "package index); default: the index",
+    )
+    p.add_argument(
+        "--recipes",
+        action="append",
+        default=[],
+        type=Path,
+        metavar="FILE|DIR",
+        help="srt-slurm 2.x: list what each of these recipes must change (srt-slurm's own "
+        "migrate, on a copy: the files are never rewritten)",
     )
     p.add_argument("--body", type=Path, help="write the PR body (markdown) here")
     p.add_argument(
@@ -86,7 +99,6 @@ def run(args: argparse.Namespace, app: App) -> int:
     from k3env.image.wheels import wheel_sha256s
 
     lock = load_lock(args.lock)
-    regenerate_twin = _regenerate_twin(args, app)
     changes_wanted = leaf_changes(
         lock,
         args.pin,
@@ -104,8 +116,10 @@ def run(args: argparse.Namespace, app: App) -> int:
         new_lock = lock
     else:
         new_lock, changes = candidate_lock(lock, changes_wanted)
+    # srt-slurm 2.x: its patches, srtctl's requirements, the schema and the recipes move too.
+    regenerate = _regenerate_twin(args, app) if twin else _crossing(args, app, lock, changes_wanted)
     if args.edit_only:
-        return _edit_only(app, lock, changes_wanted, changes, regenerate_twin if twin else None)
+        return _edit_only(app, args, lock, changes_wanted, changes, regenerate)
     # --source names the source of the pin bumped: srt-slurm's for an srt-slurm bump, else
     # (a Dynamo source, say) not srt-slurm's, whose patches are judged on the lock's git URL.
     srt_source = args.source if args.pin in ("srt-slurm", "srt_slurm") else None
@@ -125,19 +139,22 @@ def run(args: argparse.Namespace, app: App) -> int:
     with log.step("before: build, verify, preflight on the current lock"):
         before = judge(lock, load_specs(args.images, lock))
     with log.step("after: build, verify, preflight on the bumped lock"):
-        new_lock, changes, after, text, written = _after(
-            args, lock, new_lock, changes, changes_wanted, regenerate_twin if twin else None,
+        new_lock, changes, after, text, written, crossing = _after(
+            args, lock, new_lock, changes, changes_wanted, regenerate,
             lambda bumped: judge(bumped, load_specs(args.images, bumped)), before,
         )  # fmt: skip
     if args.body:
         args.body.write_text(text)
     branch = None
     if args.commit and written:
-        branch = commit_branch(lock.root, lock, title(args.pin, changes), text)
+        also = tuple(crossing.saved) if crossing else ()
+        branch = commit_branch(lock.root, lock, title(args.pin, changes), text, also)
     payload = {**as_json(args.pin, changes, before, after, written, text), "branch": branch}
+    if crossing is not None:
+        payload["srt_slurm"] = crossing.as_json()
     app.emit(payload, lambda: print(text))
     return exit_code(
-        after.gates,
+        (*after.gates, *(crossing.gates if crossing else ())),
         what="checks fail after the bump ("
         + ("the lock was written: --keep-failing" if written else "the lock is unchanged")
         + ")",
@@ -152,37 +169,42 @@ def _after(
     new_lock: Lock,
     changes: list[Change],
     leaves: dict[str, str],
-    regenerate_twin: Callable[[Lock, dict[str, str]], Regenerated] | None,
+    regenerate: Callable[[Lock, dict[str, str]], Regenerated | Crossing] | None,
     judge: Callable[[Lock], Outcome],
     before: Outcome,
-) -> tuple[Lock, list[Change], Outcome, str, bool]:
+) -> tuple[Lock, list[Change], Outcome, str, bool, Crossing | None]:
     """The bumped lock judged, and written if it passes (or ``--keep-failing``): a transaction.
-    ``bump twin`` writes the twin's files before they are judged; whatever ends the judging (a
-    failure, an OSError, Ctrl-C) restores them unless they are kept."""
+    ``bump twin`` (the twin's files) and a bump to srt-slurm 2.x (the lock, srtctl's
+    requirements, the recorded schema) write their files before they are judged; whatever
+    ends the judging (a failure, an OSError, Ctrl-C, SIGTERM) restores them unless kept."""
     from k3env.bump.body import body
     from k3env.bump.closures import restore
     from k3env.bump.pins import finish
+    from k3env.bump.srt import Crossing, body_lines
 
-    regenerated, written = None, False
+    regenerated, written, crossing = None, False, None
     try:
-        if regenerate_twin is not None:
-            # The files the twin is built from, written now (the old bytes kept): the judging
-            # builds the twin they pin.
-            regenerated = regenerate_twin(lock, leaves)
+        if regenerate is not None:
+            # The files the new pin needs, written now (the old bytes kept): the judging
+            # builds what they pin.
+            regenerated = regenerate(lock, leaves)
+            crossing = regenerated if isinstance(regenerated, Crossing) else None
             new_lock, changes = load_lock(args.lock), list(regenerated.changes)
             if not changes:
                 raise LockError("nothing to bump: the lock already pins that",
                                 where=str(lock.path), fix="none needed")  # fmt: skip
         after = judge(new_lock)
-        text = body(new_lock, args.pin, changes, before, after)
+        text = body(new_lock, args.pin, changes, before, after,
+                    body_lines(crossing) if crossing else [])  # fmt: skip
         if regenerated is not None:
-            written = not after.failed or args.keep_failing
+            failed = after.failed or (crossing is not None and crossing.failed)
+            written = not failed or args.keep_failing
         else:
             written = finish(lock, leaves, after, args.keep_failing)
     finally:
         if regenerated is not None and not written:
             restore(regenerated.saved)
-    return new_lock, changes, after, text, written
+    return new_lock, changes, after, text, written, crossing
 
 
 def _regenerate_twin(
@@ -199,19 +221,50 @@ def _regenerate_twin(
     return regenerate_twin
 
 
+def _crossing(
+    args: argparse.Namespace, app: App, lock: Lock, leaves: dict[str, str]
+) -> Callable[[Lock, dict[str, str]], Crossing] | None:
+    """A bump of srt-slurm to a release that loads schema 2: what moves with it
+    (``bump.srt.cross``); None for any other bump. ``--recipes`` read first (bad input
+    refused before anything is written)."""
+    from k3env.bump.srt import cross, crosses, user_recipes
+    from k3env.config.cluster import load_cluster
+
+    if args.pin not in ("srt-slurm", "srt_slurm") or not crosses(lock.srt_slurm, leaves):
+        if args.recipes:
+            raise ConfigError("--recipes lists what srt-slurm 2.x's migrate would change",
+                              where="k3env bump --recipes",
+                              fix="use it with `k3env bump srt-slurm v2.X.Y`")  # fmt: skip
+        return None
+    recipes = user_recipes(args.recipes)
+
+    def crossing(lock: Lock, leaves: dict[str, str]) -> Crossing:
+        return cross(lock, leaves, app.log, app.state(), source=args.source,
+                     find_links=args.wheels_from or (), index_url=args.twin_index_url,
+                     specs=load_specs(args.images, lock), cluster=load_cluster(args.cluster),
+                     recipes=recipes)  # fmt: skip
+
+    return crossing
+
+
 def _edit_only(
     app: App,
+    args: argparse.Namespace,
     lock: Lock,
     leaves: dict[str, str],
     changes: list[Change],
-    regenerate_twin: Callable[[Lock, dict[str, str]], Regenerated] | None,
+    regenerate: Callable[[Lock, dict[str, str]], Regenerated | Crossing] | None,
 ) -> int:
-    """``--edit-only``: the leaves written (and, for the twin, its files regenerated), no
-    build, no checks."""
+    """``--edit-only``: the leaves written (and, for the twin, its files regenerated; for
+    srt-slurm 2.x, what moves with it, judged on its own), no image built or checked."""
+    from k3env.bump.srt import Crossing
     from k3env.config.lock_edit import set_leaves
 
-    if regenerate_twin is not None:
-        changes = list(regenerate_twin(lock, leaves).changes)
+    if regenerate is not None:
+        regenerated = regenerate(lock, leaves)
+        changes = list(regenerated.changes)
+        if isinstance(regenerated, Crossing):
+            return _edit_only_crossing(app, args, lock, regenerated)
     else:
         set_leaves(lock.path, leaves)
     app.emit(
@@ -219,3 +272,26 @@ def _edit_only(
         lambda: print("\n".join(f"{c.key}: {c.old} -> {c.new}" for c in changes)),
     )
     return 0
+
+
+def _edit_only_crossing(app: App, args: argparse.Namespace, lock: Lock, c: Crossing) -> int:
+    """``--edit-only`` to srt-slurm 2.x: the files kept when the crossing's own checks pass
+    (or ``--keep-failing``), else put back; its PR body and JSON."""
+    from k3env.bump.closures import restore
+    from k3env.bump.srt import body_lines
+
+    written = not c.failed or args.keep_failing
+    if not written:
+        restore(c.saved)
+    text = "\n".join([f"## Bump {args.pin} to {args.value}", "", "### Pins", "",
+                      *(f"- `{x.key}`: {x.old} → {x.new}" for x in c.changes), *body_lines(c),
+                      "", "Generated by `k3env bump --edit-only`: no image built, verified or "
+                      "preflighted."]) + "\n"  # fmt: skip
+    if args.body:
+        args.body.write_text(text)
+    payload = {"changes": [x.__dict__ for x in c.changes], "srt_slurm": c.as_json(),
+               "lock_written": written, "body": text}  # fmt: skip
+    app.emit(payload, lambda: print(text))
+    return exit_code(c.gates, what="srt-slurm's checks fail after the bump ("
+                     + ("kept: --keep-failing" if written else "every file put back") + ")",
+                     where=str(lock.path), fix="read the PR body above")  # fmt: skip

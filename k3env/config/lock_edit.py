@@ -124,6 +124,13 @@ def set_leaves(path: Path, changes: dict[str, str]) -> list[Change]:
     return done
 
 
+def write_lock(path: Path, text: str) -> None:
+    """Replace the lock with ``text`` (refused unless it loads), under its file lock."""
+    path = output_path(path)
+    with locked(path):
+        _write_checked(path, text)
+
+
 @contextmanager
 def candidate(path: Path, text: str) -> Iterator[Path]:
     """``text`` in a temporary file beside ``path`` (beside its target if it is a symlink:
