@@ -38,6 +38,7 @@ _IMAGE = re.compile(r"[a-z0-9/._-]+")  # docker::_parse_uri's reg_image
 _TAG = re.compile(r"[A-Za-z0-9._-][A-Za-z0-9._:-]{0,127}")  # reg_tag, as a registry bounds it
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _HEX = re.compile(r"[0-9a-f]{64}")
+_WHERE = "/etc/rc, its first line (enroot-provenance)"
 _FIX = "re-import the image by the URI `k3env push` printed; a line you did not write is tampering"
 
 
@@ -111,8 +112,8 @@ def parse_uri(line: str) -> EnrootUri:
 
 
 def _refused(why: str, text: str = "") -> ConfigError:
-    shown = f" {one_line(text[:120])!r}" if text else ""
-    return ConfigError(f"/etc/rc's enroot-provenance line{shown}: {why}", fix=_FIX)
+    shown = f": '{one_line(text[:120])}'" if text else ""
+    return ConfigError(f"is not a line enroot writes ({why}){shown}", where=_WHERE, fix=_FIX)
 
 
 def names(uri: EnrootUri, image: ThisImage) -> str:
@@ -164,8 +165,9 @@ def _enroot_form(reference: str) -> tuple[str, str, str]:
 
 def _another(uri: EnrootUri, image: ThisImage, why: str) -> ConfigError:
     return ConfigError(
-        f"/etc/rc's enroot-provenance line names {one_line(uri.text)[:200]!r}: {why}; this image "
-        f"is {one_line(image.shown())[:400]}",
+        f"names another image ({why}): '{one_line(uri.text)[:200]}'; this image is "
+        f"{one_line(image.shown())[:400]}",
+        where=_WHERE,
         fix=_FIX,
     )
 

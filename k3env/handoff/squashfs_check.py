@@ -119,24 +119,24 @@ def _line_item(line: str | None, this: ThisImage, release: Release | None) -> Ga
     if line is None:
         if release is not None and release.writes_line:
             return _item(what=PROVENANCE_GATE, ok=False, detail=(
-                f"no first line '{PREFIX}<uri>', which {release} writes on every import: the "
-                "line was removed, the file is not that enroot's import (a k3env export: check "
-                "it without --cluster), or [runtime.enroot] names a newer enroot than the nodes "
-                "run"))  # fmt: skip
+                f"no provenance line: removed, or the file is not that enroot's import (a k3env "
+                "export: check it without --cluster), or [runtime.enroot] names a newer enroot "
+                f"than the nodes run; {release} writes '{PREFIX}<uri>' first on every "
+                "import"))  # fmt: skip
         said = (
             f"as {release} writes it" if release else "as enroot < 4.2 writes it (or k3env export)"
         )
         return _item(what=PROVENANCE_GATE, ok=True, detail=f"no provenance line: /etc/rc {said}")
-    shown = repr(one_line(line)[:300])
+    shown = f"'{one_line(line)[:300]}'"
     if release is not None and not release.writes_line:
         return _item(what=PROVENANCE_GATE, ok=False, detail=(
-            f"first line {shown}: {release} never writes it: tampering, or the profile's "
-            "[runtime.enroot] is out of date (the nodes run enroot >= 4.2: set its version and "
-            "commit)"))  # fmt: skip
+            "a provenance line: tampering, or the profile's [runtime.enroot] is out of date (the "
+            f"nodes run enroot >= 4.2: set its version and commit); {release} never writes "
+            f"the first line {shown}"))  # fmt: skip
     try:
         how = names(parse_uri(line), this)
     except ConfigError as e:
-        return _item(what=PROVENANCE_GATE, ok=False, detail=f"first line {shown}: {e.message}")
+        return _item(what=PROVENANCE_GATE, ok=False, detail=f"first line {e.message}")
     said = f"as {release} writes it" if release else "as enroot >= 4.2 writes it"
     return _item(what=PROVENANCE_GATE, ok=True,
                  detail=f"first line {shown}, {said}: names this image {how}")  # fmt: skip
@@ -337,8 +337,10 @@ def this_image(
                  None)  # fmt: skip
     if state is None or build is None:
         return ThisImage(reference=reference)
-    digests = {str(build.get(k)): what for k, what in (("image_id", "config digest"),
-               ("manifest", "manifest digest"), ("engine_id", "engine's image ID"))}  # fmt: skip
+    digests: dict[str, str] = {}  # the first name wins: the engine's ID is one of the others
+    for key, what in (("image_id", "config digest"), ("manifest", "manifest digest"),
+                      ("engine_id", "engine's image ID")):  # fmt: skip
+        digests.setdefault(str(build.get(key)), what)
     pushed = last_push(state, str(build.get("image_id")))
     return ThisImage(
         reference=reference,
