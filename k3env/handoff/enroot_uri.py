@@ -189,7 +189,7 @@ class Release:
 
     def __str__(self) -> str:
         main = f", {MAIN_COMMITS[self.pin.commit]}" if self.pin.commit in MAIN_COMMITS else ""
-        return f"enroot {self.pin.version}{main} ({self.profile} [runtime.enroot])"
+        return f"enroot {self.pin.version}{main} ({one_line(self.profile)} [runtime.enroot])"
 
 
 def release_of(cluster: Cluster) -> Release:

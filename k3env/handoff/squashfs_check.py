@@ -4,7 +4,9 @@ what the image itself carries, then against the lock and spec in this checkout.
 Against the image: its provenance file (in k3env's layer, its sha256 in the config's labels),
 every file of k3env's layer, every installed Python distribution's files against its own
 ``RECORD``, each /etc/environment line and the /etc/rc script enroot derives from the config
-(rendered by ``enroot``). Against this checkout: the lock and spec the image was built from,
+(rendered by ``enroot``), its first line enroot >= 4.2's provenance line naming this image
+(``enroot_uri``: required or refused as the cluster profile's enroot writes it, else either).
+Against this checkout: the lock and spec the image was built from,
 its env, and each container patch it applied still present. The squashfs is read through
 ``unsquashfs`` (no mount): its long listing says what each entry is, only regular files are
 extracted (a link, device or FIFO is never created on this host), and each is read through
