@@ -108,6 +108,9 @@ K3ENV_CLUSTER_PREFIX=${K3ENV_CLUSTER_PREFIX:-/opt/k3env-cluster}
 ENROOT_TGZ=$upstream/enroot-4.1.2.tar.gz
 ENROOT_COMMIT=bd51f53b6fa954805ae3e1985c5dc7594ff66d05
 ENROOT_SHA256=817e8d551135e6f3fc311d1ee57b03fb4d30325acba732f8dea43069ca11f8d3
+ENROOT_MAIN_TGZ=$upstream/enroot-main-8ea147d.tar.gz
+ENROOT_MAIN_COMMIT=8ea147d337da60cb1c557140f3a85cdf0d620968
+ENROOT_MAIN_SHA256=c0353050fe78fe71b11ddbbcd2d054362a5d87b0543c6fa06e3b711aba977256
 PYXIS_TGZ=$upstream/pyxis-0.24.0.tar.gz
 PYXIS_COMMIT=107519944221822ea1dace4db8e7234b2eaa4cd5
 PYXIS_SHA256=063653ba39125ac29796cc6079701d1ec34dd4c5baf698efacc0f36bf3619681
@@ -145,23 +148,34 @@ build=$(mktemp -d /tmp/k3env-cluster-build.XXXXXX)
 # FORCE_GLIBC=1 builds the helpers against glibc (not the bundled musl).  glibc 2.36 has no
 # strlcpy/strlcat: CPPFLAGS (from the environment, so the Makefile appends rather than replaces
 # it) force-includes <bsd/string.h>; -D_GNU_SOURCE= matches the sources' own empty #define.
-ENROOT_DIR=$K3ENV_CLUSTER_PREFIX/enroot
 ENROOT_CPPFLAGS="-D_GNU_SOURCE= -include bsd/string.h"
 ENROOT_LDLIBS="-l:libbsd.a -l:libbsd.so"
-enroot_stamp="enroot $ENROOT_COMMIT FORCE_GLIBC=1 CPPFLAGS=$ENROOT_CPPFLAGS LDLIBS=$ENROOT_LDLIBS"
-if [ "$(cat "$ENROOT_DIR/.k3env-stamp" 2>/dev/null)" != "$enroot_stamp" ]; then
-    echo "k3env-cluster: building enroot 4.1.2 into $ENROOT_DIR"
-    rm -rf "$ENROOT_DIR"
-    tar xzf "$ENROOT_TGZ" -C "$build"
+build_enroot() {  # ARCHIVE COMMIT DIR NAME: the archive's one top directory built into DIR
+    local stamp="enroot $2 FORCE_GLIBC=1 CPPFLAGS=$ENROOT_CPPFLAGS LDLIBS=$ENROOT_LDLIBS"
+    [ "$(cat "$3/.k3env-stamp" 2>/dev/null)" = "$stamp" ] && return 0
+    echo "k3env-cluster: building enroot $4 into $3"
+    rm -rf "$3"
+    local src
+    src=$(mktemp -d "$build/enroot.XXXXXX")
+    tar xzf "$1" -C "$src"
     (
-        cd "$build/enroot-4.1.2"
+        cd "$src"/*/
         mkdir -p deps/dist/makeself/bin
         cp "$(command -v makeself)" deps/dist/makeself/bin/enroot-makeself
         CPPFLAGS="$ENROOT_CPPFLAGS" make -s -o deps FORCE_GLIBC=1 LDLIBS="$ENROOT_LDLIBS" \
-            prefix="$ENROOT_DIR" install >"$build/enroot-make.log" 2>&1 \
-            || { cat "$build/enroot-make.log" >&2; exit 1; }
+            prefix="$3" install >"$src/make.log" 2>&1 || { cat "$src/make.log" >&2; exit 1; }
     )
-    echo "$enroot_stamp" > "$ENROOT_DIR/.k3env-stamp"
+    echo "$stamp" > "$3/.k3env-stamp"
+}
+ENROOT_DIR=$K3ENV_CLUSTER_PREFIX/enroot
+build_enroot "$ENROOT_TGZ" "$ENROOT_COMMIT" "$ENROOT_DIR" 4.1.2
+# enroot main at 8ea147d (what enroot 4.2.0 released: /etc/rc's `# enroot-provenance: <uri>`
+# first line), built the same way beside it (~3 s) for `export --check`'s engine test of both
+# (tests/engine/test_handoff_engine.py); it still calls itself 4.1.2. Only where the archive is.
+ENROOT_MAIN_DIR=$K3ENV_CLUSTER_PREFIX/enroot-main
+if [ -f "$ENROOT_MAIN_TGZ" ]; then
+    check_archive "$ENROOT_MAIN_TGZ" "$ENROOT_MAIN_COMMIT" "$ENROOT_MAIN_SHA256"
+    build_enroot "$ENROOT_MAIN_TGZ" "$ENROOT_MAIN_COMMIT" "$ENROOT_MAIN_DIR" "main 8ea147d"
 fi
 
 # pyxis: built against Debian's libslurm-dev; a SPANK plugin must match slurmd's Slurm version.
@@ -183,7 +197,9 @@ if [ "$(cat "$PYXIS_DIR/.k3env-stamp" 2>/dev/null)" != "$pyxis_stamp" ]; then
 fi
 
 rm -rf "$build"
-echo "cluster runtime: enroot $("$ENROOT_DIR/bin/enroot" version) ($ENROOT_DIR), pyxis 0.24.0 ($PYXIS_DIR)"
+main_said=""
+[ -x "$ENROOT_MAIN_DIR/bin/enroot" ] && main_said=", enroot main 8ea147d ($ENROOT_MAIN_DIR)"
+echo "cluster runtime: enroot $("$ENROOT_DIR/bin/enroot" version) ($ENROOT_DIR)$main_said, pyxis 0.24.0 ($PYXIS_DIR)"
 )
 fi
 # pyenv puts new console scripts on PATH only after a rehash.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import time
@@ -277,3 +278,56 @@ def test_export_check_passes_only_on_evidence(fake_project: Project) -> None:
     failed = Gate(name="file /a", status="failed", detail="missing")
     with pytest.raises(CheckFailed, match=r"1 of 3 failed or did not run: file /a failed: missing"):
         require_ok(Path("x.sqsh"), [passed, skipped, failed])
+
+
+@SQUASHFS_TOOLS
+def test_an_enroot_42_import_names_this_image_by_what_this_host_recorded(
+    fake_engine: FakeEngine,
+    fake_project: Project,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`export --check --cluster` of a squashfs with enroot >= 4.2's first /etc/rc line (the
+    line before k3env's own /etc/rc, as tests/test_enroot_releases.py shows enroot main writes
+    it): the line names the image by its recorded push digest or image ID, or fails naming
+    another registry; a profile on enroot 4.1.2 refuses the line."""
+    from k3env.cli import main
+    from k3env.image.build import build_all
+
+    lock = fake_project.lock()
+    builder = make_builder(lock, fake_engine, fake_project.state, QUIET, False)
+    (build,) = build_all(builder, [fake_project.spec(lock)])
+    pushed = push_image(fake_engine, fake_project.state, build, REGISTRY, QUIET)
+    exported = export_image(fake_engine, fake_project.state, build, tmp_path / "out", QUIET)
+    root = tmp_path / "root"
+    subprocess.run(["unsquashfs", "-q", "-d", str(root), exported.path], check=True,
+                   capture_output=True)  # fmt: skip
+    rc = (root / "etc/rc").read_bytes()
+    profile = tmp_path / "cluster.toml"
+    text = Path(__file__).parent.parent.joinpath("clusters/b200-dgxc.toml").read_text()
+
+    def check(uri: str, version: str) -> dict[str, Any]:
+        (root / "etc/rc").write_bytes(f"# enroot-provenance: {uri}\n".encode() + rc)
+        sqsh = tmp_path / "imported.sqsh"
+        subprocess.run(["mksquashfs", str(root), str(sqsh), "-noappend", "-all-root", "-quiet"],
+                       check=True, capture_output=True)  # fmt: skip
+        profile.write_text(text.replace('version = "4.1.2"', f'version = "{version}"', 1))
+        args = ["export", "--check", str(sqsh), "--cluster", str(profile), "--lock",
+                "pins/test.lock.toml", "--images", "images", "--json"]  # fmt: skip
+        code = main(args)
+        out = json.loads(capsys.readouterr().out) if code == 0 else {}
+        return {"code": code, **{g["gate"]: g for g in out.get("checks", [])}}
+
+    registry, repository = pushed.reference.rsplit(":", 1)[0].split("/", 1)
+    got = check(f"docker://{registry}#{repository}:{pushed.digest}", "4.2.0")
+    assert got["code"] == 0
+    assert got["etc/rc enroot-provenance"]["detail"].endswith(
+        f"names this image by its pushed manifest digest {pushed.digest}"
+    )
+    got = check(f"dockerd://{build.image_id}", "4.2.0")
+    assert got["etc/rc enroot-provenance"]["detail"].endswith(f"config digest {build.image_id}")
+    assert check(f"docker://10.1.1.1:5000#{repository}:{pushed.digest}", "4.2.0")["code"] == 4
+    said = capsys.readouterr().err
+    assert f"registry 10.1.1.1:5000, not {registry} it was pushed to" in said
+    assert check(f"dockerd://{build.reference}", "4.1.2")["code"] == 4
+    assert "enroot 4.1.2" in capsys.readouterr().err

@@ -10,7 +10,11 @@ installed distribution against its RECORD, env and patches (exit 4 naming each d
 2 for a file that is not a k3env image). `--sign-key KEY.pem` writes beside each export its
 CycloneDX SBOM, the SBOM's signature and a signed in-toto provenance statement
 (`handoff.attest`); `--check FILE.sqsh --key PUB.pem` makes the SBOM again from the file and
-checks both signatures (without `--key`: not checked, said)
+checks both signatures (without `--key`: not checked, said). enroot >= 4.2's first `/etc/rc`
+line, `# enroot-provenance: <uri>`, must name this image (its reference, pushed reference or a
+recorded digest); `--cluster PROFILE.toml`: its `[runtime.enroot]` says whether the line must be
+there (4.2 on, or enroot main 8ea147d) or must not (before 4.2); without it either is accepted
+and the result says which release the file looks like
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from k3env.commands.app import App, image_args, platform_arg
+from k3env.config.cluster import load_cluster
 from k3env.config.lock import load_lock
 from k3env.config.spec import load_specs
 from k3env.errors import UsageError
@@ -50,6 +55,13 @@ def arguments(p: argparse.ArgumentParser) -> None:
         metavar="PUB.pem",
         help="with --check: the public key the SBOM and provenance must be signed with",
     )
+    p.add_argument(
+        "--cluster",
+        type=Path,
+        metavar="PROFILE.toml",
+        help="with --check: the cluster whose enroot imported the file (its [runtime.enroot] says "
+        "whether /etc/rc starts with enroot's provenance line); without it either is accepted",
+    )
     platform_arg(p, many=True)
 
 
@@ -58,6 +70,7 @@ def run(args: argparse.Namespace, app: App) -> int:
     from k3env.handoff.attest import check, hashed
     from k3env.handoff.enroot import cluster_commands
     from k3env.handoff.enroot_export import export_image
+    from k3env.handoff.enroot_uri import release_of
     from k3env.handoff.push import last_push
     from k3env.handoff.squashfs import Squashfs
     from k3env.handoff.squashfs_check import check_image, require_ok
@@ -67,13 +80,16 @@ def run(args: argparse.Namespace, app: App) -> int:
         raise UsageError("--key goes with --check FILE.sqsh (the key to verify it with)")
     if args.sign_key is not None and args.check:
         raise UsageError("--sign-key signs new exports; --check takes --key PUB.pem")
+    if args.cluster is not None and not args.check:
+        raise UsageError("--cluster goes with --check FILE.sqsh (the cluster that imported it)")
     if args.check:
         lock = load_lock(args.lock)
         by_name = {s.name: s for s in load_specs(args.images, lock)}
+        release = release_of(load_cluster(args.cluster)) if args.cluster is not None else None
         with tempfile.TemporaryDirectory(prefix="k3env-check-") as work:
             # One reader for both checks: the image is listed once, the file hashed once.
             fs = Squashfs(args.check, log, Path(work))
-            items = check_image(fs, lock, by_name, log)
+            items = check_image(fs, lock, by_name, log, state=app.state(), release=release)
             key = load_verify_key(args.key) if args.key is not None else None
             items += check(args.check, fs, key, hashed(args.check))
         app.emit(

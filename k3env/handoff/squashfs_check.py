@@ -4,7 +4,9 @@ what the image itself carries, then against the lock and spec in this checkout.
 Against the image: its provenance file (in k3env's layer, its sha256 in the config's labels),
 every file of k3env's layer, every installed Python distribution's files against its own
 ``RECORD``, each /etc/environment line and the /etc/rc script enroot derives from the config
-(rendered by ``enroot``). Against this checkout: the lock and spec the image was built from,
+(rendered by ``enroot``), its first line enroot >= 4.2's provenance line naming this image
+(``enroot_uri``: required or refused as the cluster profile's enroot writes it, else either).
+Against this checkout: the lock and spec the image was built from,
 its env, and each container patch it applied still present. The squashfs is read through
 ``unsquashfs`` (no mount): its long listing says what each entry is, only regular files are
 extracted (a link, device or FIFO is never created on this host), and each is read through
@@ -28,19 +30,24 @@ from k3env import untrusted
 from k3env.config.patchfile import load_patch_file
 from k3env.config.pinned_files import verify_patch_file
 from k3env.config.pins import Lock
+from k3env.config.shapes import MACHINES
 from k3env.config.spec import ImageSpec
 from k3env.errors import ConfigError, UntrustedFileError
 from k3env.handoff.enroot import enroot_files
+from k3env.handoff.enroot_uri import PREFIX, Release, ThisImage, names, parse_uri, provenance_line
 from k3env.handoff.provenance import (
     provenance_document,
 )
+from k3env.handoff.push import last_push
 from k3env.handoff.squashfs import Squashfs, installed_records
 from k3env.hashing import digest_hex, record_b64, sha256_digest
 from k3env.image.build import PROVENANCE_LABEL, PROVENANCE_PATH, RUNTIME_KEYS
 from k3env.image.envpolicy import merged_env
 from k3env.image.patches import ALREADY_PRESENT, APPLIED, missing_edits
+from k3env.image.records import build_key
 from k3env.log import Log
 from k3env.quoting import one_line
+from k3env.state import State
 from k3env.verdict import FAILED, NOT_CHECKED, PASSED, Gate, exit_code
 
 
@@ -79,35 +86,62 @@ def _short(match: re.Match[bytes] | None) -> str:
     return match.group(1).decode()[:16] if match else "absent"
 
 
-# enroot >= 4.2 (NVIDIA/enroot main since 8ea147d; doc/image-format.md) writes the URI it
-# imported from as /etc/rc's first line, "# enroot-provenance: <uri>", before the labels, and
-# a blank line after them even when there are none. A comment: it runs nothing, and says where
-# the file came from, not what the image is.
-_ENROOT_PROVENANCE = re.compile(r"# enroot-provenance: ([^\n]{0,4096})\n")
-
-
-def _rc_items(expected: str, actual: bytes | None) -> list[Gate]:
+def _rc_items(
+    expected: str, actual: bytes | None, this: ThisImage, release: Release | None = None
+) -> list[Gate]:
+    """/etc/rc against the config (the labels and command), and enroot's provenance line on
+    its own gate: checked to name this image, required or refused as ``release`` writes it."""
     if actual is None:
         return [_item(what="etc/rc", ok=False, detail="missing")]
     text = actual.decode(errors="replace")
-    if text == expected:
-        return [_item(what="etc/rc", ok=True, detail="labels and command as the config says")]
-    if (m := _ENROOT_PROVENANCE.match(text)) and text[m.end() :] in (expected, "\n" + expected):
-        uri = one_line(m.group(1))[:200]
-        return [_item(what="etc/rc", ok=True, detail="labels and command as the config says, "
-                      f"after the line enroot >= 4.2 adds: enroot-provenance {uri}")]  # fmt: skip
-    exp, act = expected.splitlines(), text.splitlines()
-    items = [
-        _item(what="etc/rc", ok=False, detail=f"unexpected line {line!r}")
-        for line in act
-        if line not in exp
+    line = provenance_line(text)
+    body = text if line is None else text[len(line) + 1 :]
+    # enroot >= 4.2 writes the labels after the line, and a blank line even when there are none.
+    items = [_line_item(line, this, release)]
+    if body == expected or (line is not None and body == "\n" + expected):
+        return [_item(what="etc/rc", ok=True, detail="labels and command as the config says"),
+                *items]  # fmt: skip
+    exp, act = expected.splitlines(), body.splitlines()
+    items += [
+        _item(what="etc/rc", ok=False, detail=f"unexpected line {x!r}") for x in act if x not in exp
     ]
     items += [
-        _item(what="etc/rc", ok=False, detail=f"missing line {line!r}")
-        for line in exp
-        if line not in act
+        _item(what="etc/rc", ok=False, detail=f"missing line {x!r}") for x in exp if x not in act
     ]
-    return items or [_item(what="etc/rc", ok=False, detail="lines reordered")]
+    return items if len(items) > 1 else [*items, _item(what="etc/rc", ok=False,
+                                                       detail="lines reordered")]  # fmt: skip
+
+
+PROVENANCE_GATE = "etc/rc enroot-provenance"
+
+
+def _line_item(line: str | None, this: ThisImage, release: Release | None) -> Gate:
+    """enroot's provenance line (enroot >= 4.2: NVIDIA/enroot 8b3a130): its URI names this
+    image, whatever the release; its presence as ``release`` writes it (None: either)."""
+    if line is None:
+        if release is not None and release.writes_line:
+            return _item(what=PROVENANCE_GATE, ok=False, detail=(
+                f"no provenance line: removed, or the file is not that enroot's import (a k3env "
+                "export: check it without --cluster), or [runtime.enroot] names a newer enroot "
+                f"than the nodes run; {release} writes '{PREFIX}<uri>' first on every "
+                "import"))  # fmt: skip
+        said = (
+            f"as {release} writes it" if release else "as enroot < 4.2 writes it (or k3env export)"
+        )
+        return _item(what=PROVENANCE_GATE, ok=True, detail=f"no provenance line: /etc/rc {said}")
+    shown = f"'{one_line(line)[:300]}'"
+    if release is not None and not release.writes_line:
+        return _item(what=PROVENANCE_GATE, ok=False, detail=(
+            "a provenance line: tampering, or the profile's [runtime.enroot] is out of date (the "
+            f"nodes run enroot >= 4.2: set its version and commit); {release} never writes "
+            f"the first line {shown}"))  # fmt: skip
+    try:
+        how = names(parse_uri(line), this)
+    except ConfigError as e:
+        return _item(what=PROVENANCE_GATE, ok=False, detail=f"first line {e.message}")
+    said = f"as {release} writes it" if release else "as enroot >= 4.2 writes it"
+    return _item(what=PROVENANCE_GATE, ok=True,
+                 detail=f"first line {shown}, {said}: names this image {how}")  # fmt: skip
 
 
 def _read(fs: Squashfs, path: str) -> tuple[bytes | None, str | None]:
@@ -232,15 +266,34 @@ def _record_verdict(bad: Mapping[str, list[str]], files: int, records: int) -> l
     return items
 
 
-def check_squashfs(sqsh: Path, lock: Lock, specs: Mapping[str, ImageSpec], log: Log) -> list[Gate]:
+def check_squashfs(
+    sqsh: Path,
+    lock: Lock,
+    specs: Mapping[str, ImageSpec],
+    log: Log,
+    *,
+    state: State | None = None,
+    release: Release | None = None,
+) -> list[Gate]:
     """Every difference between ``sqsh`` and what its image and this lock say it holds:
     first against the image (its provenance, /etc/rc, /etc/environment, k3env's files, every
-    RECORD), then against this checkout (lock, spec, env, patches)."""
+    RECORD), then against this checkout (lock, spec, env, patches). ``state``: this host's
+    build and push records (what enroot's provenance line may name the image by); ``release``:
+    the enroot that imported it (its provenance line required or refused)."""
     with tempfile.TemporaryDirectory(prefix="k3env-check-") as work:
-        return check_image(Squashfs(sqsh, log, Path(work)), lock, specs, log)
+        fs = Squashfs(sqsh, log, Path(work))
+        return check_image(fs, lock, specs, log, state=state, release=release)
 
 
-def check_image(fs: Squashfs, lock: Lock, specs: Mapping[str, ImageSpec], log: Log) -> list[Gate]:
+def check_image(
+    fs: Squashfs,
+    lock: Lock,
+    specs: Mapping[str, ImageSpec],
+    log: Log,
+    *,
+    state: State | None = None,
+    release: Release | None = None,
+) -> list[Gate]:
     """``check_squashfs`` of an image already open (its listing read once, shared)."""
     prov, raw = provenance_document(fs)
     config = prov["config"]
@@ -255,7 +308,7 @@ def check_image(fs: Squashfs, lock: Lock, specs: Mapping[str, ImageSpec], log: L
     items += (
         [_item(what="etc/rc", ok=False, detail=rc_refused)]
         if rc_refused
-        else _rc_items(expected_rc, rc)
+        else _rc_items(expected_rc, rc, this_image(prov, lock, specs, state), release)
     )
     env, env_refused = _read(fs, "etc/environment")
     env_actual = (env or b"").decode(errors="replace").splitlines()
@@ -268,6 +321,40 @@ def check_image(fs: Squashfs, lock: Lock, specs: Mapping[str, ImageSpec], log: L
     patched = {p.lstrip("/") for p in prov.get("files") or {}}
     items += _record_items(fs, fs.listing(), patched, log)
     return items + _checkout_items(fs, prov, lock, specs, set(env_actual))
+
+
+def this_image(
+    prov: Mapping[str, Any], lock: Lock, specs: Mapping[str, ImageSpec], state: State | None
+) -> ThisImage:
+    """What names the image ``prov`` describes: its reference (its spec's repository, the tag
+    its inputs give), and where this host recorded them its build's digests and its push."""
+    spec = specs.get(str(prov.get("image", "")))
+    inputs = prov.get("inputs")
+    if spec is None or not isinstance(inputs, str) or not inputs:
+        return ThisImage(reference=None)
+    reference = f"{spec.repository}:{inputs[:20]}"
+    records = [state.read_record("builds", build_key(lock, spec, twin, platform))
+               for platform in MACHINES for twin in (False, True)] if state else []  # fmt: skip
+    build = next((r for r in records if isinstance(r, dict) and r.get("reference") == reference),
+                 None)  # fmt: skip
+    if state is None or build is None:
+        return ThisImage(reference=reference)
+    digests: dict[str, str] = {}  # the first name wins: the engine's ID is one of the others
+    for key, what in (("image_id", "config digest"), ("manifest", "manifest digest"),
+                      ("engine_id", "engine's image ID")):  # fmt: skip
+        digests.setdefault(str(build.get(key)), what)
+    pushed = last_push(state, str(build.get("image_id")))
+    return ThisImage(
+        reference=reference,
+        digests=tuple((what, d) for d, what in digests.items() if _DIGEST.fullmatch(d)),
+        pushed=pushed.reference if pushed else None,
+        pushed_digests=tuple((what, d) for what, d in (
+            ("manifest digest", pushed.digest if pushed else ""),
+            ("index digest", (pushed.index if pushed else None) or "")) if _DIGEST.fullmatch(d)),
+    )  # fmt: skip
+
+
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 def _expected_rc(config: Mapping[str, Any], digest: str) -> str:

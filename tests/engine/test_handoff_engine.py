@@ -17,7 +17,7 @@ from k3env.cli import main
 from k3env.engine.dockerd import DockerEngine
 from k3env.state import State
 
-from .conftest import REGISTRY, TEST_LOCK, BaseFixture, run_json, write_project
+from .conftest import REGISTRY, TEST_LOCK, BaseFixture, _require, run_json, write_project
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry]
 
@@ -407,3 +407,82 @@ def _stage1_tag(engine: DockerEngine) -> str:
         text=True,
     )
     return listing.stdout.split()[0]
+
+
+# The enroot releases scripts/host-setup.sh builds into /opt/k3env-cluster: the one the cluster
+# profiles pin, and main at 8ea147d (enroot 4.2's /etc/rc provenance line; still "4.1.2").
+ENROOTS = {
+    "4.1.2": ("enroot", "bd51f53b6fa954805ae3e1985c5dc7594ff66d05"),
+    "main-8ea147d": ("enroot-main", "8ea147d337da60cb1c557140f3a85cdf0d620968"),
+}
+
+
+def _enroot_import(release: str, work: Path, uri: str) -> Path:
+    """`enroot import -o FILE URI` with that release, its paths under ``work``."""
+    bin_dir = Path("/opt/k3env-cluster") / ENROOTS[release][0] / "bin"
+    if not (bin_dir / "enroot").is_file():
+        _require(f"enroot {release} in {bin_dir} (scripts/host-setup.sh builds it)")
+    paths = {f"ENROOT_{k}_PATH": str(work / k.lower())
+             for k in ("RUNTIME", "DATA", "CACHE", "TEMP", "CONFIG")}  # fmt: skip
+    for path in paths.values():
+        Path(path).mkdir(parents=True, exist_ok=True)
+    # Uncompressed (enroot's default is lzo): the check reads files, and it is ~2x faster here.
+    squash = {"ENROOT_SQUASH_OPTIONS": "-noI -noD -noF -noX"}
+    env = {**os.environ, **paths, **squash, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    out = work / "imported.sqsh"
+    done = subprocess.run([str(bin_dir / "enroot"), "import", "-o", str(out), uri], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    return out
+
+
+def _profile(project: Path, release: str) -> str:
+    """b200-dgxc's profile with [runtime.enroot] at ``release``'s commit."""
+    text = (Path(__file__).parents[2] / "clusters/b200-dgxc.toml").read_text()
+    path = project / f"cluster-{release}.toml"
+    path.write_text(text.replace(ENROOTS["4.1.2"][1], ENROOTS[release][1]))
+    return str(path)
+
+
+@pytest.mark.parametrize("release", ENROOTS)
+def test_each_enroot_imports_the_image_and_export_check_reads_what_it_wrote(
+    release: str, project: Path, capsys: pytest.CaptureFixture[str], clean_probe_images: None
+) -> None:
+    """The pushed image imported from the engine by enroot 4.1.2 and by enroot main: each
+    passes `export --check --cluster` with its own release's profile (main's first line names
+    the image by its reference) and fails with the other's. Tampering, refused for both: main's
+    import with its first line naming another image's digest fails with either profile and
+    without one (to a 4.1.2 profile any such line is tampering)."""
+    pushed = run_json(capsys, "push")["images"][0]
+    local = pushed["reference"].split("/", 1)[1]  # k3env-test/probe:TAG, as the engine names it
+    sqsh = _enroot_import(release, project / "enroot", f"dockerd://{local}")
+    rc = subprocess.run(["unsquashfs", "-cat", str(sqsh), "etc/rc"], capture_output=True,
+                        text=True, check=True).stdout  # fmt: skip
+    check = run_json(
+        capsys, "export", "--check", str(sqsh), "--cluster", _profile(project, release)
+    )
+    gate = {g["gate"]: g for g in check["checks"]}["etc/rc enroot-provenance"]
+    other = "4.1.2" if release != "4.1.2" else "main-8ea147d"
+    argv = ["export", "--lock", LOCK, "--check", str(sqsh), "--cluster"]
+    assert main([*argv, _profile(project, other)]) == 4
+    err = capsys.readouterr().err
+    if release == "4.1.2":
+        assert not rc.startswith("# enroot-provenance")
+        assert gate["detail"].startswith("no provenance line: /etc/rc as enroot 4.1.2 (")
+        assert "etc/rc enroot-provenance failed: no provenance line: removed" in err
+        return
+    assert rc.startswith(f"# enroot-provenance: dockerd://{local}\n")
+    assert gate["detail"].endswith(f"names this image by its reference {local}")
+    assert "etc/rc enroot-provenance failed: a provenance line: tampering" in err
+    root = _unsquash(str(sqsh), project / "root")
+    body = rc.split("\n", 1)[1]
+    (root / "etc/rc").write_text(f"# enroot-provenance: dockerd://sha256:{'0' * 64}\n{body}")
+    tampered = str(_squash(root, project / "tampered.sqsh"))
+    for profile, said in (
+        ([], "first line names another image"),
+        (["--cluster", _profile(project, release)], "first line names another image"),
+        (["--cluster", _profile(project, "4.1.2")], "a provenance line: tampering"),
+    ):
+        assert main(["export", "--lock", LOCK, "--check", tampered, *profile]) == 4
+        err = capsys.readouterr().err
+        assert f"etc/rc enroot-provenance failed: {said}" in err, err
