@@ -18,7 +18,6 @@ from typing import Any
 from k3env import jsontext
 from k3env.errors import StateError
 from k3env.files import write_atomic
-from k3env.hashing import digest_hex
 
 
 class State:
@@ -55,10 +54,3 @@ class State:
                 where=str(self.path(*parts)),
                 fix="free disk space or point K3ENV_STATE_DIR at a writable directory",
             ) from e
-
-    def read_record(self, kind: str, key: str) -> Any:
-        """The JSON record of ``kind`` under a content key (a digest or a hex hash)."""
-        return self.read_json(kind, f"{digest_hex(key)}.json")
-
-    def write_record(self, value: Any, kind: str, key: str) -> None:
-        self.write_json(value, kind, f"{digest_hex(key)}.json")

@@ -5,6 +5,7 @@ made again from the file to compare, signatures checked with the given key and b
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -287,17 +288,15 @@ def test_verify_says_what_the_host_holds_of_an_images_sbom(
     both signatures with the given key, the statement naming the SBOM and the recorded
     sha256; each wrong input failed in words."""
     from k3env.commands.verify import _attested
-    from k3env.handoff.enroot_export import last_export
+    from k3env.image.records import Exported, read, write
 
     state = fake_project.state
     assert _attested(state, "sha256:" + "1" * 64, None).said == (
         "none: not exported (k3env export --sign-key KEY.pem)"
     )
-    ((image_id, record),) = [
-        (f"sha256:{f.stem}", json.loads(f.read_text()))
-        for f in (state.root / "exports").glob("*.json")
-    ]
-    assert last_export(state, image_id) is not None and record["path"] == str(exported)
+    (image_id,) = [f"sha256:{f.stem}" for f in (state.root / "exports").glob("*.json")]
+    record = read(state, Exported, image_id)
+    assert record is not None and record.path == str(exported)
     key, pub, _ = keypair(tmp_path, "k3env")
     _, other, _ = keypair(tmp_path, "other")
 
@@ -309,7 +308,7 @@ def test_verify_says_what_the_host_holds_of_an_images_sbom(
     assert said(None) == [("sbom", "not checked", no_sbom)]
     assert said(pub) == [("sbom", "failed", no_sbom)]  # a key says they must be there
     with tempfile.TemporaryDirectory() as work:
-        attest(exported, record["sha256"], fs(exported, work), key)
+        attest(exported, record.sha256, fs(exported, work), key)
     there = (
         f"{exported.name}{SBOM_SUFFIX} is there ({beside(exported, SBOM_SUFFIX).stat().st_size}"
         f" bytes); not made again from the image here: k3env export --check {exported} --key "
@@ -349,7 +348,7 @@ def test_verify_says_what_the_host_holds_of_an_images_sbom(
     )
     beside(exported, SIG_SUFFIX).write_bytes(sig)
     # The export recorded again as another file: the statement's subject is not it.
-    state.write_record({**record, "sha256": "f" * 64}, "exports", image_id)
+    write(state, dataclasses.replace(record, sha256="f" * 64), image_id)
     assert said(pub)[2] == (
         "provenance",
         "failed",

@@ -58,9 +58,9 @@ def run(args: argparse.Namespace, app: App) -> int:
     from k3env.handoff.attest import check, hashed
     from k3env.handoff.enroot import cluster_commands
     from k3env.handoff.enroot_export import export_image
-    from k3env.handoff.push import last_push
     from k3env.handoff.squashfs import Squashfs
     from k3env.handoff.squashfs_check import check_image, require_ok
+    from k3env.image.records import shipped
     from k3env.signing import load_verify_key
 
     if args.key is not None and not args.check:
@@ -88,11 +88,11 @@ def run(args: argparse.Namespace, app: App) -> int:
         with log.step(f"export {build.reference} -> {args.out}/ (streamed into mksquashfs)"):
             exported.append(export_image(engine, state, build, args.out, log))
         if args.sign_key is not None:
-            pushed = last_push(state, build.image_id)
+            pushed = shipped(state, build.image_id).pushed
             signed[exported[-1].path] = _attest(exported[-1], args.sign_key, pushed, log)
 
     def commands(spec: Any, build: Any, exp: Any) -> str:
-        return cluster_commands(spec, last_push(state, build.image_id), exp)
+        return cluster_commands(spec, shipped(state, build.image_id).pushed, exp)
 
     app.emit(
         {"images": [{**e.as_json(), **signed.get(e.path, {})} for e in exported]},

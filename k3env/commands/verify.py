@@ -146,9 +146,9 @@ def _attested(state: Any, image_id: str, key: VerifyKey | None) -> Attested:
         check_signed,
         recorded,
     )
-    from k3env.handoff.enroot_export import last_export
+    from k3env.image.records import shipped
 
-    exported = last_export(state, image_id)
+    exported = shipped(state, image_id).exported
     if exported is None:
         why = "not exported (k3env export --sign-key KEY.pem)"
         return Attested(export=None, files=(), said=f"none: {why}",
