@@ -10,7 +10,6 @@ without checks; nothing is keyed by a name that another lock could reuse.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,9 @@ from typing import Any
 from k3env import jsontext
 from k3env.errors import StateError
 from k3env.files import write_atomic
+from k3env.untrusted import read_bytes
+
+FIX = "remove the file (k3env writes it again), or point K3ENV_STATE_DIR elsewhere"
 
 
 class State:
@@ -28,12 +30,16 @@ class State:
     def path(self, *parts: str) -> Path:
         return self.root.joinpath(*parts)
 
-    def read_json(self, *parts: str) -> Any:
-        p = self.path(*parts)
+    def read_json(self, *parts: str, expect: type = object) -> Any:
+        """The JSON document at ``parts`` (None: there is none), read as untrusted: a regular
+        file, bounded, strict JSON of type ``expect``; else an error naming it."""
         try:
-            return json.loads(p.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+            data = read_bytes(self.root, "/".join(parts), limit=jsontext.MAX_BYTES,
+                              shown_as=f"{self.root}/")  # fmt: skip
+        except FileNotFoundError:  # no state directory yet
             return None
+        where = str(self.path(*parts))
+        return None if data is None else jsontext.loads(data, where=where, expect=expect, fix=FIX)
 
     def write_json(self, value: Any, *parts: str) -> None:
         self.write_bytes(jsontext.dumps(value, indent=2).encode(), *parts)

@@ -211,7 +211,7 @@ def test_preflight_in_a_bump_uses_the_facts_verify_just_learned(
     (report,) = outcome.reports
     # The probe's facts, and dpkg's packages verify read from the image (none in this base).
     recorded = read(project.state, Facts, report.image_id)
-    assert recorded == Facts(values={**facts, "debian_packages": []})
+    assert recorded == Facts(facts={**facts, "debian_packages": []})
     # With the facts: K3-TOKENIZER-MODEL-TYPE is an error (kimi_k3 not loaded by this Dynamo).
     # Without them (what happens): only the warning "the Dynamo version is unknown".
     assert outcome.preflight_errors == {"probe": 1}

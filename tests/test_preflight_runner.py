@@ -252,17 +252,17 @@ def test_facts_come_from_the_build_of_this_lock_and_say_which(project: Path) -> 
     record_build(state, lock, spec, "sha256:" + "12" * 32, twin=False, platform="linux/amd64")
     assert load_facts(state, lock, spec) == (None, None)  # built, never verified
     state.write_json(["not", "facts"], "facts", "12" * 32 + ".json")
-    with pytest.raises(StateError, match="a JSON array where a JSON object belongs") as e:
+    with pytest.raises(StateError, match="'facts' is a JSON array, not an object") as e:
         load_facts(state, lock, spec)  # a record that is not a mapping: said, never skipped
     assert e.value.where == str(state.path("facts", "12" * 32 + ".json"))
-    write(state, Facts(values={"vllm": {"v": 1}}), "sha256:" + "12" * 32)
+    write(state, Facts(facts={"vllm": {"v": 1}}), "sha256:" + "12" * 32)
     # The default platform is amd64, and a real-base build is said as such.
     assert load_facts(state, lock, spec) == (
         {"vllm": {"v": 1}}, "k3env/kimi-k3-direct-f:t (linux/amd64)"
     )  # fmt: skip
     assert load_facts(state, lock, spec, "linux/arm64") == (None, None)
     record_build(state, lock, spec, "sha256:" + "34" * 32, twin=True, platform="linux/arm64")
-    write(state, Facts(values={"vllm": {"v": 2}}), "sha256:" + "34" * 32)
+    write(state, Facts(facts={"vllm": {"v": 2}}), "sha256:" + "34" * 32)
     assert load_facts(state, lock, spec, "linux/arm64") == (
         {"vllm": {"v": 2}}, "k3env/kimi-k3-direct-f:t (linux/arm64, built over the CPU twin)"
     )  # fmt: skip
@@ -274,7 +274,7 @@ def test_contexts_carry_the_facts_and_env_of_each_spec_on_the_clusters_platform(
     state, lock = State(), load_lock(LOCK)
     spec = load_spec(DYN, lock)
     record_build(state, lock, spec, "sha256:" + "56" * 32, twin=True, platform="linux/arm64")
-    write(state, Facts(values={"dynamo": {"x": 1}}), "sha256:" + "56" * 32)
+    write(state, Facts(facts={"dynamo": {"x": 1}}), "sha256:" + "56" * 32)
     (none,) = ctxs(DYN, state=state)  # amd64: no build
     assert none.facts is None and none.facts_source is None
     (ctx,) = ctxs(DYN, state=state, cluster=GB200)

@@ -85,7 +85,7 @@ def pushed(state: State, lock: Lock, *, built: bool = True, image: str = F) -> N
         build(state, lock)
     write(state, Pushed(image=image, image_id=IMAGE_ID, reference=f"{REGISTRY_REF}:abc",
                         digest=DIGEST, layers_sent=1, layers_skipped=0), IMAGE_ID)  # fmt: skip
-    write(state, Facts(values={"vllm": {"x": 1}}), IMAGE_ID)
+    write(state, Facts(facts={"vllm": {"x": 1}}), IMAGE_ID)
 
 
 def find(state: State, lock: Lock, container: str, base: str | None = None) -> ImageOf:
@@ -152,7 +152,7 @@ def test_a_record_not_of_its_kinds_shape_is_an_error_naming_it(project: Path) ->
     pushed(state, lock)
     state.path("pushed", "0.json").unlink()
     state.write_json(["x"], "facts", IMAGE_ID.removeprefix("sha256:") + ".json")
-    with pytest.raises(StateError, match="a JSON array where a JSON object belongs"):
+    with pytest.raises(StateError, match="'facts' is a JSON array, not an object"):
         find(state, lock, BY_DIGEST)  # facts that are not a mapping: said, never skipped
 
 

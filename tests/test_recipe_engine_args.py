@@ -292,7 +292,7 @@ def test_an_image_verify_knows_is_judged_by_its_own_parser_env_names_too(
     write(state, Pushed(image=spec.name, image_id=image_id, digest=digest, layers_sent=1,
                         layers_skipped=0, reference="127.0.0.1:5000/k3env/kimi-k3-direct-f:abc"),
           image_id)  # fmt: skip
-    write(state, Facts(values={"vllm": {"cli": recorded()["cli"]}}), image_id)
+    write(state, Facts(facts={"vllm": {"cli": recorded()["cli"]}}), image_id)
     text = F.read_text().replace("vllm/vllm-openai:kimi-k3",
                                  f"127.0.0.1:5000/k3env/kimi-k3-direct-f@{digest}")  # fmt: skip
     source = _write(resolved / "src.yaml", text)

@@ -204,7 +204,7 @@ def test_a_container_k3env_pushed_is_its_image_with_its_patches_and_facts(
           build_key(lock, spec, twin=False))  # fmt: skip
     write(state, Pushed(image=spec.name, image_id=image_id, reference=ref, digest=digest,
                         layers_sent=1, layers_skipped=0), image_id)  # fmt: skip
-    write(state, Facts(values={"vllm": {"scheduler_block_size": 3145728}}), image_id)
+    write(state, Facts(facts={"vllm": {"scheduler_block_size": 3145728}}), image_id)
     recipe = resolved / "f-pushed.yaml"
     by_digest = f"127.0.0.1:5000/k3env/kimi-k3-direct-f@{digest}"
     final = (RECIPES / "f.yaml").read_text()

@@ -324,7 +324,7 @@ def test_verify_image_runs_the_probe_once_and_records_facts_by_image_id(
     assert report.image_id == build.image_id and report.reference == build.reference
     # What the probe said, and dpkg's packages read from the image (this base has no dpkg).
     assert report.facts == {**FACTS, "debian_packages": []}
-    assert read(state, Facts, build.image_id) == Facts(values=dict(report.facts))
+    assert read(state, Facts, build.image_id) == Facts(facts=dict(report.facts))
     assert (tmp_path / "facts" / (build.image_id.removeprefix("sha256:") + ".json")).is_file()
     assert report.cached is False
 

@@ -210,7 +210,7 @@ def load_facts(
     if facts is None:
         return None, None
     twin = ", built over the CPU twin" if build.twin else ""
-    return facts.values, f"{build.reference} ({platform}{twin})"
+    return facts.facts, f"{build.reference} ({platform}{twin})"
 
 
 def contexts(

@@ -272,7 +272,7 @@ def _report(
     results += tuple(patch_rows(lock, spec, build, out.patch_targets))
     results += tuple(requirement_rows(lock, spec, facts, twin, build.platform))
     results = tuple(_with_variant_notes(results, lock, state, log))
-    records.write(state, Facts(values=facts), build.image_id)
+    records.write(state, Facts(facts=facts), build.image_id)
     return ImageReport(
         image=spec.name,
         reference=build.reference,

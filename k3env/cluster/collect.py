@@ -326,12 +326,6 @@ def record(state: State, verdict: ClusterVerdict) -> ClusterVerdict:
     return out
 
 
-def recorded(state: State, digest: str, cluster: str) -> dict[str, Any] | None:
-    """The last cluster verdict of an image digest on a cluster profile (None: never run)."""
-    data = state.read_json("smoke", "cluster", digest_hex(digest), f"{cluster}.json")
-    return data if isinstance(data, dict) else None
-
-
 def _with(verdict: ClusterVerdict, **changes: Any) -> ClusterVerdict:
     from dataclasses import replace
 

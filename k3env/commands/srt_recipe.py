@@ -69,7 +69,7 @@ def run(args: argparse.Namespace, app: App) -> int:
             )
         container = pushed.by_digest
         recorded = read(state, Facts, build.image_id)
-        facts = recorded.values if recorded else {}
+        facts = recorded.facts if recorded else {}
     model_path = args.model_path or cluster.model_path
     if not model_path:
         raise ConfigError(

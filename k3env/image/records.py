@@ -16,36 +16,35 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar, TypeVar, get_args, get_origin, get_type_hints
 
-from k3env import jsontext, untrusted
+from k3env import jsontext
 from k3env.config.pins import Lock
 from k3env.config.shapes import DEFAULT_PLATFORM
 from k3env.config.spec import ImageSpec
 from k3env.errors import StateError
 from k3env.hashing import canonical_sha256, digest_hex
-from k3env.state import State
+from k3env.state import FIX, State
 
 R = TypeVar("R", bound="Record")
-LIMIT = 16 << 20  # far above any record k3env writes (a verify record with patch targets)
-FIX = "remove the file (k3env writes it again), or point K3ENV_STATE_DIR elsewhere"
 
 
 class Record:
     """A record kind: ``KIND`` names its directory; its dataclass fields are the keys of its
-    JSON object (``JSON``: of its array)."""
+    JSON object, or ``WHOLE`` names the one field that is the whole document."""
 
     KIND: ClassVar[str]
-    JSON: ClassVar[type] = dict
+    WHOLE: ClassVar[str] = ""
 
     def as_json(self) -> Any:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        doc = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        return doc[self.WHOLE] if self.WHOLE else doc
 
     @classmethod
     def from_json(cls: type[R], doc: Any, where: str) -> R:
+        doc = {cls.WHOLE: doc} if cls.WHOLE else doc
         hints = get_type_hints(cls)
         values = {}
         for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-            default = f.default if f.default is not dataclasses.MISSING else ...
-            if f.name in doc or default is ...:
+            if f.name in doc or f.default is dataclasses.MISSING:
                 values[f.name] = _typed(doc, f.name, hints[f.name], where)
         return cls(**values)
 
@@ -69,45 +68,31 @@ def _typed(doc: dict[str, Any], key: str, hint: Any, where: str) -> Any:
     return value
 
 
-def _path(state: State, kind: str, key: str) -> Path:
-    return state.path(kind, f"{digest_hex(key)}.json")
-
-
-def _load(state: State, cls: type[R], path: Path) -> R | None:
-    try:
-        data = untrusted.read_bytes(path.parent, path.name, limit=LIMIT, shown_as=f"{path.parent}/")
-    except FileNotFoundError:  # no state directory yet
-        return None
-    if data is None:
-        return None
-    doc = jsontext.loads(data, where=str(path), limit=LIMIT, expect=cls.JSON, fix=FIX)
-    return cls.from_json(doc, str(path))
+def _load(state: State, cls: type[R], name: str) -> R | None:
+    doc = state.read_json(cls.KIND, name, expect=object if cls.WHOLE else dict)
+    return None if doc is None else cls.from_json(doc, str(state.path(cls.KIND, name)))
 
 
 def read(state: State, cls: type[R], key: str) -> R | None:
     """The ``cls`` record under ``key``; None when there is none."""
-    return _load(state, cls, _path(state, cls.KIND, key))
+    return _load(state, cls, f"{digest_hex(key)}.json")
 
 
 def write(state: State, record: Record, key: str) -> None:
     """``record`` under ``key``, atomically (a reader sees the old record or the new)."""
-    path = _path(state, record.KIND, key)
-    state.write_bytes(jsontext.dumps(record.as_json(), indent=2).encode(), record.KIND, path.name)
+    state.write_json(record.as_json(), record.KIND, f"{digest_hex(key)}.json")
 
 
 def every(state: State, cls: type[R]) -> list[R]:
     """Every ``cls`` record on this host, in file-name order."""
-    folder = state.path(cls.KIND)
-    found = (_load(state, cls, p) for p in sorted(folder.glob("*.json")))
+    found = (_load(state, cls, p.name) for p in sorted(state.path(cls.KIND).glob("*.json")))
     return [r for r in found if r is not None]
 
 
-# --- the kinds ---------------------------------------------------------------------------------
+# --- the kinds (each a directory; the key a file name's hex) -----------------------------------
 @dataclass(frozen=True, kw_only=True)
 class Build(Record):
-    """A build, keyed by ``build_key``: the image this lock and spec built."""
-
-    KIND = "builds"
+    KIND = "builds"  # by ``build_key``: the image this lock and spec built
     image_id: str
     reference: str
     twin: bool
@@ -118,25 +103,15 @@ class Build(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class Facts(Record):
-    """What verify learned about an image (a free-form document the rules read), by image ID."""
-
-    KIND = "facts"
-    values: dict[str, Any]
-
-    def as_json(self) -> Any:
-        return self.values
-
-    @classmethod
-    def from_json(cls, doc: Any, where: str) -> Facts:
-        return cls(values=doc)
+    KIND, WHOLE = "facts", "facts"  # by image ID: what verify learned (a free-form document)
+    facts: dict[str, Any]
 
 
 @dataclass(frozen=True, kw_only=True)
 class ProbeOutput(Record):
-    """What the probe printed: its verdicts, the facts it learned, the patch targets' text;
-    kept by the hash of (image, plan, probe)."""
+    """What the probe printed: its verdicts, the facts it learned, the patch targets' text."""
 
-    KIND = "verify"
+    KIND = "verify"  # by the hash of (image, plan, probe)
     rows: list[Any]  # each read by ``CheckResult.read``
     facts: dict[str, Any]
     patch_targets: dict[str, Any]
@@ -144,68 +119,46 @@ class ProbeOutput(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class Tokenizers(Record):
-    """The tiktoken model types a runtime wheel's frontend loads (None: it does not say)."""
-
-    KIND = "tiktoken"
+    KIND = "tiktoken"  # by wheel sha256: the model types its frontend loads (None: not said)
     supported: tuple[str, ...] | None
 
 
 @dataclass(frozen=True, kw_only=True)
 class SourceWheels(Record):
-    """The wheels a pinned source commit built to, in the wheelhouse, and their sha256."""
-
-    KIND = "source-wheels"
+    KIND = "source-wheels"  # the wheels a pinned source commit built to, in the wheelhouse
     files: tuple[str, ...]
     sha256: tuple[str, ...]
 
 
 @dataclass(frozen=True, kw_only=True)
 class TwinPush(Record):
-    """Where the CPU twin of an input hash was pushed."""
-
-    KIND = "twin"
+    KIND = "twin"  # by the twin's input hash: where it was pushed
     reference: str
     digest: str
 
 
 @dataclass(frozen=True, kw_only=True)
 class ManifestOf(Record):
-    """The manifest k3env last wrote for a config digest."""
-
-    KIND = "manifest-of"
+    KIND = "manifest-of"  # by config digest: the manifest k3env last wrote for it
     manifest: str
 
 
 @dataclass(frozen=True, kw_only=True)
 class KeptLayer(Record):
-    """A layer blob kept by diff ID and gzip level: its digest and size."""
-
-    KIND = "layers"
+    KIND = "layers"  # by diff ID and gzip level: the kept blob's digest and size
     digest: str
     size: int
 
 
 @dataclass(frozen=True, kw_only=True)
 class PublishedAt(Record):
-    """The repositories a blob was last sent to (a JSON array, newest first)."""
-
-    KIND = "published-blobs"
-    JSON = list
+    KIND, WHOLE = "published-blobs", "repositories"  # by blob digest: where sent, newest first
     repositories: tuple[str, ...]
-
-    def as_json(self) -> Any:
-        return list(self.repositories)
-
-    @classmethod
-    def from_json(cls, doc: Any, where: str) -> PublishedAt:
-        return super().from_json({"repositories": doc}, where)
 
 
 @dataclass(frozen=True, kw_only=True)
 class Pushed(Record):
-    """A push, by image ID: the registry's manifest digest for it (what enroot imports)."""
-
-    KIND = "pushed"
+    KIND = "pushed"  # by image ID: the registry's manifest digest (what enroot imports)
     image: str
     image_id: str
     reference: str  # REGISTRY/REPO:TAG
@@ -231,9 +184,7 @@ class Pushed(Record):
 
 @dataclass(frozen=True, kw_only=True)
 class Exported(Record):
-    """An export, by image ID: where its ``.sqsh`` was written and its sha256."""
-
-    KIND = "exports"
+    KIND = "exports"  # by image ID: where its ``.sqsh`` was written, and its sha256
     image: str
     image_id: str
     path: str

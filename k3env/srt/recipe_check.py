@@ -165,7 +165,7 @@ def find_image(
         known=True,
         spec=spec,
         image_id=image.image_id,
-        facts=facts.values if facts else None,
+        facts=facts.facts if facts else None,
         facts_source=f"{image.image} ({image.image_id})" if facts else None,
     )
 

@@ -328,7 +328,7 @@ def test_verify_cli_on_a_twin_image_writes_matrix_and_facts(
     }
     assert "| `kimi-k3-direct-d` |" in md.read_text()
     recorded = read(State(), Facts, image["image_id"])
-    assert recorded is not None and (facts := recorded.values)["versions"]["vllm"] == "0.31.0"
+    assert recorded is not None and (facts := recorded.facts)["versions"]["vllm"] == "0.31.0"
     assert facts["versions"]["aiperf"] == "0.13.0"  # baked from the lock's wheel
 
 
