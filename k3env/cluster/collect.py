@@ -90,12 +90,6 @@ class ClusterVerdict:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
-    def battery_ok(self) -> bool:
-        """Every planned gate reported (a missing one is ``not run``), and passed or could
-        not be checked here (said why), and at least one passed."""
-        return ok(self.gates)
-
-    @property
     def all_gates(self) -> tuple[Gate, ...]:
         """The job in the one verdict model: the battery's gates, then a failed gate for a
         Slurm job that did not complete and for each failure its logs show."""
