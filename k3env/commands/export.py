@@ -18,12 +18,16 @@ from __future__ import annotations
 import argparse
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from k3env.commands.app import App, image_args, platform_arg
 from k3env.config.lock import load_lock
 from k3env.config.spec import load_specs
 from k3env.errors import UsageError
+
+if TYPE_CHECKING:
+    from k3env.image.records import Exported, Pushed
+    from k3env.log import Log
 
 NAME = "export"
 HELP = "write enroot squashfs images (.sqsh), or --check one against the lock"
@@ -106,7 +110,7 @@ def run(args: argparse.Namespace, app: App) -> int:
     return 0
 
 
-def _attest(exported: Any, key_path: Path, pushed: Any, log: Any) -> dict[str, Any]:
+def _attest(exported: Exported, key_path: Path, pushed: Pushed | None, log: Log) -> dict[str, Any]:
     """The export's SBOM and provenance, signed, beside it; attached to its pushed manifest
     as OCI referrers when it was pushed (else said)."""
     from k3env.handoff.attest import CYCLONEDX, attest

@@ -28,6 +28,7 @@ from k3env.verdict import NOT_CHECKED, PASSED, Gate, bad, exit_code
 
 if TYPE_CHECKING:
     from k3env.signing import VerifyKey
+    from k3env.state import State
 
 NAME = "verify"
 HELP = "check each image from inside: args, parsers, tokenizer, imports, patches, env"
@@ -133,7 +134,7 @@ class Attested:
         }
 
 
-def _attested(state: Any, image_id: str, key: VerifyKey | None) -> Attested:
+def _attested(state: State, image_id: str, key: VerifyKey | None) -> Attested:
     """The image's last export's SBOM and provenance beside it: present or not, both
     signatures checked with ``key`` (not checked without one), the statement naming this SBOM
     and, as its subject, the sha256 the export recorded. The file itself is not read (a

@@ -272,10 +272,8 @@ def shipped_as(state: State, container: str) -> tuple[Shipped, str] | None:
     ref = as_reference(container)
     for p in every(state, Pushed):
         if how := _pushed_as(p, ref):
-            return Shipped(image_id=p.image_id, pushed=p,
-                           exported=read(state, Exported, p.image_id)), how  # fmt: skip
+            return shipped(state, p.image_id), how
     for e in every(state, Exported):
         if how := _exported_as(e, container):
-            return Shipped(image_id=e.image_id, pushed=read(state, Pushed, e.image_id),
-                           exported=e), how  # fmt: skip
+            return shipped(state, e.image_id), how
     return None
