@@ -5,7 +5,8 @@ content key: facts about images keyed by image ID (which file a module resolves 
 contents read for patching, what verify learned), pushes and exports keyed by image ID, builds
 keyed by the hash of (lock, spec, twin), the CPU twin's records keyed by its input hash, and
 the wheelhouse. A record keyed by an image ID describes an immutable image, so it is reused
-without checks; nothing is keyed by a name that another lock could reuse.
+as it is; nothing is keyed by a name that another lock could reuse. Each kind is typed, read
+and written in ``image.records``; a document is read as untrusted (bounded, strict JSON).
 """
 
 from __future__ import annotations

@@ -43,7 +43,6 @@ from k3env.state import State
 
 MANIFEST = MANIFEST_MEDIA_TYPE
 INDEX = "application/vnd.oci.image.index.v1+json"
-_DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 _DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 _BASE_NAME = "org.opencontainers.image.base.name"
 _BASE_DIGEST = "org.opencontainers.image.base.digest"
