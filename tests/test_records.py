@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from k3env.errors import K3envError, StateError
-from k3env.image.records import Exported, PublishedAt, Pushed, SourceWheels, read, write
+from k3env.image.records import Exported, PublishedAt, Pushed, SourceWheels, Tokenizers, read, write
 from k3env.state import State
 
 ID = "sha256:" + "ab" * 32
@@ -28,6 +28,9 @@ def test_a_record_reads_back_as_written_and_older_records_take_their_defaults(
     write(state, PublishedAt(repositories=("a/b", "c/d")), ID)  # a JSON array, as before
     assert state.read_json("published-blobs", "ab" * 32 + ".json") == ["a/b", "c/d"]
     assert read(state, PublishedAt, ID) == PublishedAt(repositories=("a/b", "c/d"))
+    for supported in (("kimi", "kimi_k2"), None):  # a tuple, or None
+        write(state, Tokenizers(supported=supported), ID)
+        assert read(state, Tokenizers, ID) == Tokenizers(supported=supported)
     old = {"image": "f", "image_id": ID, "path": "/x.sqsh", "sha256": "0" * 64, "size": 1,
            "mksquashfs": "4.5.1", "options": ["-comp", "lzo"]}  # fmt: skip
     state.write_json(old, "exports", "ab" * 32 + ".json")  # before `format` and `platform`

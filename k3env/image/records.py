@@ -52,12 +52,11 @@ class Record:
 def _typed(doc: dict[str, Any], key: str, hint: Any, where: str) -> Any:
     """``doc[key]`` checked against ``hint`` (str, int, bool, tuple[str, ...], dict, list, or
     one of those or None); a JSON array read as a tuple."""
-    args = get_args(hint)
     if isinstance(hint, types.UnionType):
-        if doc.get(key) is None and type(None) in args:
+        if doc.get(key) is None and type(None) in get_args(hint):
             return jsontext.field(doc, key, type(None), where=where)
-        (hint,) = (a for a in args if a is not type(None))
-    origin = get_origin(hint) or hint
+        (hint,) = (a for a in get_args(hint) if a is not type(None))
+    origin, args = get_origin(hint) or hint, get_args(hint)
     value = jsontext.field(doc, key, list if origin is tuple else origin, where=where)
     if origin is tuple:
         for item in value:
