@@ -25,6 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from k3env.config.lock import load_lock  # noqa: E402
+from k3env.image import records  # noqa: E402
 from k3env.image.twin import plan  # noqa: E402
 from k3env.state import State  # noqa: E402
 
@@ -90,7 +91,7 @@ def main() -> int:
     lock = load_lock(REPO / "pins/k3.lock.toml")
     twin = plan(lock, ARM)
     held = subprocess.run(["docker", "image", "inspect", twin.reference], capture_output=True)
-    twin_cold = held.returncode != 0 or State().read_record("twin", twin.inputs) is None
+    twin_cold = held.returncode != 0 or records.read(State(), records.TwinPush, twin.inputs) is None
     cold_s, built = k3env("build", "--twin", "--platform", ARM)
     warm_s, again = k3env("build", "--twin", "--platform", ARM)
     same = [b["image_id"] for b in built["images"]] == [b["image_id"] for b in again["images"]]

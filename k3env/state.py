@@ -5,12 +5,12 @@ content key: facts about images keyed by image ID (which file a module resolves 
 contents read for patching, what verify learned), pushes and exports keyed by image ID, builds
 keyed by the hash of (lock, spec, twin), the CPU twin's records keyed by its input hash, and
 the wheelhouse. A record keyed by an image ID describes an immutable image, so it is reused
-without checks; nothing is keyed by a name that another lock could reuse.
+as it is; nothing is keyed by a name that another lock could reuse. Each kind is typed, read
+and written in ``image.records``; a document is read as untrusted (bounded, strict JSON).
 """
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -18,7 +18,9 @@ from typing import Any
 from k3env import jsontext
 from k3env.errors import StateError
 from k3env.files import write_atomic
-from k3env.hashing import digest_hex
+from k3env.untrusted import read_bytes
+
+FIX = "remove the file (k3env writes it again), or point K3ENV_STATE_DIR elsewhere"
 
 
 class State:
@@ -29,12 +31,16 @@ class State:
     def path(self, *parts: str) -> Path:
         return self.root.joinpath(*parts)
 
-    def read_json(self, *parts: str) -> Any:
-        p = self.path(*parts)
+    def read_json(self, *parts: str, expect: type = object) -> Any:
+        """The JSON document at ``parts`` (None: there is none), read as untrusted: a regular
+        file, bounded, strict JSON of type ``expect``; else an error naming it."""
         try:
-            return json.loads(p.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+            data = read_bytes(self.root, "/".join(parts), limit=jsontext.MAX_BYTES,
+                              shown_as=f"{self.root}/")  # fmt: skip
+        except FileNotFoundError:  # no state directory yet
             return None
+        where = str(self.path(*parts))
+        return None if data is None else jsontext.loads(data, where=where, expect=expect, fix=FIX)
 
     def write_json(self, value: Any, *parts: str) -> None:
         self.write_bytes(jsontext.dumps(value, indent=2).encode(), *parts)
@@ -55,10 +61,3 @@ class State:
                 where=str(self.path(*parts)),
                 fix="free disk space or point K3ENV_STATE_DIR at a writable directory",
             ) from e
-
-    def read_record(self, kind: str, key: str) -> Any:
-        """The JSON record of ``kind`` under a content key (a digest or a hex hash)."""
-        return self.read_json(kind, f"{digest_hex(key)}.json")
-
-    def write_record(self, value: Any, kind: str, key: str) -> None:
-        self.write_json(value, kind, f"{digest_hex(key)}.json")

@@ -5,6 +5,7 @@ made again from the file to compare, signatures checked with the given key and b
 from __future__ import annotations
 
 import base64
+import dataclasses
 import json
 import shutil
 import subprocess
@@ -255,23 +256,11 @@ def test_the_fallback_referrers_index_keeps_others_entries_once_and_drops_malfor
     assert json.loads(body)["manifests"] == [theirs, ours]
 
 
-def test_two_sboms_packages_compared() -> None:
-    from k3env.handoff.sbomdiff import diff, sbom_packages
+def test_two_images_packages_compared() -> None:
+    from k3env.handoff.sbomdiff import diff
 
-    def doc(*components: dict[str, str]) -> bytes:
-        return json.dumps({"components": list(components)}).encode()
-
-    old = sbom_packages(doc(
-        {"name": "vllm", "version": "0.31.0", "purl": "pkg:pypi/vllm@0.31.0"},
-        {"name": "libc6", "version": "2.36-9", "purl": "pkg:deb/debian/libc6@2.36-9"},
-        {"name": "lock:aiperf", "version": "0.13.0"},
-    ))  # fmt: skip
-    new = sbom_packages(doc(
-        {"name": "vllm", "version": "0.32.0", "purl": "pkg:pypi/vllm@0.32.0"},
-        {"name": "zstd", "version": "1.5", "purl": "pkg:deb/debian/zstd@1.5"},
-    ))  # fmt: skip
-    assert old == {"pypi:vllm": "0.31.0", "deb:libc6": "2.36-9"}
-    d = diff(old, new)
+    old = {"pypi:vllm": "0.31.0", "deb:libc6": "2.36-9"}
+    d = diff(old, {"pypi:vllm": "0.32.0", "deb:zstd": "1.5"})
     assert (d.added, d.removed, d.changed) == (
         (("deb:zstd", "1.5"),),
         (("deb:libc6", "2.36-9"),),
@@ -287,17 +276,15 @@ def test_verify_says_what_the_host_holds_of_an_images_sbom(
     both signatures with the given key, the statement naming the SBOM and the recorded
     sha256; each wrong input failed in words."""
     from k3env.commands.verify import _attested
-    from k3env.handoff.enroot_export import last_export
+    from k3env.image.records import Exported, read, write
 
     state = fake_project.state
     assert _attested(state, "sha256:" + "1" * 64, None).said == (
         "none: not exported (k3env export --sign-key KEY.pem)"
     )
-    ((image_id, record),) = [
-        (f"sha256:{f.stem}", json.loads(f.read_text()))
-        for f in (state.root / "exports").glob("*.json")
-    ]
-    assert last_export(state, image_id) is not None and record["path"] == str(exported)
+    (image_id,) = [f"sha256:{f.stem}" for f in (state.root / "exports").glob("*.json")]
+    record = read(state, Exported, image_id)
+    assert record is not None and record.path == str(exported)
     key, pub, _ = keypair(tmp_path, "k3env")
     _, other, _ = keypair(tmp_path, "other")
 
@@ -309,7 +296,7 @@ def test_verify_says_what_the_host_holds_of_an_images_sbom(
     assert said(None) == [("sbom", "not checked", no_sbom)]
     assert said(pub) == [("sbom", "failed", no_sbom)]  # a key says they must be there
     with tempfile.TemporaryDirectory() as work:
-        attest(exported, record["sha256"], fs(exported, work), key)
+        attest(exported, record.sha256, fs(exported, work), key)
     there = (
         f"{exported.name}{SBOM_SUFFIX} is there ({beside(exported, SBOM_SUFFIX).stat().st_size}"
         f" bytes); not made again from the image here: k3env export --check {exported} --key "
@@ -349,7 +336,7 @@ def test_verify_says_what_the_host_holds_of_an_images_sbom(
     )
     beside(exported, SIG_SUFFIX).write_bytes(sig)
     # The export recorded again as another file: the statement's subject is not it.
-    state.write_record({**record, "sha256": "f" * 64}, "exports", image_id)
+    write(state, dataclasses.replace(record, sha256="f" * 64), image_id)
     assert said(pub)[2] == (
         "provenance",
         "failed",

@@ -12,6 +12,7 @@ from k3env.bump.evaluate import Outcome, PatchFate, evaluate
 from k3env.checks.probe_run import MARK
 from k3env.config.cluster import Cluster, load_cluster
 from k3env.engine.protocol import RunResult
+from k3env.image.records import Facts, read
 from k3env.log import Log
 
 from .conftest import REPO, TEST_BASE_REPOSITORY
@@ -209,7 +210,8 @@ def test_preflight_in_a_bump_uses_the_facts_verify_just_learned(
     outcome = judge(fake_engine, project, cluster, verify=True)
     (report,) = outcome.reports
     # The probe's facts, and dpkg's packages verify read from the image (none in this base).
-    assert project.state.read_record("facts", report.image_id) == {**facts, "debian_packages": []}
+    recorded = read(project.state, Facts, report.image_id)
+    assert recorded == Facts(facts={**facts, "debian_packages": []})
     # With the facts: K3-TOKENIZER-MODEL-TYPE is an error (kimi_k3 not loaded by this Dynamo).
     # Without them (what happens): only the warning "the Dynamo version is unknown".
     assert outcome.preflight_errors == {"probe": 1}

@@ -14,9 +14,10 @@ from k3env.checks.rules import RULES
 from k3env.cli import main
 from k3env.config.cluster import load_cluster
 from k3env.config.lock import load_lock
-from k3env.config.spec import load_spec
+from k3env.config.pins import Lock
+from k3env.config.spec import ImageSpec, load_spec
 from k3env.errors import ConfigError
-from k3env.image.records import build_key
+from k3env.image.records import Build, Facts, build_key, write
 from k3env.state import State
 
 from .conftest import replace_in
@@ -200,31 +201,33 @@ def test_tokenizer_model_type_follows_the_pinned_dynamo(repo_with_clusters: Path
     assert "K3-AIPERF-SESSION-CONTROL" not in findings(DYN)
 
 
+def twin_build(
+    state: State,
+    lock: Lock,
+    spec: ImageSpec,
+    image_id: str,
+    reference: str = "k3env/kimi-k3-dynamo:t",
+    platform: str = "linux/amd64",
+) -> None:
+    record = Build(image_id=f"sha256:{image_id}", reference=reference, twin=True)
+    write(state, record, build_key(lock, spec, twin=True, platform=platform))  # fmt: skip
+
+
 def test_verify_facts_about_the_image_override_the_lock(repo_with_clusters: Path) -> None:
     state = State()
     image_id = "ab" * 32
     lock = load_lock(LOCK)
     spec = load_spec(DYN, lock)
-    state.write_record(
-        {"image_id": f"sha256:{image_id}", "reference": "k3env/kimi-k3-dynamo:t", "twin": True},
-        "builds",
-        build_key(lock, spec, twin=True),
-    )
-    state.write_json(
-        {"versions": {"dynamo": "1.6.1"}, "dynamo": {"tiktoken_model_types": ["kimi", "kimi_k2"]}},
-        "facts",
-        f"{image_id}.json",
-    )
+    twin_build(state, lock, spec, image_id)
+    dynamo = {"tiktoken_model_types": ["kimi", "kimi_k2"]}
+    write(state, Facts(facts={"versions": {"dynamo": "1.6.1"}, "dynamo": dynamo}), image_id)
     assert findings(DYN, state)["K3-TOKENIZER-MODEL-TYPE"] == "error"
     report = run_rules(contexts(lock, [load_spec(DYN, lock)], load_cluster(CLUSTER), state), RULES)
     assert report.facts_from == {
         "kimi-k3-dynamo/agg": "k3env/kimi-k3-dynamo:t (linux/amd64, built over the CPU twin)"
     }
-    state.write_json(
-        {"versions": {"dynamo": "1.6.1"}, "dynamo": {"tiktoken_model_types": ["kimi_k3"]}},
-        "facts",
-        f"{image_id}.json",
-    )
+    dynamo = {"tiktoken_model_types": ["kimi_k3"]}
+    write(state, Facts(facts={"versions": {"dynamo": "1.6.1"}, "dynamo": dynamo}), image_id)
     assert "K3-TOKENIZER-MODEL-TYPE" not in findings(DYN, state)
 
 
@@ -298,12 +301,8 @@ def test_facts_are_never_borrowed_from_another_lock(repo_with_clusters: Path) ->
     image_id = "cd" * 32
     lock = load_lock(LOCK)
     spec = load_spec(DYN, lock)
-    state.write_record(
-        {"image_id": f"sha256:{image_id}", "reference": "k3env/kimi-k3-dynamo:t", "twin": True},
-        "builds",
-        build_key(lock, spec, twin=True),
-    )
-    state.write_record({"versions": {"dynamo": "1.6.1"}}, "facts", image_id)
+    twin_build(state, lock, spec, image_id)
+    write(state, Facts(facts={"versions": {"dynamo": "1.6.1"}}), image_id)
     report = run_rules(contexts(lock, [spec], load_cluster(CLUSTER), state), RULES)
     assert report.facts_from  # this lock: the facts are used
     replace_in(LOCK, "[env]\n", '[env]\nK3ENV_OTHER_LOCK = "1"\n')
@@ -391,13 +390,8 @@ def test_facts_come_from_the_clusters_platform_build(repo_with_clusters: Path) -
     lock = load_lock(LOCK)
     spec = load_spec(DYN, lock)
     for platform, image_id in (("linux/amd64", "ab" * 32), ("linux/arm64", "ef" * 32)):
-        state.write_record(
-            {"image_id": f"sha256:{image_id}", "reference": f"k3env/dyn:{platform[-5:]}",
-             "twin": True},
-            "builds",
-            build_key(lock, spec, twin=True, platform=platform),
-        )  # fmt: skip
-    state.write_record({"versions": {"dynamo": "1.6.1"}}, "facts", "ab" * 32)
+        twin_build(state, lock, spec, image_id, f"k3env/dyn:{platform[-5:]}", platform)
+    write(state, Facts(facts={"versions": {"dynamo": "1.6.1"}}), "ab" * 32)
     on = {
         c: run_rules(contexts(lock, [spec], load_cluster(c), state), RULES)
         for c in (CLUSTER, GB200)
@@ -406,7 +400,7 @@ def test_facts_come_from_the_clusters_platform_build(repo_with_clusters: Path) -
         "kimi-k3-dynamo/agg": "k3env/dyn:amd64 (linux/amd64, built over the CPU twin)"
     }
     assert on[GB200].facts_from == {}  # the arm64 build has no verified facts yet
-    state.write_record({"versions": {"dynamo": "1.6.1"}}, "facts", "ef" * 32)
+    write(state, Facts(facts={"versions": {"dynamo": "1.6.1"}}), "ef" * 32)
     on_gb = run_rules(contexts(lock, [spec], load_cluster(GB200), state), RULES)
     assert on_gb.facts_from == {
         "kimi-k3-dynamo/agg": "k3env/dyn:arm64 (linux/arm64, built over the CPU twin)"

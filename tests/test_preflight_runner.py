@@ -16,8 +16,9 @@ from k3env.config.cluster import load_cluster
 from k3env.config.lock import load_lock
 from k3env.config.pins import Lock
 from k3env.config.spec import ImageSpec, load_spec
+from k3env.errors import StateError
 from k3env.image.envpolicy import merged_env
-from k3env.image.records import build_key
+from k3env.image.records import Build, Facts, build_key, write
 from k3env.state import State
 
 from .conftest import REPO
@@ -72,11 +73,8 @@ def ctxs(*specs: Path, state: State | None = None, cluster: Path = CLUSTER) -> l
 def record_build(
     state: State, lock: Lock, spec: ImageSpec, image_id: str, *, twin: bool, platform: str
 ) -> None:
-    state.write_record(
-        {"image_id": image_id, "reference": f"k3env/{spec.name}:t", "twin": twin},
-        "builds",
-        build_key(lock, spec, twin=twin, platform=platform),
-    )
+    key = build_key(lock, spec, twin=twin, platform=platform)
+    write(state, Build(image_id=image_id, reference=f"k3env/{spec.name}:t", twin=twin), key)
 
 
 # --- Finding and Report, as a person and as JSON read them ----------------------------------------
@@ -253,16 +251,18 @@ def test_facts_come_from_the_build_of_this_lock_and_say_which(project: Path) -> 
     assert load_facts(state, lock, spec) == (None, None)  # never built
     record_build(state, lock, spec, "sha256:" + "12" * 32, twin=False, platform="linux/amd64")
     assert load_facts(state, lock, spec) == (None, None)  # built, never verified
-    state.write_record(["not", "facts"], "facts", "sha256:" + "12" * 32)
-    assert load_facts(state, lock, spec) == (None, None)  # a record that is not a mapping
-    state.write_record({"vllm": {"v": 1}}, "facts", "sha256:" + "12" * 32)
+    state.write_json(["not", "facts"], "facts", "12" * 32 + ".json")
+    with pytest.raises(StateError, match="'facts' is a JSON array, not an object") as e:
+        load_facts(state, lock, spec)  # a record that is not a mapping: said, never skipped
+    assert e.value.where == str(state.path("facts", "12" * 32 + ".json"))
+    write(state, Facts(facts={"vllm": {"v": 1}}), "sha256:" + "12" * 32)
     # The default platform is amd64, and a real-base build is said as such.
     assert load_facts(state, lock, spec) == (
         {"vllm": {"v": 1}}, "k3env/kimi-k3-direct-f:t (linux/amd64)"
     )  # fmt: skip
     assert load_facts(state, lock, spec, "linux/arm64") == (None, None)
     record_build(state, lock, spec, "sha256:" + "34" * 32, twin=True, platform="linux/arm64")
-    state.write_record({"vllm": {"v": 2}}, "facts", "sha256:" + "34" * 32)
+    write(state, Facts(facts={"vllm": {"v": 2}}), "sha256:" + "34" * 32)
     assert load_facts(state, lock, spec, "linux/arm64") == (
         {"vllm": {"v": 2}}, "k3env/kimi-k3-direct-f:t (linux/arm64, built over the CPU twin)"
     )  # fmt: skip
@@ -274,7 +274,7 @@ def test_contexts_carry_the_facts_and_env_of_each_spec_on_the_clusters_platform(
     state, lock = State(), load_lock(LOCK)
     spec = load_spec(DYN, lock)
     record_build(state, lock, spec, "sha256:" + "56" * 32, twin=True, platform="linux/arm64")
-    state.write_record({"dynamo": {"x": 1}}, "facts", "sha256:" + "56" * 32)
+    write(state, Facts(facts={"dynamo": {"x": 1}}), "sha256:" + "56" * 32)
     (none,) = ctxs(DYN, state=state)  # amd64: no build
     assert none.facts is None and none.facts_source is None
     (ctx,) = ctxs(DYN, state=state, cluster=GB200)

@@ -14,10 +14,11 @@ import pytest
 from k3env.errors import ConfigError, EngineError
 from k3env.handoff.enroot import enroot_files
 from k3env.handoff.enroot_export import export_image
-from k3env.handoff.push import Pushed, last_push, push_image
+from k3env.handoff.push import push_image
 from k3env.handoff.squashfs_check import check_squashfs
 from k3env.hashing import file_sha256
 from k3env.image.build import BuildResult, make_builder
+from k3env.image.records import Pushed, shipped
 from k3env.log import Log
 
 from .fake_engine import FakeEngine, PushRecord, manifest_digest
@@ -42,7 +43,7 @@ def test_push_records_the_registry_digest_by_image_id(
 ) -> None:
     build = built(fake_engine, fake_project)
     state = fake_project.state
-    assert last_push(state, build.image_id) is None
+    assert shipped(state, build.image_id).pushed is None
 
     pushed = push_image(fake_engine, state, build, REGISTRY, QUIET)
     tag = build.reference.rsplit(":", 1)[1]
@@ -64,7 +65,7 @@ def test_push_records_the_registry_digest_by_image_id(
         )
     ]
     assert fake_engine.resolve(pushed.reference) == build.image_id  # tagged for the registry
-    assert last_push(state, build.image_id) == pushed
+    assert shipped(state, build.image_id).pushed == pushed
     assert pushed.by_digest == f"{REGISTRY}/k3env-test/probe@{digest}"
     assert pushed.enroot_uri == f"docker://{REGISTRY}#k3env-test/probe@{digest}"
     assert pushed.as_json()["enroot_uri"] == pushed.enroot_uri
@@ -91,7 +92,7 @@ def test_a_failed_push_leaves_no_record(fake_engine: FakeEngine, fake_project: P
     fake_engine.fail_next("push")
     with pytest.raises(EngineError, match="push failed"):
         push_image(fake_engine, fake_project.state, build, REGISTRY, QUIET)
-    assert last_push(fake_project.state, build.image_id) is None
+    assert shipped(fake_project.state, build.image_id).pushed is None
     assert fake_engine.pushes == []
 
 

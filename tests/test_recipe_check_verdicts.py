@@ -23,14 +23,13 @@ from k3env.config.pins import Lock
 from k3env.config.spec import load_spec
 from k3env.config.srtrecipe import load_recipe
 from k3env.config.yamlread import load_yaml
-from k3env.errors import ConfigError
-from k3env.image.records import build_key
+from k3env.errors import ConfigError, StateError
+from k3env.image.records import Build, Exported, Facts, Pushed, as_reference, build_key, write
 from k3env.log import Log
 from k3env.srt.recipe_check import (
     LOADER_GATE,
     LOADER_RULE,
     Loader,
-    _as_reference,
     check_cluster_config,
     check_recipe,
     containers_of,
@@ -76,17 +75,17 @@ def lock_with(**srt: Any) -> Lock:
 def build(state: State, lock: Lock) -> None:
     """F built under this lock as IMAGE_ID."""
     spec = load_spec(IMAGES / f"{F}.toml", lock)
-    state.write_record({"image_id": IMAGE_ID, "reference": f"k3env/{F}:abc", "twin": False},
-                       "builds", build_key(lock, spec, twin=False))  # fmt: skip
+    write(state, Build(image_id=IMAGE_ID, reference=f"k3env/{F}:abc", twin=False),
+          build_key(lock, spec, twin=False))  # fmt: skip
 
 
 def pushed(state: State, lock: Lock, *, built: bool = True, image: str = F) -> None:
     """F built under this lock (``built``), pushed by digest, with verify's facts."""
     if built:
         build(state, lock)
-    state.write_record({"image": image, "image_id": IMAGE_ID, "reference": f"{REGISTRY_REF}:abc",
-                        "digest": DIGEST}, "pushed", IMAGE_ID)  # fmt: skip
-    state.write_record({"vllm": {"x": 1}}, "facts", IMAGE_ID)
+    write(state, Pushed(image=image, image_id=IMAGE_ID, reference=f"{REGISTRY_REF}:abc",
+                        digest=DIGEST, layers_sent=1, layers_skipped=0), IMAGE_ID)  # fmt: skip
+    write(state, Facts(facts={"vllm": {"x": 1}}), IMAGE_ID)
 
 
 def find(state: State, lock: Lock, container: str, base: str | None = None) -> ImageOf:
@@ -95,10 +94,10 @@ def find(state: State, lock: Lock, container: str, base: str | None = None) -> I
 
 # --- the image a recipe names ---------------------------------------------------------------------
 def test_enroots_spelling_is_read_as_a_registry_reference() -> None:
-    assert _as_reference("docker://reg:5000#team/repo@sha256:1") == "reg:5000/team/repo@sha256:1"
-    assert _as_reference("docker://reg#a#b") == "reg/a#b"  # only the registry's separator
-    assert _as_reference("reg/repo:tag") == "reg/repo:tag"
-    assert _as_reference("docker://reg/repo:tag") == "reg/repo:tag"
+    assert as_reference("docker://reg:5000#team/repo@sha256:1") == "reg:5000/team/repo@sha256:1"
+    assert as_reference("docker://reg#a#b") == "reg/a#b"  # only the registry's separator
+    assert as_reference("reg/repo:tag") == "reg/repo:tag"
+    assert as_reference("docker://reg/repo:tag") == "reg/repo:tag"
 
 
 def test_a_pushed_image_is_found_by_digest_by_tag_or_by_its_manifest(project: Path) -> None:
@@ -106,9 +105,6 @@ def test_a_pushed_image_is_found_by_digest_by_tag_or_by_its_manifest(project: Pa
     assert not state.path("pushed").exists()
     assert find(state, lock, BY_DIGEST).known is False  # no records at all
     pushed(state, lock)
-    # Records that are not a push k3env made are passed over, never matched.
-    state.write_json(["not", "a", "record"], "pushed", "0-list.json")
-    state.write_json({"reference": f"{REGISTRY_REF}:abc", "digest": DIGEST}, "pushed", "1.json")
     spec = load_spec(IMAGES / f"{F}.toml", lock)
     image = find(state, lock, BY_DIGEST)
     assert image == ImageOf(container=BY_DIGEST, base="vllm-kimi-k3",
@@ -129,10 +125,6 @@ def test_a_pushed_image_is_found_by_digest_by_tag_or_by_its_manifest(project: Pa
     assert find(state, lock, f"mirror.example/other@{DIGEST}").how == manifest
     assert find(state, lock, "mirror.example/other@sha256:" + "00" * 32).known is False
     assert find(state, lock, f"{REGISTRY_REF}:abd").known is False
-    # Facts that are not a mapping are no facts, and not said to be.
-    state.write_record(["x"], "facts", IMAGE_ID)
-    image = find(state, lock, BY_DIGEST)
-    assert image.facts is None and image.facts_source is None and image.spec == spec
     # --base wins over the spec's base.
     assert find(state, lock, BY_DIGEST, base="cpu-twin").base == "cpu-twin"
     # The image's base is its spec's, not the lock's first real base.
@@ -142,18 +134,26 @@ def test_a_pushed_image_is_found_by_digest_by_tag_or_by_its_manifest(project: Pa
     assert find(state, other_first, BY_DIGEST).base == "vllm-kimi-k3"
     # The spec is the one built for the cluster's platform: an amd64 build is not arm64's.
     assert find_image(state, lock, IMAGES, BY_DIGEST, None, "linux/arm64").spec is None
-    state.write_record({"image_id": IMAGE_ID}, "builds",
-                       build_key(lock, spec, twin=True, platform="linux/arm64"))  # fmt: skip
+    write(state, Build(image_id=IMAGE_ID, reference="k3env/f:arm", twin=True),
+          build_key(lock, spec, twin=True, platform="linux/arm64"))  # fmt: skip
     assert find_image(state, lock, IMAGES, BY_DIGEST, None, "linux/arm64").spec == spec
 
 
-def test_a_push_record_without_its_reference_is_named_by_its_digest(project: Path) -> None:
+def test_a_record_not_of_its_kinds_shape_is_an_error_naming_it(project: Path) -> None:
     state, lock = State(), load_lock(LOCK)
-    state.write_record({"image": F, "image_id": IMAGE_ID, "digest": DIGEST}, "pushed", IMAGE_ID)
-    assert find(state, lock, f"@{DIGEST}").how.startswith(f"pushed by k3env as @{DIGEST};")
-    assert find(state, lock, f"x/y@{DIGEST}").how.startswith(
-        f"manifest {DIGEST} that k3env pushed (as @{DIGEST});"
-    )
+    for doc, said in (
+        ({"image": F, "image_id": IMAGE_ID, "digest": DIGEST}, "'reference' is missing"),
+        (["not", "a", "record"], "a JSON array where a JSON object"),
+    ):
+        state.write_json(doc, "pushed", "0.json")
+        with pytest.raises(StateError, match=said) as e:
+            find(state, lock, BY_DIGEST)  # never passed over as no record
+        assert e.value.where == str(state.path("pushed", "0.json"))
+    pushed(state, lock)
+    state.path("pushed", "0.json").unlink()
+    state.write_json(["x"], "facts", IMAGE_ID.removeprefix("sha256:") + ".json")
+    with pytest.raises(StateError, match="'facts' is a JSON array, not an object"):
+        find(state, lock, BY_DIGEST)  # facts that are not a mapping: said, never skipped
 
 
 def test_a_push_whose_spec_no_longer_builds_it_is_said(project: Path) -> None:
@@ -168,8 +168,8 @@ def test_a_push_whose_spec_no_longer_builds_it_is_said(project: Path) -> None:
     assert image.facts == {"vllm": {"x": 1}}
     # Another build of the spec (another image ID) is not this image's.
     spec = load_spec(IMAGES / f"{F}.toml", lock)
-    state.write_record({"image_id": "sha256:" + "99" * 32}, "builds",
-                       build_key(lock, spec, twin=False))  # fmt: skip
+    write(state, Build(image_id="sha256:" + "99" * 32, reference="k3env/f:other", twin=False),
+          build_key(lock, spec, twin=False))  # fmt: skip
     assert find(state, lock, BY_DIGEST).spec is None
     for name in ("", "no-such-spec"):  # a record naming no spec, or one not in images/
         pushed(state, lock, built=False, image=name)
@@ -184,9 +184,9 @@ def test_an_export_is_found_by_its_path_or_by_an_sqsh_files_name(project: Path) 
     state, lock = State(), load_lock(LOCK)
     build(state, lock)
     sqsh = "k3env+kimi-k3-direct-f+abc.sqsh"
-    state.write_record({"image": F, "image_id": IMAGE_ID, "sha256": "0" * 64,
-                        "path": f"out/{sqsh}"}, "exports", IMAGE_ID)  # fmt: skip
-    state.write_json({"path": "/lustre/x.sqsh", "sha256": "1" * 64}, "exports", "0.json")
+    export = Exported(image=F, image_id=IMAGE_ID, sha256="0" * 64, path=f"out/{sqsh}", size=1,
+                      mksquashfs="4.6.1", options=())  # fmt: skip
+    write(state, export, IMAGE_ID)
     exact = find(state, lock, f"out/{sqsh}")
     assert exact.how == f"exported by k3env to out/{sqsh} (sha256 {'0' * 64})"
     assert exact.known and exact.image_id == IMAGE_ID and exact.spec is not None
@@ -197,13 +197,8 @@ def test_an_export_is_found_by_its_path_or_by_an_sqsh_files_name(project: Path) 
     )
     assert copy.known
     # Only an enroot image is matched by its file name, and only by the whole name.
-    state.write_record({"image": F, "image_id": IMAGE_ID, "sha256": "0" * 64,
-                        "path": "out/image.tar"}, "exports", IMAGE_ID)  # fmt: skip
+    write(state, replace(export, path="out/image.tar"), IMAGE_ID)
     assert find(state, lock, "/lustre/containers/image.tar").known is False
-    assert find(state, lock, "/lustre/x.sqsh").known is False  # the record without image_id
-    # A record that names no path matches no container (not one spelled "None" either).
-    state.write_record({"image": F, "image_id": IMAGE_ID}, "exports", IMAGE_ID)
-    assert find(state, lock, "None").known is False
 
 
 def test_a_lock_base_is_named_by_its_tag_or_digests(project: Path) -> None:

@@ -281,18 +281,18 @@ def test_an_image_verify_knows_is_judged_by_its_own_parser_env_names_too(
     in that image): its flags and its VLLM_ names are judged by the image's own vLLM."""
     from k3env.config.lock import load_lock
     from k3env.config.spec import load_spec
-    from k3env.image.records import build_key
+    from k3env.image.records import Build, Facts, Pushed, build_key, write
     from k3env.state import State
 
     lock = load_lock(Path("pins/k3.lock.toml"))
     spec = load_spec(Path("images/kimi-k3-direct-f.toml"), lock)
     state, image_id, digest = State(), "sha256:" + "cd" * 32, "sha256:" + "ef" * 32
-    state.write_record({"image_id": image_id, "reference": "k3env/kimi-k3-direct-f:abc",
-                        "twin": False}, "builds", build_key(lock, spec, twin=False))  # fmt: skip
-    state.write_record({"image": spec.name, "image_id": image_id, "digest": digest,
-                        "reference": "127.0.0.1:5000/k3env/kimi-k3-direct-f:abc"},
-                       "pushed", image_id)  # fmt: skip
-    state.write_record({"vllm": {"cli": recorded()["cli"]}}, "facts", image_id)
+    write(state, Build(image_id=image_id, reference="k3env/kimi-k3-direct-f:abc", twin=False),
+          build_key(lock, spec, twin=False))  # fmt: skip
+    write(state, Pushed(image=spec.name, image_id=image_id, digest=digest, layers_sent=1,
+                        layers_skipped=0, reference="127.0.0.1:5000/k3env/kimi-k3-direct-f:abc"),
+          image_id)  # fmt: skip
+    write(state, Facts(facts={"vllm": {"cli": recorded()["cli"]}}), image_id)
     text = F.read_text().replace("vllm/vllm-openai:kimi-k3",
                                  f"127.0.0.1:5000/k3env/kimi-k3-direct-f@{digest}")  # fmt: skip
     source = _write(resolved / "src.yaml", text)

@@ -12,7 +12,7 @@ import pytest
 from k3env.cli import main
 from k3env.config.lock import load_lock
 from k3env.config.spec import load_spec
-from k3env.image.records import build_key
+from k3env.image.records import Build, Pushed, build_key, write
 from k3env.state import State
 
 from .conftest import REPO
@@ -31,18 +31,11 @@ def pushed(repo: Path) -> State:
     spec = load_spec(F, lock)
     for n, (platform, digest) in enumerate(DIGESTS.items()):
         image_id = f"sha256:{str(n) * 64}"
-        state.write_record(
-            {"image_id": image_id, "reference": f"k3env/kimi-k3-direct-f:{n}", "twin": True},
-            "builds",
-            build_key(lock, spec, twin=True, platform=platform),
-        )
-        state.write_record(
-            {"image": spec.name, "image_id": image_id, "reference": f"{REG}:idx",
-             "digest": digest, "layers_sent": 1, "layers_skipped": 0, "platform": platform,
-             "index": "sha256:" + "9" * 64},
-            "pushed",
-            image_id,
-        )  # fmt: skip
+        write(state, Build(image_id=image_id, reference=f"k3env/kimi-k3-direct-f:{n}", twin=True),
+              build_key(lock, spec, twin=True, platform=platform))  # fmt: skip
+        write(state, Pushed(image=spec.name, image_id=image_id, reference=f"{REG}:idx",
+                            digest=digest, layers_sent=1, layers_skipped=0, platform=platform,
+                            index="sha256:" + "9" * 64), image_id)  # fmt: skip
     return state
 
 
@@ -78,7 +71,6 @@ def test_a_platform_never_pushed_is_an_error_naming_the_push(
 
 def test_the_printed_enroot_lines_name_each_platforms_manifest(repo: Path) -> None:
     from k3env.handoff.enroot import cluster_commands
-    from k3env.handoff.push import Pushed
 
     spec = load_spec(F, load_lock(LOCK))
     lines = {}
@@ -103,7 +95,6 @@ def test_the_printed_enroot_lines_name_each_platforms_manifest(repo: Path) -> No
 
 def test_a_platform_named_with_its_variant_is_the_same_machine(repo: Path) -> None:
     from k3env.handoff.enroot import cluster_commands
-    from k3env.handoff.push import Pushed
 
     spec = load_spec(F, load_lock(LOCK))
     pushed = Pushed(image=spec.name, image_id="i", reference=f"{REG}:idx",

@@ -15,7 +15,7 @@ import yaml  # type: ignore[import-untyped]
 from k3env.cli import main
 from k3env.config.lock import load_lock
 from k3env.config.spec import load_spec
-from k3env.image.records import build_key
+from k3env.image.records import Build, Exported, Facts, Pushed, build_key, write
 from k3env.srt.adopt import ABSENT, Difference, naming, recipe_diff
 from k3env.state import State
 
@@ -200,11 +200,11 @@ def test_a_container_k3env_pushed_is_its_image_with_its_patches_and_facts(
     spec = load_spec(Path("images/kimi-k3-direct-f.toml"), lock)
     state, image_id = State(), "sha256:" + "cd" * 32
     ref, digest = "127.0.0.1:5000/k3env/kimi-k3-direct-f:abc", "sha256:" + "ef" * 32
-    state.write_record({"image_id": image_id, "reference": "k3env/kimi-k3-direct-f:abc",
-                        "twin": False}, "builds", build_key(lock, spec, twin=False))  # fmt: skip
-    state.write_record({"image": spec.name, "image_id": image_id, "reference": ref,
-                        "digest": digest}, "pushed", image_id)  # fmt: skip
-    state.write_record({"vllm": {"scheduler_block_size": 3145728}}, "facts", image_id)
+    write(state, Build(image_id=image_id, reference="k3env/kimi-k3-direct-f:abc", twin=False),
+          build_key(lock, spec, twin=False))  # fmt: skip
+    write(state, Pushed(image=spec.name, image_id=image_id, reference=ref, digest=digest,
+                        layers_sent=1, layers_skipped=0), image_id)  # fmt: skip
+    write(state, Facts(facts={"vllm": {"scheduler_block_size": 3145728}}), image_id)
     recipe = resolved / "f-pushed.yaml"
     by_digest = f"127.0.0.1:5000/k3env/kimi-k3-direct-f@{digest}"
     final = (RECIPES / "f.yaml").read_text()
@@ -222,8 +222,8 @@ def test_a_container_k3env_pushed_is_its_image_with_its_patches_and_facts(
     )
     assert preflight(capsys, "--recipe", str(recipe))[1]["recipes"][0]["image"]["known"]
     sqsh = "k3env+kimi-k3-direct-f+abc.sqsh"
-    state.write_record({"image": spec.name, "image_id": image_id, "sha256": "0" * 64,
-                        "path": f"out/{sqsh}"}, "exports", image_id)  # fmt: skip
+    write(state, Exported(image=spec.name, image_id=image_id, sha256="0" * 64, path=f"out/{sqsh}",
+                          size=1, mksquashfs="4.6.1", options=()), image_id)  # fmt: skip
     recipe.write_text(final.replace("vllm/vllm-openai:kimi-k3", f"/lustre/containers/{sqsh}"))
     image = preflight(capsys, "--recipe", str(recipe))[1]["recipes"][0]["image"]
     assert image["spec"] == "kimi-k3-direct-f" and "by file name" in image["how"]

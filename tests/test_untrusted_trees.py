@@ -443,8 +443,8 @@ def test_every_key_and_value_round_trips_through_the_written_yaml(value: object)
 
 def test_cluster_commands_quote_names_as_shell_words_and_yaml_scalars() -> None:
     from k3env.config.spec import load_spec
-    from k3env.handoff.enroot import Exported, cluster_commands
-    from k3env.handoff.push import Pushed
+    from k3env.handoff.enroot import cluster_commands
+    from k3env.image.records import Exported, Pushed
 
     spec = load_spec(REPO / "images/kimi-k3-direct-f.toml", load_lock(REPO / "pins/k3.lock.toml"))
     pushed = Pushed(image=spec.name, image_id="i", reference="r.io/k3env/x:1",

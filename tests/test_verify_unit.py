@@ -29,8 +29,9 @@ from k3env.checks.verify import verify_image, verify_images
 from k3env.config.lock import load_lock
 from k3env.config.spec import load_spec
 from k3env.engine.protocol import RunResult
-from k3env.errors import EngineError
+from k3env.errors import EngineError, StateError
 from k3env.image.build import BuildResult, build_all, make_builder
+from k3env.image.records import Facts, read
 from k3env.log import Log
 from k3env.state import State
 from k3env.verdict import NOT_RUN
@@ -323,7 +324,7 @@ def test_verify_image_runs_the_probe_once_and_records_facts_by_image_id(
     assert report.image_id == build.image_id and report.reference == build.reference
     # What the probe said, and dpkg's packages read from the image (this base has no dpkg).
     assert report.facts == {**FACTS, "debian_packages": []}
-    assert state.read_record("facts", build.image_id) == report.facts
+    assert read(state, Facts, build.image_id) == Facts(facts=dict(report.facts))
     assert (tmp_path / "facts" / (build.image_id.removeprefix("sha256:") + ".json")).is_file()
     assert report.cached is False
 
@@ -365,13 +366,12 @@ def test_each_check_the_plan_asked_for_and_the_probe_did_not_report_is_not_run(
         "versions": "not run", "imports": "not run", "args": "failed", "parsers": "not run",
         "tokenizer": "not run", "patches": "passed", "env": "not run",
     }  # fmt: skip
-    # A record that is not one (damaged, or of another shape) is asked afresh, never trusted.
+    # A record that is not one (damaged, or of another shape) is an error naming it.
     (record,) = (tmp_path / "verify").glob("*.json")
     record.write_text('{"rows": "all passed", "facts": {}, "patch_targets": {}}')
-    runs = len([v for v, _ in fake_engine.calls if v == "run"])
-    again = verify_image(fake_engine, state, lock, spec, build, twin=False)
-    assert again.cached is False and again.results == report.results
-    assert len([v for v, _ in fake_engine.calls if v == "run"]) == runs + 1
+    with pytest.raises(StateError, match="'rows' is a JSON string, not an array") as e:
+        verify_image(fake_engine, state, lock, spec, build, twin=False)
+    assert e.value.where == str(record)
 
 
 def test_preflight_finds_the_facts_of_the_recorded_build(
@@ -412,7 +412,7 @@ def test_a_probe_that_prints_no_verdict_is_an_engine_error(
     assert "the probe printed no verdict: it exited 1" in str(e.value)
     assert "No module named 'argparse'" in str(e.value)
     assert e.value.where == build.image_id
-    assert state.read_record("facts", build.image_id) is None
+    assert read(state, Facts, build.image_id) is None
 
 
 def test_a_truncated_verdict_line_is_an_engine_error(

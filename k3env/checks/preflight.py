@@ -20,7 +20,7 @@ from k3env.config.shapes import DEFAULT_PLATFORM
 from k3env.config.spec import ImageSpec, ServeProfile
 from k3env.config.srtrecipe import JobShape
 from k3env.image.envpolicy import merged_env
-from k3env.image.records import last_build
+from k3env.image.records import Facts, last_build, read
 from k3env.quoting import one_line
 from k3env.state import State
 
@@ -206,13 +206,11 @@ def load_facts(
     build = last_build(state, lock, spec, platform)
     if not build:
         return None, None
-    facts = state.read_record("facts", str(build["image_id"]))
-    if not isinstance(facts, Mapping):
+    facts = read(state, Facts, build.image_id)
+    if facts is None:
         return None, None
-    source = f"{build.get('reference')} ({platform}" + (
-        ", built over the CPU twin)" if build.get("twin") else ")"
-    )
-    return facts, source
+    twin = ", built over the CPU twin" if build.twin else ""
+    return facts.facts, f"{build.reference} ({platform}{twin})"
 
 
 def contexts(

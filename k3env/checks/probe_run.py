@@ -9,7 +9,6 @@ import functools
 import shutil
 import tempfile
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from k3env.engine.protocol import BaseImage, Engine
 from k3env.errors import EngineError
 from k3env.hashing import canonical_sha256, digest_hex, sha256_digest
 from k3env.image.build import PROVENANCE_LABEL, PROVENANCE_PATH
+from k3env.image.records import ProbeOutput
 
 MARK = "@@k3env-probe@@"
 
@@ -37,26 +37,6 @@ PROBE_ENV = {
     "VLLM_LOGGING_LEVEL": "ERROR",
     "PYTHONDONTWRITEBYTECODE": "1",
 }
-
-
-@dataclass(frozen=True, kw_only=True)
-class ProbeOutput:
-    """What the probe printed: its verdicts, the facts it learned, the patch targets' text."""
-
-    rows: list[Any]  # each read by ``CheckResult.read``
-    facts: dict[str, Any]
-    patch_targets: dict[str, Any]
-
-    @classmethod
-    def read(cls, record: object) -> ProbeOutput | None:
-        """A verify record (what ``dataclasses.asdict`` made of one, by this k3env or an
-        earlier one); None: not one (the image is probed again)."""
-        if not isinstance(record, dict):
-            return None
-        rows, facts, targets = (record.get(k) for k in ("rows", "facts", "patch_targets"))
-        if isinstance(rows, list) and isinstance(facts, dict) and isinstance(targets, dict):
-            return cls(rows=rows, facts=facts, patch_targets=targets)
-        return None
 
 
 def _probe_sources() -> dict[str, bytes]:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 from k3env.config.pins import Lock, WheelPin
 from k3env.errors import K3envError
+from k3env.image import records
+from k3env.image.records import Tokenizers
 from k3env.image.wheels import download_wheels, held_files
 from k3env.log import Log
 from k3env.probes.probe.tokenizer import supported_in
@@ -26,10 +28,9 @@ RUNTIME = "ai-dynamo-runtime"
 def runtime_supports(wheel: WheelPin, state: State, log: Log) -> list[str] | None:
     """The tiktoken model types the pinned runtime wheel's frontend loads (None: it does not
     say, or the wheel could not be had)."""
-    record = state.read_record("tiktoken", wheel.sha256)
-    if isinstance(record, dict):
-        cached = record.get("supported")
-        return list(cached) if isinstance(cached, list) else None
+    record = records.read(state, Tokenizers, wheel.sha256)
+    if record is not None:
+        return None if record.supported is None else list(record.supported)
     try:
         with tempfile.TemporaryDirectory(prefix="k3env-variant-") as tmp:
             req = Path(tmp) / "requirements.txt"
@@ -45,7 +46,8 @@ def runtime_supports(wheel: WheelPin, state: State, log: Log) -> list[str] | Non
                 if member.startswith("dynamo/_core") and ".so" in member:
                     supported = supported_in(z.read(member))
                     break
-    state.write_record({"supported": supported}, "tiktoken", wheel.sha256)
+    records.write(state, Tokenizers(supported=None if supported is None else tuple(supported)),
+                  wheel.sha256)  # fmt: skip
     return supported
 
 

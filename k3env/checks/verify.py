@@ -19,7 +19,6 @@ from typing import Any
 from k3env.checks.probe_plan import plan_for, planned_checks
 from k3env.checks.probe_run import (
     PROBE_ENV,
-    ProbeOutput,
     files_key,
     probe_env,
     probe_sha256,
@@ -37,8 +36,10 @@ from k3env.config.spec import ImageSpec
 from k3env.engine.protocol import BaseImage, Engine
 from k3env.errors import EngineError
 from k3env.hashing import canonical_sha256
+from k3env.image import records
 from k3env.image.bases import select_base
 from k3env.image.build import BuildResult
+from k3env.image.records import Facts, ProbeOutput
 from k3env.installed import DPKG_STATUS, STATUS_LIMIT, debian_installed
 from k3env.log import Log
 from k3env.state import State
@@ -141,7 +142,7 @@ def _plan_jobs(
         key = canonical_sha256(
             {"image": build.image_id, "plan": plan, "probe": probe_sha256(), "env": PROBE_ENV}
         )
-        out = ProbeOutput.read(state.read_record("verify", key))
+        out = records.read(state, ProbeOutput, key)
         # --isolated asks for an image's own import: a recorded shared verdict does not do.
         if out is not None and (share or "shared_import" not in out.facts):
             if not {"debian_packages", "debian_packages_unread"} & out.facts.keys():
@@ -149,7 +150,7 @@ def _plan_jobs(
                 out = dataclasses.replace(
                     out, facts={**out.facts, **debian_facts(engine, build.image_id)}
                 )
-                state.write_record(dataclasses.asdict(out), "verify", key)
+                records.write(state, out, key)
             done.outputs[i] = (out, True)
             done.finished[i] = time.monotonic()
             continue
@@ -232,7 +233,7 @@ def _schedule(
                         log.info(f"    {jobs[i].spec.name}: verified on its own: {out}")
                         running[pool.submit(probe, [i])] = [i]
                         continue
-                    state.write_record(dataclasses.asdict(out), "verify", jobs[i].key)
+                    records.write(state, out, jobs[i].key)
                     done.outputs[i] = (out, False)
                     done.finished[i] = time.monotonic()
 
@@ -271,7 +272,7 @@ def _report(
     results += tuple(patch_rows(lock, spec, build, out.patch_targets))
     results += tuple(requirement_rows(lock, spec, facts, twin, build.platform))
     results = tuple(_with_variant_notes(results, lock, state, log))
-    state.write_record(facts, "facts", build.image_id)
+    records.write(state, Facts(facts=facts), build.image_id)
     return ImageReport(
         image=spec.name,
         reference=build.reference,

@@ -90,12 +90,6 @@ class ClusterVerdict:
     notes: tuple[str, ...] = field(default_factory=tuple)
 
     @property
-    def battery_ok(self) -> bool:
-        """Every planned gate reported (a missing one is ``not run``), and passed or could
-        not be checked here (said why), and at least one passed."""
-        return ok(self.gates)
-
-    @property
     def all_gates(self) -> tuple[Gate, ...]:
         """The job in the one verdict model: the battery's gates, then a failed gate for a
         Slurm job that did not complete and for each failure its logs show."""
@@ -324,12 +318,6 @@ def record(state: State, verdict: ClusterVerdict) -> ClusterVerdict:
     out = _with(verdict, recorded=str(state.path(*parts)))
     state.write_json(out.as_json(), *parts)
     return out
-
-
-def recorded(state: State, digest: str, cluster: str) -> dict[str, Any] | None:
-    """The last cluster verdict of an image digest on a cluster profile (None: never run)."""
-    data = state.read_json("smoke", "cluster", digest_hex(digest), f"{cluster}.json")
-    return data if isinstance(data, dict) else None
 
 
 def _with(verdict: ClusterVerdict, **changes: Any) -> ClusterVerdict:

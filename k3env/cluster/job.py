@@ -25,11 +25,9 @@ from k3env.config.spec import ImageSpec, ServeProfile
 from k3env.engine.protocol import Engine
 from k3env.errors import CheckFailed, ConfigError, StateError
 from k3env.files import read_input, write_atomic
-from k3env.handoff.enroot_export import last_export
-from k3env.handoff.push import last_push
 from k3env.image.build import BuildResult
 from k3env.image.envpolicy import merged_env
-from k3env.image.records import last_build
+from k3env.image.records import last_build, shipped
 from k3env.log import Log
 from k3env.quoting import one_line
 from k3env.srt.recipe import as_pinned, precision_of, to_yaml
@@ -93,21 +91,16 @@ def resolve_image(
         digest = given.rsplit("@", 1)[1] if "@sha256:" in given else None
         return Image(container=given, digest=digest, image_id=image_id, how="--container")
     if image_id is None:
-        build = last_build(state, lock, spec, cluster.platform) or {}
-        image_id = str(build.get("image_id") or "")
-    pushed = last_push(state, image_id) if image_id else None
-    if pushed is not None:
-        return Image(
-            container=pushed.by_digest, digest=pushed.digest, image_id=image_id, how="pushed"
-        )
-    exported = last_export(state, image_id)
-    if exported is not None:
-        return Image(
-            container=exported.path,
-            digest=f"sha256:{exported.sha256}",
-            image_id=image_id,
-            how="exported",
-        )
+        build = last_build(state, lock, spec, cluster.platform)
+        image_id = build.image_id if build else ""
+    found = shipped(state, image_id)
+    if found.pushed is not None:
+        p = found.pushed
+        return Image(container=p.by_digest, digest=p.digest, image_id=image_id, how="pushed")
+    if found.exported is not None:
+        e = found.exported
+        return Image(container=e.path, digest=f"sha256:{e.sha256}", image_id=image_id,
+                     how="exported")  # fmt: skip
     on = platform_option(cluster.platform)
     raise ConfigError(
         f"image {spec.name} has been neither pushed nor exported for {cluster.platform} (the "

@@ -22,13 +22,17 @@ from __future__ import annotations
 import argparse
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from k3env.commands.app import App, image_args, platform_arg
 from k3env.config.cluster import load_cluster
 from k3env.config.lock import load_lock
 from k3env.config.spec import load_specs
 from k3env.errors import UsageError
+
+if TYPE_CHECKING:
+    from k3env.image.records import Exported, Pushed
+    from k3env.log import Log
 
 NAME = "export"
 HELP = "write enroot squashfs images (.sqsh), or --check one against the lock"
@@ -71,9 +75,9 @@ def run(args: argparse.Namespace, app: App) -> int:
     from k3env.handoff.enroot import cluster_commands
     from k3env.handoff.enroot_export import export_image
     from k3env.handoff.enroot_uri import release_of
-    from k3env.handoff.push import last_push
     from k3env.handoff.squashfs import Squashfs
     from k3env.handoff.squashfs_check import check_image, require_ok
+    from k3env.image.records import shipped
     from k3env.signing import load_verify_key
 
     if args.key is not None and not args.check:
@@ -104,11 +108,11 @@ def run(args: argparse.Namespace, app: App) -> int:
         with log.step(f"export {build.reference} -> {args.out}/ (streamed into mksquashfs)"):
             exported.append(export_image(engine, state, build, args.out, log))
         if args.sign_key is not None:
-            pushed = last_push(state, build.image_id)
+            pushed = shipped(state, build.image_id).pushed
             signed[exported[-1].path] = _attest(exported[-1], args.sign_key, pushed, log)
 
     def commands(spec: Any, build: Any, exp: Any) -> str:
-        return cluster_commands(spec, last_push(state, build.image_id), exp)
+        return cluster_commands(spec, shipped(state, build.image_id).pushed, exp)
 
     app.emit(
         {"images": [{**e.as_json(), **signed.get(e.path, {})} for e in exported]},
@@ -122,7 +126,7 @@ def run(args: argparse.Namespace, app: App) -> int:
     return 0
 
 
-def _attest(exported: Any, key_path: Path, pushed: Any, log: Any) -> dict[str, Any]:
+def _attest(exported: Exported, key_path: Path, pushed: Pushed | None, log: Log) -> dict[str, Any]:
     """The export's SBOM and provenance, signed, beside it; attached to its pushed manifest
     as OCI referrers when it was pushed (else said)."""
     from k3env.handoff.attest import CYCLONEDX, attest

@@ -67,7 +67,7 @@ def _enroot_says(p: object) -> str | None:
     """What enroot's import would meet at this registry, when it is not an answer it takes
     (None: it would go on)."""
     from k3env.engine.registry import enroot_probe
-    from k3env.handoff.push import Pushed
+    from k3env.image.records import Pushed
 
     assert isinstance(p, Pushed)
     status = enroot_probe(p.reference.rsplit(":", 1)[0], p.digest)

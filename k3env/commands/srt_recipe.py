@@ -36,9 +36,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, app: App) -> int:
     log = app.log
     from k3env.config.cluster import load_cluster
-    from k3env.handoff.push import pushed_record
     from k3env.image.envpolicy import merged_env
-    from k3env.image.records import last_build
+    from k3env.image.records import Facts, last_build, read, shipped
     from k3env.srt.recipe import as_pinned, precision_of, recipe, to_yaml
     from k3env.srt.recipe import header as recipe_header
 
@@ -59,17 +58,18 @@ def run(args: argparse.Namespace, app: App) -> int:
     if container is None:
         # The cluster's nodes import their own platform's manifest: name that one's digest.
         on = platform_option(cluster.platform)
-        build = last_build(state, lock, spec, cluster.platform) or {}
-        record = pushed_record(state, str(build.get("image_id", ""))) if build else None
-        if record is None:
+        build = last_build(state, lock, spec, cluster.platform)
+        pushed = shipped(state, build.image_id).pushed if build else None
+        if build is None or pushed is None:
             raise ConfigError(
                 f"image {spec.name} has not been pushed for {cluster.platform} (the platform of "
                 f"{cluster.name}): the recipe needs that image by digest",
                 where=str(spec.path),
                 fix=f"k3env push{on} {spec.name} (or pass --container REF|PATH.sqsh)",
             )
-        container = f"{record['reference'].rsplit(':', 1)[0]}@{record['digest']}"
-        facts = state.read_record("facts", str(build["image_id"])) or {}
+        container = pushed.by_digest
+        recorded = read(state, Facts, build.image_id)
+        facts = recorded.facts if recorded else {}
     model_path = args.model_path or cluster.model_path
     if not model_path:
         raise ConfigError(

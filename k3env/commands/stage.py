@@ -106,16 +106,15 @@ def _provenance(sqsh: Path, app: App) -> bytes | None:
 
 
 def _stage(args: argparse.Namespace, app: App, cache: Path) -> int:
-    from k3env.handoff.enroot_export import last_export
-    from k3env.handoff.push import last_push
     from k3env.handoff.stage import stage
+    from k3env.image.records import shipped
 
     lock, specs, _engine, state, builds = app.builds(args)
     done = []
     for spec, build in zip(specs, builds, strict=True):
         on = f" --platform {build.platform}"
-        exported = last_export(state, build.image_id)
-        pushed = last_push(state, build.image_id)
+        found = shipped(state, build.image_id)
+        exported, pushed = found.exported, found.pushed
         if exported is None:
             raise StateError(
                 f"{spec.name} ({build.platform}) has no export on this host",

@@ -28,6 +28,7 @@ from k3env.verdict import NOT_CHECKED, PASSED, Gate, bad, exit_code
 
 if TYPE_CHECKING:
     from k3env.signing import VerifyKey
+    from k3env.state import State
 
 NAME = "verify"
 HELP = "check each image from inside: args, parsers, tokenizer, imports, patches, env"
@@ -133,7 +134,7 @@ class Attested:
         }
 
 
-def _attested(state: Any, image_id: str, key: VerifyKey | None) -> Attested:
+def _attested(state: State, image_id: str, key: VerifyKey | None) -> Attested:
     """The image's last export's SBOM and provenance beside it: present or not, both
     signatures checked with ``key`` (not checked without one), the statement naming this SBOM
     and, as its subject, the sha256 the export recorded. The file itself is not read (a
@@ -146,9 +147,9 @@ def _attested(state: Any, image_id: str, key: VerifyKey | None) -> Attested:
         check_signed,
         recorded,
     )
-    from k3env.handoff.enroot_export import last_export
+    from k3env.image.records import shipped
 
-    exported = last_export(state, image_id)
+    exported = shipped(state, image_id).exported
     if exported is None:
         why = "not exported (k3env export --sign-key KEY.pem)"
         return Attested(export=None, files=(), said=f"none: {why}",

@@ -1,4 +1,4 @@
-"""The enroot image's own files, the export's record, and the cluster commands (pure rendering).
+"""The enroot image's own files and the cluster commands (pure rendering).
 
 Slurm jobs run images through pyxis/enroot. ``enroot import`` writes files from the image
 config into the root filesystem (/etc/environment, /etc/rc, /etc/rc.local, /etc/fstab);
@@ -12,14 +12,13 @@ No engine, no files, no processes here.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from k3env.config.shapes import DEFAULT_PLATFORM, MACHINES, control_character
+from k3env.config.shapes import MACHINES, control_character
 from k3env.config.spec import ImageSpec
 from k3env.errors import ConfigError
-from k3env.handoff.push import Pushed
+from k3env.image.records import Exported, Pushed
 from k3env.quoting import one_line, shell_word, yaml_string
 
 ENROOT_FILES = ("etc/environment", "etc/rc", "etc/rc.local", "etc/fstab")
@@ -103,23 +102,7 @@ def render_rc(config: Mapping[str, Any]) -> str:
     )
 
 
-# --- what an export wrote, and what to run on the cluster ----------------------------------------
-@dataclass(frozen=True, kw_only=True)
-class Exported:
-    image: str
-    image_id: str
-    path: str
-    sha256: str
-    size: int
-    mksquashfs: str
-    options: tuple[str, ...]
-    platform: str = DEFAULT_PLATFORM
-    format: int = 0  # how k3env wrote it (enroot_export.EXPORT_FORMAT); 0: before it was said
-
-    def as_json(self) -> dict[str, Any]:
-        return dict(self.__dict__)
-
-
+# --- what to run on the cluster ----------------------------------------------------------------
 def cluster_commands(spec: ImageSpec, pushed: Pushed | None, exported: Exported | None) -> str:
     """What to run on the cluster, and the srtslurm.yaml mapping, for one image."""
     platform = (pushed.platform if pushed else None) or (exported.platform if exported else None)

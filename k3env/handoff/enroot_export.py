@@ -16,10 +16,12 @@ from pathlib import Path
 
 from k3env.engine.protocol import Engine
 from k3env.errors import EngineError
-from k3env.handoff.enroot import ENROOT_FILES, Exported, enroot_files
+from k3env.handoff.enroot import ENROOT_FILES, enroot_files
 from k3env.hashing import file_sha256
+from k3env.image import records
 from k3env.image.build import BuildResult
 from k3env.image.layer import epoch_of
+from k3env.image.records import Exported
 from k3env.image.tarstream import entries, filter_tar
 from k3env.log import Log
 from k3env.runner import require_tool, run, run_streaming
@@ -107,17 +109,8 @@ def export_image(
         with contextlib.suppress(FileNotFoundError):
             tmp.unlink()
     exported = _exported(build, final, file_sha256(final), version, options)
-    state.write_record(exported.as_json(), "exports", build.image_id)
+    records.write(state, exported, build.image_id)
     return exported
-
-
-def last_export(state: State, image_id: str) -> Exported | None:
-    """The recorded export of ``image_id`` (where its ``.sqsh`` was written, its sha256), if
-    any."""
-    record = state.read_record("exports", image_id) if image_id else None
-    if not isinstance(record, dict) or not record.get("path"):
-        return None
-    return Exported(**{k: record[k] for k in Exported.__dataclass_fields__ if k in record})
 
 
 def _exported(
@@ -146,20 +139,20 @@ def _already_exported(
 ) -> Exported | None:
     """The export at ``final`` when its bytes are the ones recorded for this image by the same
     mksquashfs, options and format (the bytes depend on the image only); else None."""
-    record = state.read_record("exports", build.image_id)
-    if not isinstance(record, dict) or not final.is_file():
+    record = records.read(state, Exported, build.image_id)
+    if record is None or not final.is_file():
         return None
     same = (
-        record.get("format") == EXPORT_FORMAT
-        and record.get("mksquashfs") == version
-        and list(record.get("options") or []) == list(options)
-        and record.get("size") == final.stat().st_size
+        record.format == EXPORT_FORMAT
+        and record.mksquashfs == version
+        and record.options == options
+        and record.size == final.stat().st_size
     )
     if not same:
         return None
     with log.step(f"check {final} against this image's recorded export"):
         digest = file_sha256(final)
-    if digest != record.get("sha256"):
+    if digest != record.sha256:
         return None
     log.info(f"    {build.image}: already exported ({final}, sha256 {digest[:16]})")
     return _exported(build, final, digest, version, options)

@@ -29,6 +29,7 @@ from k3env.config.shapes import platform_name
 from k3env.engine import registry
 from k3env.errors import CheckFailed, EngineError, K3envError, LockError, StateError
 from k3env.hashing import canonical_sha256, sha256_digest
+from k3env.image import records
 from k3env.image.blobs import (
     LAYER_MEDIA_TYPE,
     MANIFEST_MEDIA_TYPE,
@@ -42,7 +43,6 @@ from k3env.state import State
 
 MANIFEST = MANIFEST_MEDIA_TYPE
 INDEX = "application/vnd.oci.image.index.v1+json"
-_DOCKER_MANIFEST = "application/vnd.docker.distribution.manifest.v2+json"
 _DOCKER_LIST = "application/vnd.docker.distribution.manifest.list.v2+json"
 _BASE_NAME = "org.opencontainers.image.base.name"
 _BASE_DIGEST = "org.opencontainers.image.base.digest"
@@ -358,14 +358,14 @@ def _send(state: State, repository: str, blob: Layer, tmp: Path, log: Log) -> st
 
 
 def _published_at(state: State, digest: str) -> list[str]:
-    record = state.read_record("published-blobs", digest)
-    return [str(r) for r in record] if isinstance(record, list) else []
+    record = records.read(state, records.PublishedAt, digest)
+    return list(record.repositories) if record else []
 
 
 def _remember(state: State, digest: str, repository: str) -> None:
     seen = _published_at(state, digest)
     if repository not in seen:
-        state.write_record([repository, *seen][:8], "published-blobs", digest)
+        records.write(state, records.PublishedAt(repositories=(repository, *seen)[:8]), digest)
 
 
 def _same_registry(a: str, b: str) -> bool:

@@ -4,42 +4,17 @@ the cluster imports exactly what was built and verified."""
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
 
 from k3env.config.spec import ImageSpec
 from k3env.engine.protocol import Engine
 from k3env.engine.registry import refuse_to_move
 from k3env.errors import ConfigError
 from k3env.handoff.publish import MOUNTED, PRESENT, SENT, index_tag, publish
+from k3env.image import records
 from k3env.image.build import BuildResult
+from k3env.image.records import Pushed
 from k3env.log import Log
 from k3env.state import State
-
-
-@dataclass(frozen=True, kw_only=True)
-class Pushed:
-    image: str
-    image_id: str
-    reference: str  # REGISTRY/REPO:TAG
-    digest: str  # manifest digest in the registry
-    layers_sent: int
-    layers_skipped: int
-    platform: str | None = None  # os/architecture of the manifest ``digest`` names
-    index: str | None = None  # the OCI index the tag names, when it covers more platforms
-
-    @property
-    def by_digest(self) -> str:
-        return f"{self.reference.rsplit(':', 1)[0]}@{self.digest}"
-
-    @property
-    def enroot_uri(self) -> str:
-        """``docker://REGISTRY#REPO@sha256:...`` (enroot >= 4.0 takes digests)."""
-        registry, _, repo = self.by_digest.partition("/")
-        return f"docker://{registry}#{repo}"
-
-    def as_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "by_digest": self.by_digest, "enroot_uri": self.enroot_uri}
 
 
 def push_image(engine: Engine, state: State, build: BuildResult, registry: str, log: Log) -> Pushed:
@@ -62,7 +37,7 @@ def push_image(engine: Engine, state: State, build: BuildResult, registry: str, 
         layers_skipped=len(result.layers) - len(result.sent),
     )
     # Written only after the registry answered with a digest: no record claims a failed push.
-    state.write_record(pushed.as_json(), "pushed", build.image_id)
+    records.write(state, pushed, build.image_id)
     return pushed
 
 
@@ -91,7 +66,7 @@ def publish_images(
             platform=platform.platform,
             index=published.digest if len(builds) > 1 else None,
         )
-        state.write_record(pushed.as_json(), "pushed", build.image_id)
+        records.write(state, pushed, build.image_id)
         out.append(pushed)
     return out
 
@@ -133,16 +108,3 @@ def publish_by_spec(
         with log.step(f"publish {spec.name} ({what}) to {registry} (registry API)"):
             out += [(spec, p) for p in publish_images(state, group, registry, log)]
     return out
-
-
-def pushed_record(state: State, image_id: str) -> dict[str, Any] | None:
-    record = state.read_record("pushed", image_id)
-    return record if isinstance(record, dict) else None
-
-
-def last_push(state: State, image_id: str) -> Pushed | None:
-    """The recorded push of ``image_id``, if any."""
-    record = pushed_record(state, image_id)
-    if record is None:
-        return None
-    return Pushed(**{k: record[k] for k in Pushed.__dataclass_fields__ if k in record})

@@ -29,8 +29,8 @@ from typing import Any
 from k3env import jsontext
 from k3env.engine import registry
 from k3env.errors import EngineError
-from k3env.handoff.push import Pushed
 from k3env.hashing import digest_hex, file_sha256, sha256_digest
+from k3env.image.records import Pushed
 from k3env.log import Log
 from k3env.quoting import one_line
 

@@ -38,13 +38,13 @@ from k3env.handoff.enroot_uri import PREFIX, Release, ThisImage, names, parse_ur
 from k3env.handoff.provenance import (
     provenance_document,
 )
-from k3env.handoff.push import last_push
 from k3env.handoff.squashfs import Squashfs, installed_records
 from k3env.hashing import digest_hex, record_b64, sha256_digest
 from k3env.image.build import PROVENANCE_LABEL, PROVENANCE_PATH, RUNTIME_KEYS
 from k3env.image.envpolicy import merged_env
 from k3env.image.patches import ALREADY_PRESENT, APPLIED, missing_edits
-from k3env.image.records import build_key
+from k3env.image.records import Build, build_key, shipped
+from k3env.image.records import read as records_read
 from k3env.log import Log
 from k3env.quoting import one_line
 from k3env.state import State
@@ -333,17 +333,16 @@ def this_image(
     if spec is None or not isinstance(inputs, str) or not inputs:
         return ThisImage(reference=None)
     reference = f"{spec.repository}:{inputs[:20]}"
-    records = [state.read_record("builds", build_key(lock, spec, twin, platform))
+    records = [records_read(state, Build, build_key(lock, spec, twin, platform))
                for platform in MACHINES for twin in (False, True)] if state else []  # fmt: skip
-    build = next((r for r in records if isinstance(r, dict) and r.get("reference") == reference),
-                 None)  # fmt: skip
+    build = next((r for r in records if r is not None and r.reference == reference), None)
     if state is None or build is None:
         return ThisImage(reference=reference)
     digests: dict[str, str] = {}  # the first name wins: the engine's ID is one of the others
-    for key, what in (("image_id", "config digest"), ("manifest", "manifest digest"),
-                      ("engine_id", "engine's image ID")):  # fmt: skip
-        digests.setdefault(str(build.get(key)), what)
-    pushed = last_push(state, str(build.get("image_id")))
+    for value, what in ((build.image_id, "config digest"), (build.manifest, "manifest digest"),
+                        (build.engine_id, "engine's image ID")):  # fmt: skip
+        digests.setdefault(str(value), what)
+    pushed = shipped(state, build.image_id).pushed
     return ThisImage(
         reference=reference,
         digests=tuple((what, d) for d, what in digests.items() if _DIGEST.fullmatch(d)),

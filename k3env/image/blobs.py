@@ -26,6 +26,7 @@ from typing import Any, Protocol
 from k3env import jsontext
 from k3env.errors import K3envError, StateError
 from k3env.hashing import HashingWriter, digest_hex, sha256_digest
+from k3env.image import records
 from k3env.state import State
 
 LAYER_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar+gzip"
@@ -119,7 +120,7 @@ def keep_manifest(state: State, manifest: Manifest) -> None:
     path = state.path("manifests", name)
     if not path.is_file() or path.read_bytes() != manifest.body:
         state.write_bytes(manifest.body, "manifests", name)
-    state.write_record({"manifest": manifest.digest}, "manifest-of", manifest.config)
+    records.write(state, records.ManifestOf(manifest=manifest.digest), manifest.config)
 
 
 def kept_manifest(state: State, digest: str) -> Manifest | None:
@@ -135,10 +136,10 @@ def kept_manifest(state: State, digest: str) -> Manifest | None:
 
 def manifest_for_config(state: State, config: str) -> Manifest | None:
     """The manifest k3env last wrote for the image whose config digest is ``config``."""
-    record = state.read_record("manifest-of", config) if _DIGEST.fullmatch(config) else None
-    if not isinstance(record, dict) or not isinstance(record.get("manifest"), str):
+    record = records.read(state, records.ManifestOf, config) if _DIGEST.fullmatch(config) else None
+    if record is None:
         return None
-    found = kept_manifest(state, record["manifest"])
+    found = kept_manifest(state, record.manifest)
     return found if found is not None and found.config == config else None
 
 
@@ -226,8 +227,8 @@ def _keep(
     except BaseException:
         partial.unlink(missing_ok=True)
         raise
-    record = {"digest": packer.sink.digest, "size": packer.sink.size}
-    state.write_record(record, "layers", _record(diff_id, level))
+    record = records.KeptLayer(digest=packer.sink.digest, size=packer.sink.size)
+    records.write(state, record, _record(diff_id, level))
     blob = Blob(digest=packer.sink.digest, size=packer.sink.size, media_type=LAYER_MEDIA_TYPE,
                 path=target)  # fmt: skip
     return diff_id, blob
@@ -278,18 +279,11 @@ class _Null:
 def kept_layer(state: State, diff_id: str, level: int = LEVEL) -> Blob | None:
     """The blob of ``diff_id`` kept at ``level``, or ``None`` (never kept, or its file is gone
     or cut)."""
-    record = state.read_record("layers", _record(diff_id, level))
+    record = records.read(state, records.KeptLayer, _record(diff_id, level))
     path = _layer_path(state, diff_id, level)
-    if not isinstance(record, dict) or not path.is_file():
+    if record is None or not path.is_file() or path.stat().st_size != record.size:
         return None
-    if path.stat().st_size != record.get("size"):
-        return None
-    return Blob(
-        digest=str(record["digest"]),
-        size=int(record["size"]),
-        media_type=LAYER_MEDIA_TYPE,
-        path=path,
-    )
+    return Blob(digest=record.digest, size=record.size, media_type=LAYER_MEDIA_TYPE, path=path)
 
 
 def keep_config(state: State, config_json: bytes) -> Blob:

@@ -28,6 +28,7 @@ from k3env.engine.naming import ImageNames
 from k3env.engine.protocol import Engine, ImageFile, Tagged
 from k3env.errors import ConfigError, EngineError, PatchError
 from k3env.hashing import canonical_sha256, digest_hex, file_sha256, sha256_digest
+from k3env.image import records
 from k3env.image.bases import ResolvedBase, registry_base, select_base
 from k3env.image.blobs import keep_config, keep_layer, keep_manifest, kept_image
 from k3env.image.envpolicy import baked_env, merge_env
@@ -35,7 +36,7 @@ from k3env.image.identity import identify
 from k3env.image.install import load_checked
 from k3env.image.layer import Assembled, LayerFile, assemble, load_archive, runtime_config
 from k3env.image.patches import APPLIED, SKIPPED, PatchResult, apply_patch
-from k3env.image.records import build_key
+from k3env.image.records import Build, build_key
 from k3env.log import Log
 from k3env.state import State
 
@@ -617,12 +618,9 @@ def build_all(builder: Builder, specs: Sequence[ImageSpec]) -> list[BuildResult]
             + (f" for {builder.platform}" if builder.platform != DEFAULT_PLATFORM else "")
         ):
             result = builder.build(spec)
-        builder.state.write_record(
-            {"image_id": result.image_id, "reference": result.reference, "twin": result.twin,
-             "platform": builder.platform, "manifest": result.manifest,
-             "engine_id": result.engine_id},
-            "builds",
-            build_key(builder.lock, spec, builder.twin, builder.platform),
-        )  # fmt: skip
+        records.write(builder.state, Build(image_id=result.image_id, reference=result.reference,
+                      twin=result.twin, platform=builder.platform, manifest=result.manifest,
+                      engine_id=result.engine_id),
+                      build_key(builder.lock, spec, builder.twin, builder.platform))  # fmt: skip
         results.append(result)
     return results

@@ -21,6 +21,7 @@ from k3env.config.pins import ComponentPin, WheelPin
 from k3env.engine.protocol import Engine
 from k3env.errors import EngineError
 from k3env.hashing import canonical_sha256, file_sha256
+from k3env.image import records
 from k3env.image.bases import ResolvedBase
 from k3env.log import Log
 from k3env.runner import require_tool, run
@@ -50,11 +51,11 @@ def source_wheels(
         {"format": SOURCE_FORMAT, "base": base.config_digest, "source": pin.identity}
     )
     wheelhouse = state.path("wheels")
-    record = state.read_record("source-wheels", key)
-    if isinstance(record, dict):
-        files = [wheelhouse / str(f) for f in record.get("files") or []]
+    record = records.read(state, records.SourceWheels, key)
+    if record is not None:
+        files = [wheelhouse / f for f in record.files]
         wheels = [_wheel_pin(f) for f in files if f.is_file()]
-        if len(wheels) == len(files) and [w.sha256 for w in wheels] == record.get("sha256"):
+        if len(wheels) == len(files) and tuple(w.sha256 for w in wheels) == record.sha256:
             return dataclasses.replace(pin, wheels=tuple(wheels))
     git = require_tool("git", "git")
     with tempfile.TemporaryDirectory(prefix="k3env-source-") as tmp:
@@ -97,9 +98,6 @@ def source_wheels(
         for f in built:
             shutil.copy2(f, wheelhouse / f.name)
     wheels = [_wheel_pin(wheelhouse / f.name) for f in built]
-    state.write_record(
-        {"files": [f.name for f in built], "sha256": [w.sha256 for w in wheels]},
-        "source-wheels",
-        key,
-    )
+    records.write(state, records.SourceWheels(files=tuple(f.name for f in built),
+                  sha256=tuple(w.sha256 for w in wheels)), key)  # fmt: skip
     return dataclasses.replace(pin, wheels=tuple(wheels))

@@ -39,6 +39,7 @@ from k3env.engine.protocol import BaseImage, Engine
 from k3env.engine.registry import manifest_exists, refuse_to_move
 from k3env.errors import EngineError, LockError, StateError
 from k3env.hashing import canonical_sha256, file_sha256
+from k3env.image import records
 from k3env.image.bases import ResolvedBase
 from k3env.image.blobs import (
     MANIFEST_MEDIA_TYPE,
@@ -484,17 +485,12 @@ def ensure_twin(
 ) -> tuple[str, str]:
     """The twin's (image reference, registry digest), building and pushing what is missing."""
     p = plan(lock, platform)
-    record = state.read_record("twin", p.inputs)
+    record = records.read(state, records.TwinPush, p.inputs)
     found = engine.lookup(p.reference)
     built = found is not None and found.labels.get(LABEL) == p.inputs
     built = built and _named(engine, state, p) is not None
-    if (
-        built
-        and record
-        and record.get("digest")
-        and manifest_exists(p.reference.rsplit(":", 1)[0], str(record["digest"]))
-    ):
-        return p.reference, str(record["digest"])
+    if built and record and manifest_exists(p.reference.rsplit(":", 1)[0], record.digest):
+        return p.reference, record.digest
     if not built:
         build_twin(lock, engine, state, log, platform, send_blobs=True)
     repository, tag = p.reference.rsplit(":", 1)
@@ -510,7 +506,7 @@ def ensure_twin(
                 publish_kept(p.reference, names.config, state, log)
                 or engine.push(repository, tag, log.live).digest
             )
-    state.write_record({"reference": p.reference, "digest": digest}, "twin", p.inputs)
+    records.write(state, records.TwinPush(reference=p.reference, digest=digest), p.inputs)
     return p.reference, digest
 
 

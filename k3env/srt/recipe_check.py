@@ -33,7 +33,7 @@ from k3env.config.srtrecipe import Recipe, job_shape
 from k3env.config.srtschema import SrtSchema, check, load_srt_schema
 from k3env.config.yamlread import YamlDoc, load_yaml
 from k3env.errors import ConfigError
-from k3env.image.records import last_build
+from k3env.image.records import Facts, as_reference, last_build, read, shipped_as
 from k3env.log import Log
 from k3env.srt.gate import GATE
 from k3env.srt.gate import fix as gate_fix
@@ -105,55 +105,10 @@ class RecipeResult:
 
 
 # --- the image a recipe names ------------------------------------------------------------------
-def _records(state: State, kind: str) -> list[dict[str, Any]]:
-    directory = state.path(kind)
-    if not directory.is_dir():
-        return []
-    out = []
-    for f in sorted(directory.glob("*.json")):
-        record = state.read_json(kind, f.name)
-        if isinstance(record, dict) and record.get("image_id"):
-            out.append(record)
-    return out
-
-
-def _as_reference(container: str) -> str:
-    """``docker://REGISTRY#REPO@sha256:...`` (enroot's form) as ``REGISTRY/REPO@sha256:...``."""
-    text = container.removeprefix("docker://")
-    return text.replace("#", "/", 1) if "#" in text else text
-
-
-def _pushed(state: State, container: str) -> tuple[dict[str, Any], str] | None:
-    ref = _as_reference(container)
-    for r in _records(state, "pushed"):
-        by_digest = f"{str(r.get('reference', '')).rsplit(':', 1)[0]}@{r.get('digest')}"
-        if ref == by_digest:
-            return r, f"pushed by k3env as {by_digest}"
-        if ref == r.get("reference"):
-            return r, f"pushed by k3env as {ref} (by tag: the tag can move; name {by_digest})"
-        if ref == r.get("digest") or ("@" in ref and ref.rsplit("@", 1)[1] == r.get("digest")):
-            return r, f"manifest {r.get('digest')} that k3env pushed (as {by_digest})"
-    return None
-
-
-def _exported(state: State, container: str) -> tuple[dict[str, Any], str] | None:
-    for r in _records(state, "exports"):
-        path = str(r.get("path", ""))
-        if container == path:
-            return r, f"exported by k3env to {path} (sha256 {r.get('sha256')})"
-        if container.endswith(".sqsh") and Path(container).name == Path(path).name:
-            return r, (
-                f"by file name, the enroot image k3env exported to {path} (sha256 "
-                f"{r.get('sha256')}): check the cluster's copy with `k3env export --check "
-                f"{container}`"
-            )
-    return None
-
-
 def _default_base(lock: Lock, container: str) -> tuple[str, str | None]:
     """The lock base ``container`` names (its repository:tag or @digest), else the first
     real base; and how it matched (``None``: it did not)."""
-    ref = _as_reference(container)
+    ref = as_reference(container)
     bare = ref.removeprefix("docker.io/")
     for name, base in lock.bases.items():
         if base.kind == "twin" or base.repository is None:
@@ -176,7 +131,7 @@ def find_image(
 ) -> ImageOf:
     """What ``container`` is: an image k3env pushed or exported (its spec, image ID and the
     facts verify learned about it), else the lock base it is taken as."""
-    found = _pushed(state, container) or _exported(state, container)
+    found = shipped_as(state, container)
     if found is None:
         name, matched = _default_base(lock, container)
         chosen = base or name
@@ -194,15 +149,14 @@ def find_image(
             "judge it as that base)"
         )
         return ImageOf(container=container, base=name, how=how, known=False, placed=False)
-    record, how = found
-    image_id = str(record["image_id"])
-    spec = _spec_of(lock, images, str(record.get("image", "")), image_id, state, platform)
+    image, how = found
+    spec = _spec_of(lock, images, image.image, image.image_id, state, platform)
     if spec is None:
         how += (
-            f"; its spec {record.get('image')} under this lock no longer builds it: its "
+            f"; its spec {image.image} under this lock no longer builds it: its "
             "patches and env are not known from here"
         )
-    facts = state.read_record("facts", image_id)
+    facts = read(state, Facts, image.image_id)
     chosen = base or (spec.base if spec else _default_base(lock, container)[0])
     return ImageOf(
         container=container,
@@ -210,9 +164,9 @@ def find_image(
         how=how,
         known=True,
         spec=spec,
-        image_id=image_id,
-        facts=facts if isinstance(facts, Mapping) else None,
-        facts_source=f"{record.get('image')} ({image_id})" if isinstance(facts, Mapping) else None,
+        image_id=image.image_id,
+        facts=facts.facts if facts else None,
+        facts_source=f"{image.image} ({image.image_id})" if facts else None,
     )
 
 
@@ -224,8 +178,8 @@ def _spec_of(
     if not name or not path.is_file():
         return None
     spec = load_spec(path, lock)
-    build = last_build(state, lock, spec, platform) or {}
-    return spec if build.get("image_id") == image_id else None
+    build = last_build(state, lock, spec, platform)
+    return spec if build and build.image_id == image_id else None
 
 
 # --- srt-slurm's recorded schema --------------------------------------------------------------

@@ -14,12 +14,13 @@ from typing import Any
 import pytest
 
 from k3env.checks.probe_plan import ENTRYPOINTS, ENV_DEFAULT_SOURCES, ENV_FAMILIES
-from k3env.checks.probe_run import ProbeOutput, probe_env, run_probe
+from k3env.checks.probe_run import probe_env, run_probe
 from k3env.checks.verdicts import COMPONENTS
 from k3env.cli import main
 from k3env.config.patchfile import Edit, PatchFile
 from k3env.engine.dockerd import DockerEngine
 from k3env.image.patches import missing_edits
+from k3env.image.records import Facts, ProbeOutput, read
 from k3env.state import State
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry, pytest.mark.twin]
@@ -326,8 +327,8 @@ def test_verify_cli_on_a_twin_image_writes_matrix_and_facts(
         "env",
     }
     assert "| `kimi-k3-direct-d` |" in md.read_text()
-    facts = State().read_record("facts", image["image_id"])
-    assert facts["versions"]["vllm"] == "0.31.0"
+    recorded = read(State(), Facts, image["image_id"])
+    assert recorded is not None and (facts := recorded.facts)["versions"]["vllm"] == "0.31.0"
     assert facts["versions"]["aiperf"] == "0.13.0"  # baked from the lock's wheel
 
 
