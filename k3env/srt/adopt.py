@@ -133,6 +133,18 @@ def _profile_lines(
     return out
 
 
+def _one_worker(recipe: Recipe) -> None:
+    """A spec's profile is one aggregate worker's command lines: a disaggregated recipe is
+    refused."""
+    if len(recipe.workers()) > 1:
+        raise recipe.fail(
+            "backend.vllm_config",
+            f"a disaggregated recipe ({recipe.own('backend.vllm_config')}.prefill / .decode): "
+            "k3env adopt writes one aggregate worker's profile",
+            "adopt an aggregate form of the recipe; preflight --recipe judges this one as it is",
+        )
+
+
 def spec_text(
     recipe: Recipe,
     lock: Lock,
@@ -143,13 +155,7 @@ def spec_text(
     notes: list[str],
 ) -> str:
     """The image spec TOML for ``recipe`` over the lock's ``base``, commented."""
-    if len(recipe.workers()) > 1:  # a spec's profile is one worker's command lines
-        raise recipe.fail(
-            "backend.vllm_config",
-            f"a disaggregated recipe ({recipe.own('backend.vllm_config')}.prefill / .decode): "
-            "k3env adopt writes one aggregate worker's profile",
-            "adopt an aggregate form of the recipe; preflight --recipe judges this one as it is",
-        )
+    _one_worker(recipe)
     pin = lock.bases[base]
     baked = {**lock.env, **pin.env}
     env = {k: v for k, v in recipe.env().items() if baked.get(k) != v}
