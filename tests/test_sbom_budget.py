@@ -9,7 +9,6 @@ import json
 import shutil
 import subprocess
 import tempfile
-import time
 import uuid
 import warnings
 from datetime import UTC, datetime
@@ -166,25 +165,6 @@ def test_the_rendered_sbom_is_byte_for_byte_what_cyclonedx_python_lib_wrote(
     assert ours == theirs
 
 
-def test_twenty_thousand_components_render_in_linear_time() -> None:
-    """The render alone: 1,000 and 20,000 Debian packages; 20x the packages stays near 20x
-    the time (the library's model took 33 s for 20,000 even without its quadratic step)."""
-    prov = provenance_of(PROVENANCE, b"{}")
-
-    def timed(n: int) -> float:
-        debs = [Package(kind="deb", name=f"lib{i}", version=f"1.{i}-1+b1", arch="amd64",
-                        where="/var/lib/dpkg/status") for i in range(n)]  # fmt: skip
-        start = time.perf_counter()
-        data = _rendered(prov, debs, WHEN)
-        took = time.perf_counter() - start
-        assert data.count(b'"purl": "pkg:deb/') == n
-        return took
-
-    small, large = timed(1_000), timed(20_000)
-    assert large < 5.0, f"20,000 packages rendered in {large:.1f} s"
-    assert large < 20 * 3 * max(small, 0.01), (small, large)  # linear, with room for noise
-
-
 def _status(n: int) -> str:
     return "\n".join(
         f"Package: lib{i}-pkg\nStatus: install ok installed\nPriority: optional\n"
@@ -207,20 +187,15 @@ def _image_of(tmp_path: Path, prov: Any, status: str = "") -> Path:
 
 
 @SQUASHFS_TOOLS
-def test_an_image_of_20000_debian_packages_has_its_sbom_made_again_in_under_5_s(
-    tmp_path: Path,
-) -> None:
-    """The issue's bar, cold (a new reader: the image listed again): 20,000 packages in dpkg's
-    status, each in the SBOM once (the benchmark: benchmarks/bench_sbom.py)."""
+def test_an_image_of_20000_debian_packages_has_each_in_its_sbom_once(tmp_path: Path) -> None:
+    """20,000 packages in dpkg's status, each in the SBOM once, with its dependency entry (the
+    time it takes, linear and under 5 s, is benchmarks/bench_sbom.py's to measure)."""
     sqsh = _image_of(tmp_path, PROVENANCE, _status(20_000))
     with tempfile.TemporaryDirectory() as work:
-        start = time.perf_counter()
         data = sbom(Squashfs(sqsh, QUIET, Path(work)))
-        took = time.perf_counter() - start
     doc = json.loads(data)
     debs = [c for c in doc["components"] if c.get("purl", "").startswith("pkg:deb/")]
     assert len(debs) == 20_000 and len(doc["dependencies"]) == 20_000 + 7 + 1
-    assert took < 5.0, f"{took:.1f} s"
 
 
 @SQUASHFS_TOOLS

@@ -97,7 +97,7 @@ def test_an_accepted_tag_pattern_never_backtracks_for_long(body: str) -> None:
     for tag in ADVERSARIAL:
         start = time.monotonic()
         compiled.fullmatch(tag)
-        assert time.monotonic() - start < 0.5, (pattern, tag)
+        assert time.monotonic() - start < 2, (pattern, tag)  # exponential would be hours
 
 
 @PROPERTY
