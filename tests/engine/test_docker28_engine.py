@@ -185,8 +185,8 @@ def test_a_k3env_image_is_verified_pushed_exported_and_staged_on_docker_28_as_on
     assert on_28["sqsh"] == on_28["export"]["sha256"] == on_28["stage"]["sha256"]
     assert on_2010["sqsh"] == on_2010["export"]["sha256"]
     # Not compared: the two .sqsh (the same files, modes and owners; 3 bytes apart). k3env's
-    # layer has no entries for its files' parent directories (usr/, usr/lib/, ...), so each
-    # engine dates them when it loads the image, and the export carries that time.
+    # layer has no entries for its files' parent directories (usr/, usr/lib/, ...), so an
+    # engine dates them when it loads the image, and the export carries that time (20.10 too).
     pushed = on_28["push"]
     assert pushed["image_id"] == build["image_id"]  # recorded by config digest
     assert pushed["digest"] == build["manifest"] == build["engine_id"]  # the one k3env wrote
