@@ -145,6 +145,7 @@ def _handoff(
     return done
 
 
+@pytest.mark.registry
 def test_a_k3env_image_is_verified_pushed_exported_and_staged_on_docker_28_as_on_20_10(
     engine: DockerEngine,
     docker28: DockerEngine,
