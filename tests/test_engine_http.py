@@ -209,6 +209,26 @@ def test_push_sends_auth_and_reads_the_digest_from_the_stream(fake: FakeDaemon) 
     assert push.headers["X-Registry-Auth"] == NO_AUTH and push.query == {"tag": ["1"]}
 
 
+def test_a_push_with_no_aux_event_reads_the_digest_from_its_status_line(fake: FakeDaemon) -> None:
+    """Docker 28's containerd image store ends a push with the status line alone (as it
+    answered here, 28.5.2: no aux event); another tag's line is not this push's digest."""
+    pushed = "sha256:ae325cdf668397d022a179600223138b5b2e9d29d49b2a0ee86d91cf5dcd87e2"
+    events = [
+        {"status": "The push refers to repository [127.0.0.1:5000/k3env-test/x]"},
+        {"status": "Mounted from k3env-test/base", "progressDetail": {}, "id": "834065cef34b"},
+        {"status": "t10: digest: sha256:" + "0" * 64 + " size: 736"},
+        {"status": f"t1: digest: {pushed} size: 736"},
+    ]
+    route = "POST /images/127.0.0.1:5000/k3env-test/x/push"
+    fake.route = routes({route: (200, b"".join(json.dumps(e).encode() + b"\r\n" for e in events))})
+    result = DockerEngine(fake.url).push("127.0.0.1:5000/k3env-test/x", "t1", lambda _: None)
+    assert result.digest == pushed
+    fake.route = routes({route: (200, b"".join(json.dumps(e).encode() + b"\r\n"
+                                                for e in events[:3]))})  # fmt: skip
+    with pytest.raises(EngineError, match="the registry returned no digest"):
+        DockerEngine(fake.url).push("127.0.0.1:5000/k3env-test/x", "t1", lambda _: None)
+
+
 def test_error_in_a_pull_stream_is_an_engine_error(fake: FakeDaemon) -> None:
     body = b'{"status": "Pulling"}\r\n{"error": "manifest unknown"}\r\n'
     fake.route = routes({"POST /images/create": (200, body)})

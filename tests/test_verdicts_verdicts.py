@@ -285,6 +285,7 @@ def build_of(patches: tuple[PatchResult, ...]) -> BuildResult:
     return BuildResult(
         image="probe", reference="r:t", image_id="sha256:" + "0" * 64, inputs="i", cached=False,
         base="testbase", base_id="sha256:" + "1" * 64, twin=False, patches=patches, env=(),
+        engine_id="sha256:" + "0" * 64, base_engine_id="sha256:" + "1" * 64,
     )  # fmt: skip
 
 

@@ -173,6 +173,7 @@ def test_plan_without_a_dynamo_frontend_asks_for_no_tokenizers(
     build = BuildResult(
         image="serve", reference="r:t", image_id="sha256:" + "0" * 64, inputs="i", cached=False,
         base="b", base_id="sha256:" + "1" * 64, twin=False, patches=(), env=(),
+        engine_id="sha256:" + "0" * 64, base_engine_id="sha256:" + "1" * 64,
     )  # fmt: skip
     plan = plan_for(lock, spec, build, lock.bases["testbase"], False)
     assert plan["tokenizer_candidates"] == [] and plan["patches"] == []

@@ -134,22 +134,23 @@ def run_probe(
     )
 
 
-def files_key(engine: Engine, image_id: str, image: BaseImage | None) -> tuple[Any, ...]:
+def files_key(engine: Engine, engine_id: str, image: BaseImage | None) -> tuple[Any, ...]:
     """What an image's files are, for grouping: its layers; for an image k3env built, the
     layers below its own and that layer's files as its provenance lists them (the record's
     sha256 is checked against the image's label). Images with the same key differ only in
-    their config (Env) and their provenance record. ``image``: its inspection."""
+    their config (Env) and their provenance record. ``engine_id``: what the engine calls it
+    (``naming.engine_id``); ``image``: its inspection."""
     if image is None:
-        return ("image", image_id)
+        return ("image", engine_id)
     labels = image.config.get("Labels") or {}
     recorded = labels.get(PROVENANCE_LABEL)
     if not recorded:
         return ("layers", image.diff_ids)
-    found = engine.read_files(image_id, [PROVENANCE_PATH]).get(PROVENANCE_PATH)
+    found = engine.read_files(engine_id, [PROVENANCE_PATH]).get(PROVENANCE_PATH)
     if found is None or digest_hex(sha256_digest(found.content)) != recorded:
-        return ("image", image_id)  # nothing to vouch for its layer: verified on its own
+        return ("image", engine_id)  # nothing to vouch for its layer: verified on its own
     try:  # the image's own file: hostile until checked
         files = jsontext.parse(found.content).get("files")
     except (ValueError, AttributeError):
-        return ("image", image_id)
+        return ("image", engine_id)
     return ("k3env", image.diff_ids[:-1], canonical_sha256(files))

@@ -148,13 +148,13 @@ def _plan_jobs(
             if not {"debian_packages", "debian_packages_unread"} & out.facts.keys():
                 # Recorded before verify read dpkg's status: read now (no container start).
                 out = dataclasses.replace(
-                    out, facts={**out.facts, **debian_facts(engine, build.image_id)}
+                    out, facts={**out.facts, **debian_facts(engine, build.engine_id)}
                 )
                 records.write(state, out, key)
             done.outputs[i] = (out, True)
             done.finished[i] = time.monotonic()
             continue
-        inspected = engine.inspect(build.image_id)
+        inspected = engine.inspect(build.engine_id)
         env = probe_env((inspected.config.get("Env") or []) if inspected else [])
         jobs[i] = _Job(spec=spec, build=build, python=base_pin.python, plan=plan, key=key,
                        env=env, image=inspected)  # fmt: skip
@@ -168,7 +168,7 @@ def _groups(engine: Engine, jobs: Mapping[int, _Job], *, share: bool) -> list[li
         # The same files, interpreter and entrypoints to import (and the same modules the
         # twin leaves out): one import serves them all.
         group = (
-            (job.python, files_key(engine, job.build.image_id, job.image),
+            (job.python, files_key(engine, job.build.engine_id, job.image),
              tuple(job.plan["imports"]),
              tuple(job.plan["absent_by_design"]))
             if share
@@ -200,14 +200,14 @@ def _schedule(
         with log.step(f"{what} ({first.build.reference})"):
             outs = run_probe(
                 engine,
-                first.build.image_id,
+                first.build.engine_id,
                 first.python,
                 [jobs[i].plan for i in members],
                 [jobs[i].env for i in members],
                 # The shared import, then each member's checks, each within ``timeout``.
                 timeout=timeout * (len(members) + (len(members) > 1)),
             )
-            debs = debian_facts(engine, first.build.image_id)  # the same files: one read
+            debs = debian_facts(engine, first.build.engine_id)  # the same files: one read
         return [dataclasses.replace(o, facts={**o.facts, **debs})
                 if isinstance(o, ProbeOutput) else o for o in outs]  # fmt: skip
 
@@ -238,13 +238,13 @@ def _schedule(
                     done.finished[i] = time.monotonic()
 
 
-def debian_facts(engine: Engine, image_id: str) -> dict[str, Any]:
+def debian_facts(engine: Engine, engine_id: str) -> dict[str, Any]:
     """The facts of dpkg's installed packages in the image (``debian_packages``: name,
     version, architecture), its status read through the engine without a container start and
     parsed as the SBOM parses it; ``debian_packages_unread`` says why not (over the size
     limit). An image without dpkg's status has none."""
     path = "/" + DPKG_STATUS
-    found = engine.read_files(image_id, [path]).get(path)
+    found = engine.read_files(engine_id, [path]).get(path)
     if found is not None and len(found.content) > STATUS_LIMIT:
         return {"debian_packages_unread": f"{path} is {len(found.content)} bytes, over the "
                 f"{STATUS_LIMIT} k3env reads"}  # fmt: skip

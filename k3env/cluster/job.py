@@ -249,7 +249,9 @@ def write_cpu_job(
     if cpus < 1:
         raise ConfigError("--cpus must be 1 or more", where="--cpus", fix="pass N >= 1")
     pin = smoke_pin(lock, build.platform)
-    prefix = ensure_prefix(lock, pin, engine, state, build.base_id, log)
+    prefix = ensure_prefix(
+        lock, pin, engine, state, build.base_id, log, engine_id=build.base_engine_id
+    )
     image = _with_sqsh_digest(
         resolve_image(state, lock, spec, cluster, container, image_id=build.image_id), log
     )

@@ -16,6 +16,7 @@ from __future__ import annotations
 import io
 import os
 import posixpath
+import re
 import tarfile
 import time
 from collections.abc import Generator, Iterable, Mapping, Sequence
@@ -57,6 +58,12 @@ _FIX_REFUSED = (
     "the engine is up but refused: fix what its message names (daemon log: journalctl -u docker)"
 )
 _FIX_REGISTRY = "check that the registry is up (curl http://REGISTRY/v2/)"
+# What a push says it sent. The classic store sends an aux event ({"aux": {"Tag", "Digest",
+# "Size"}}); Docker 28's containerd image store sends none, only the status line both print
+# (measured: 28.5.2, `TAG: digest: sha256:... size: N`).
+_PUSHED_LINE = re.compile(
+    r"(?P<tag>[\w][\w.-]{0,127}): digest: (?P<digest>sha256:[0-9a-f]{64}) size: \d+"
+)
 
 
 def socket_path(base_url: str) -> str:
@@ -124,6 +131,17 @@ def _older(version: str, than: tuple[int, int]) -> bool:
     if not (major.isdigit() and minor.isdigit()):
         return False
     return (int(major), int(minor)) < than
+
+
+def pushed_digest(event: Mapping[str, Any], tag: str) -> str | None:
+    """The manifest digest a push event of ``tag`` reports: its aux event's, else its status
+    line's (``_PUSHED_LINE``: the containerd image store's only word of it); ``None``: this
+    event reports none."""
+    aux = event.get("aux")
+    if isinstance(aux, dict) and isinstance(aux.get("Digest"), str) and aux["Digest"]:
+        return str(aux["Digest"])
+    said = _PUSHED_LINE.fullmatch(str(event.get("status") or "").strip())
+    return said["digest"] if said is not None and said["tag"] == tag else None
 
 
 def _binds(
@@ -618,9 +636,7 @@ class DockerEngine:
                         raise EngineError(
                             f"push failed: {event['error']}", where=where, fix=_FIX_REGISTRY
                         )
-                    aux = event.get("aux") or {}
-                    if aux.get("Digest"):
-                        digest = aux["Digest"]
+                    digest = pushed_digest(event, tag) or digest
                     status = event.get("status") or ""
                     if event.get("id") and not event.get("progressDetail"):
                         layers[event["id"]] = status

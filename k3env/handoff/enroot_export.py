@@ -56,7 +56,7 @@ def export_image(
     file already there whose sha256 is this image's recorded export (same mksquashfs, options
     and format) is that export: it is not written again."""
     mksquashfs = require_tool("mksquashfs", "squashfs-tools")
-    image = engine.inspect(build.image_id)
+    image = engine.inspect(build.engine_id)
     if image is None:
         raise EngineError("image not found", where=build.image_id, fix="build it first")
     when = epoch_of(image.created)
@@ -93,7 +93,7 @@ def export_image(
                 *options,
             ],
             filter_tar(
-                engine.export(build.image_id), _drop, append, mtimes={n: when for n in INIT_LAYER}
+                engine.export(build.engine_id), _drop, append, mtimes={n: when for n in INIT_LAYER}
             ),
             log,
             what=f"mksquashfs ({final})",

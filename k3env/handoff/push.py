@@ -21,7 +21,7 @@ def push_image(engine: Engine, state: State, build: BuildResult, registry: str, 
     repository = f"{registry}/{build.reference.rsplit(':', 1)[0]}"
     tag = build.reference.rsplit(":", 1)[1]
     refuse_to_move(repository, tag, build.image_id)
-    engine.tag(build.image_id, repository, tag)
+    engine.tag(build.engine_id, repository, tag)
     try:
         result = engine.push(repository, tag, log.live)
     except BaseException:

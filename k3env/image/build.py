@@ -70,7 +70,10 @@ class BuildResult:
     seconds: float = 0.0
     platform: str = DEFAULT_PLATFORM
     manifest: str | None = None  # its OCI manifest's digest (None: its base's is not known)
-    engine_id: str = ""  # what the engine calls it (engine.naming): image_id or manifest
+    # What this engine calls it and its base (engine.naming: image_id or manifest): every
+    # call that hands the engine the image (run, inspect, tag, export) names it so.
+    engine_id: str
+    base_engine_id: str
 
     def as_json(self) -> dict[str, object]:
         return {
@@ -321,6 +324,7 @@ class Builder:
                 cached=cached,
                 base=base.name,
                 base_id=base.config_digest,
+                base_engine_id=base.image.id,
                 twin=self.twin,
                 patches=tuple(patches),
                 env=tuple(sorted(env)),

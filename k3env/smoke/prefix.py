@@ -114,9 +114,17 @@ def _fetch(mirror: str, deb: DebPin, log: Log) -> bytes:
 
 
 def ensure_prefix(
-    lock: Lock, pin: SmokePin, engine: Engine, state: State, image: str, log: Log
+    lock: Lock,
+    pin: SmokePin,
+    engine: Engine,
+    state: State,
+    image: str,
+    log: Log,
+    *,
+    engine_id: str,
 ) -> Path:
-    """The engine directory (site/, lib/) for ``pin``, made with ``image``'s pip once."""
+    """The engine directory (site/, lib/) for ``pin``, made with ``image``'s pip once (kept by
+    ``image``, its config digest; the engine runs it as ``engine_id``, ``naming.engine_id``)."""
     wheel = pin.engine.wheels[0]
     if lock.twin is None:
         raise ConfigError("the lock pins no [twin]", where=str(lock.path), fix="add [twin]")
@@ -154,7 +162,7 @@ def ensure_prefix(
         (build / "site").mkdir()
         with log.step(f"install {wheel.name} {wheel.version} with the image's pip (--target)"):
             result = engine.run(
-                image,
+                engine_id,
                 ["python3", "-m", "pip", "install", "--no-deps", "--no-index", "--quiet",
                  "--disable-pip-version-check", "--target", "/out/site", f"/wheels/{path.name}"],
                 timeout=600,

@@ -211,7 +211,7 @@ def _run_driver(
     t0 = time.monotonic()
     with log.step(f"smoke {spec.name} / {plan.profile} ({', '.join(r.role for r in plan.roles)})"):
         result = engine.run(
-            build.image_id,
+            build.engine_id,
             ["python3", f"{BIN}/driver.py"],
             # Every stage has its own bound inside; this one bounds the whole.
             timeout=timeout + sum(plan.timeouts.values()),
@@ -287,7 +287,9 @@ def smoke_images(
     for spec, build in pairs:
         pin = smoke_pin(lock, build.platform)
         if build.base_id not in prefixes:
-            prefixes[build.base_id] = ensure_prefix(lock, pin, engine, state, build.base_id, log)
+            prefixes[build.base_id] = ensure_prefix(
+                lock, pin, engine, state, build.base_id, log, engine_id=build.base_engine_id
+            )
         for profile in spec.profiles.values():
             if profiles and profile.name not in profiles:
                 continue

@@ -167,7 +167,8 @@ def test_the_real_vllm_cpu_engine_refuses_a_retention_interval_in_the_facts_word
     tagged = engine.lookup(twin_image)
     assert tagged is not None
     log = Log(quiet=True)
-    prefix = ensure_prefix(lock, smoke_pin(lock, "linux/amd64"), engine, State(), tagged.id, log)
+    prefix = ensure_prefix(lock, smoke_pin(lock, "linux/amd64"), engine, State(), tagged.id, log,
+                           engine_id=tagged.id)  # fmt: skip
     model = tmp_path / "model"
     write_model(model, model_type="llama", parsers=())
     config = json.loads((model / "config.json").read_text())
