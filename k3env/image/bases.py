@@ -76,12 +76,17 @@ def registry_base(engine: Engine, log: Log, state: State | None = None) -> BaseR
                 raise EngineError("pulled image not found", where=ref, fix="pull it by hand")
         manifest = None
         if state is not None:
-            # On the classic store a base's config is the engine's view of it, as before
-            # (no registry read where the engine has the base: not yet the same on 20.10 and 28).
-            containerd = engine.image_store() != CLASSIC
-            known = named(engine, state, image, repository=pin.repository if containerd else None)
+            # The base's manifest and config JSON as its registry serves them (read by the
+            # pinned digest once, kept), on either store: an engine's view of a config differs
+            # by release (20.10 gives history times in whole seconds), so an image built over
+            # it would get another config digest on 20.10 than on Docker 28.
+            known = named(engine, state, image, repository=pin.repository,
+                          digest=pin.platforms[platform])  # fmt: skip
             if known is not None:
                 image, manifest = known.image, known.manifest
+                if manifest is None:  # the classic store, its registry unreachable
+                    log.detail(f"{ref}: built over the engine's view of its config (its "
+                               "registry did not answer; another engine may differ)")  # fmt: skip
             elif engine.image_store() != CLASSIC:
                 raise EngineError(
                     "the engine names images by manifest digest (containerd image store), and "

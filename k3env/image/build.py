@@ -45,8 +45,9 @@ if TYPE_CHECKING:
 
 # Bump when the layout of what we write changes: it is part of every inputs hash.
 # 4: pinned components baked below (wheels or source-built), in provenance; 5: the config over
-# the base's own config JSON (not the engine's view of it), loaded with its OCI manifest.
-BUILD_FORMAT = 5
+# the base's own config JSON (not the engine's view of it), loaded with its OCI manifest; 6: every
+# directory above the layer's files named in it (an export no longer carries a load time).
+BUILD_FORMAT = 6
 PROVENANCE_PATH = "/etc/k3env/provenance.json"
 PROVENANCE_LABEL = "io.k3env.provenance.sha256"
 # The parts of an image config a job runs with (enroot turns them into /etc files).

@@ -26,7 +26,7 @@ import tarfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from k3env import jsontext
@@ -86,10 +86,21 @@ def check_entry_path(path: str) -> None:
         )
 
 
+def with_parents(files: Sequence[LayerFile]) -> list[LayerFile]:
+    """``files`` and an entry for every directory above them that they do not name (0755,
+    root): without one, an engine makes the directory when it loads the layer and dates it
+    then, so an export of the same image differed by when and where it was loaded."""
+    named = {f.path for f in files}
+    parents = {str(p) for f in files for p in PurePosixPath(f.path).parents if str(p) != "/"}
+    return [*files, *(LayerFile(path=p, mode=0o755, is_dir=True) for p in parents - named)]
+
+
 def layer_tar(files: Sequence[LayerFile], mtime: int) -> bytes:
-    """A tar with sorted entries, fixed owners and ``mtime``: same files, same bytes."""
+    """A tar with sorted entries, fixed owners and ``mtime``, every parent directory named:
+    same files, same bytes."""
     for f in files:
         check_entry_path(f.path)
+    files = with_parents(files)
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
         for f in sorted(files, key=lambda f: f.path):
