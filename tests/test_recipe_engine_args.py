@@ -26,7 +26,7 @@ from k3env.checks.engine_rules import engine_args
 from .conftest import REPO
 from .rules_context import context
 from .test_recipe_numbers import findings, judged, mutate
-from .test_recipes_in import RECIPES, line_of, resolved  # noqa: F401
+from .test_recipes_in import RECIPES, line_of
 
 F = RECIPES / "f.yaml"
 RECORD = REPO / "schemas/engine-cli/vllm-0.31.0.json"
@@ -65,7 +65,7 @@ def test_the_record_is_vllm_0_31_0s_own_and_the_twins() -> None:
 
 @pytest.mark.parametrize("name", ["d.yaml", "f.yaml"])
 def test_the_runs_that_served_pass_the_parser_and_say_what_it_did_not_judge(
-    resolved: Path,  # noqa: F811
+    resolved: Path,
     capsys: pytest.CaptureFixture[str],
     name: str,
 ) -> None:
@@ -81,7 +81,7 @@ def test_the_runs_that_served_pass_the_parser_and_say_what_it_did_not_judge(
 
 
 def test_an_unknown_flag_is_refused_in_vllms_words_on_its_key_and_line(
-    resolved: Path,  # noqa: F811
+    resolved: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     path = mutate(resolved, "typo.yaml", "enable-prefix-caching: true",
@@ -99,7 +99,7 @@ def test_an_unknown_flag_is_refused_in_vllms_words_on_its_key_and_line(
 
 
 def test_a_prefix_of_a_flag_is_taken_as_that_flag_and_said(
-    resolved: Path,  # noqa: F811
+    resolved: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """The issue's `enable-prefix-cachin: true`: vLLM 0.31.0's parser (allow_abbrev on) takes
@@ -131,7 +131,7 @@ def test_a_prefix_of_a_flag_is_taken_as_that_flag_and_said(
     ],
 )  # fmt: skip
 def test_an_unknown_parser_name_is_refused_in_vllms_words(
-    resolved: Path,  # noqa: F811
+    resolved: Path,
     capsys: pytest.CaptureFixture[str],
     key: str,
     old: str,
@@ -149,7 +149,7 @@ def test_an_unknown_parser_name_is_refused_in_vllms_words(
 
 
 def test_a_tool_parser_without_auto_tool_choice_is_a_warning(
-    resolved: Path,  # noqa: F811
+    resolved: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     text = F.read_text().replace("tool-call-parser: kimi_k3", "tool-call-parser: kimi_k9")
@@ -167,7 +167,7 @@ def _write(path: Path, text: str) -> Path:
 
 
 def test_without_a_parser_every_flag_and_parser_name_is_named_not_checked(
-    resolved: Path,  # noqa: F811
+    resolved: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     shutil.rmtree(resolved / "schemas/engine-cli")
@@ -194,7 +194,7 @@ def test_without_a_parser_every_flag_and_parser_name_is_named_not_checked(
 
 
 def test_a_record_of_another_release_is_not_used(
-    resolved: Path,  # noqa: F811
+    resolved: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     record = resolved / "schemas/engine-cli/vllm-0.31.0.json"
@@ -207,7 +207,7 @@ def test_a_record_of_another_release_is_not_used(
 
 
 def test_the_dynamo_workers_flags_are_named_not_checked(
-    resolved: Path,  # noqa: F811
+    resolved: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     _, out = judged(capsys, RECIPES / "c.yaml")
@@ -220,7 +220,7 @@ def test_the_dynamo_workers_flags_are_named_not_checked(
 
 
 def test_an_image_k3env_cannot_place_is_not_judged_by_a_stand_in(
-    resolved: Path,  # noqa: F811
+    resolved: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     path = mutate(resolved, "elsewhere.yaml", "container: vllm/vllm-openai:kimi-k3",
@@ -274,7 +274,7 @@ def test_the_replay_says_what_vllms_parser_says(args: list[str], said: str | Non
 
 
 def test_an_image_verify_knows_is_judged_by_its_own_parser_env_names_too(
-    resolved: Path,  # noqa: F811
+    resolved: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """A container k3env pushed, whose verify facts carry `vllm.cli` (the probe's cli.py, run
@@ -313,7 +313,7 @@ def test_an_image_verify_knows_is_judged_by_its_own_parser_env_names_too(
 
 
 def test_a_misspelt_env_name_the_recipe_sets_is_named_not_checked(
-    resolved: Path,  # noqa: F811
+    resolved: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     path = mutate(resolved, "nccl.yaml", "NCCL_CUMEM_ENABLE:", "NCCL_CUMEM_ENABLEE:")

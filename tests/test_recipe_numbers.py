@@ -15,7 +15,7 @@ import pytest
 from k3env.config.srtrecipe import job_shape
 from k3env.config.yamlread import load_yaml
 
-from .test_recipes_in import RECIPES, line_of, preflight, resolved  # noqa: F401
+from .test_recipes_in import RECIPES, line_of, preflight
 
 F = RECIPES / "f.yaml"
 
@@ -41,7 +41,7 @@ def judged(
 
 @pytest.mark.parametrize("name", ["d.yaml", "f.yaml"])
 def test_the_runs_that_served_get_no_finding_on_their_numbers(
-    resolved: Path,  # noqa: F811
+    resolved: Path,
     capsys: pytest.CaptureFixture[str],
     name: str,
 ) -> None:
@@ -52,7 +52,7 @@ def test_the_runs_that_served_get_no_finding_on_their_numbers(
 
 
 def test_sixteen_ranks_on_one_node_of_eight_gpus(
-    resolved: Path,  # noqa: F811
+    resolved: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     path = mutate(resolved, "agg-nodes-1.yaml", "agg_nodes: 2", "agg_nodes: 1")
@@ -70,7 +70,7 @@ def test_sixteen_ranks_on_one_node_of_eight_gpus(
 
 
 def test_four_gpus_a_node_on_a_cluster_of_eight(
-    resolved: Path,  # noqa: F811
+    resolved: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     path = mutate(resolved, "gpn-4.yaml", "gpus_per_node: 8", "gpus_per_node: 4")
@@ -94,7 +94,7 @@ def test_four_gpus_a_node_on_a_cluster_of_eight(
 
 
 def test_a_recipe_for_another_gpu_is_named(
-    resolved: Path,  # noqa: F811
+    resolved: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     path = mutate(resolved, "gb200.yaml", "gpu_type: b200", "gpu_type: gb200")
@@ -106,7 +106,7 @@ def test_a_recipe_for_another_gpu_is_named(
 
 
 def test_more_nodes_than_the_cluster_and_more_workers_than_gpus(
-    resolved: Path,  # noqa: F811
+    resolved: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     path = mutate(resolved, "nodes-3.yaml", "agg_nodes: 2", "agg_nodes: 3")
@@ -130,7 +130,7 @@ def test_more_nodes_than_the_cluster_and_more_workers_than_gpus(
 
 
 def test_no_agg_workers_starts_no_worker(
-    resolved: Path,  # noqa: F811
+    resolved: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     path = mutate(resolved, "no-workers.yaml", "  agg_workers: 1\n", "")
@@ -142,7 +142,7 @@ def test_no_agg_workers_starts_no_worker(
 
 
 def test_an_nnodes_flag_against_a_workers_nodes(
-    resolved: Path,  # noqa: F811
+    resolved: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     # The direct vLLM frontend: srt-slurm sets --nnodes itself and drops the recipe's.
@@ -164,7 +164,7 @@ def test_an_nnodes_flag_against_a_workers_nodes(
 
 
 def test_a_parallel_size_that_is_not_a_number_is_said(
-    resolved: Path,  # noqa: F811
+    resolved: Path,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     path = mutate(

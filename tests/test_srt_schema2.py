@@ -32,19 +32,6 @@ SCHEMA1_ONLY = ("backend", "resources.agg_", "vllm_config", "aggregated_environm
                 "dynamo.hash", "dynamo.version", "dynamo.wheel")  # fmt: skip
 
 
-@pytest.fixture
-def resolved(repo: Path) -> Path:
-    """The lock's srt-slurm PR patches and its base's manifests resolved (as in
-    test_recipes_in), so verdicts are about the recipes."""
-    shutil.copytree(REPO / "clusters", repo / "clusters")
-    text = LOCK.read_text()
-    for platform, digit in (("linux/amd64", "a"), ("linux/arm64", "b")):
-        text = text.replace(f'"{platform}" = "unresolved"', f'"{platform}" = "sha256:{digit * 64}"')
-    LOCK.write_text(text)
-    assert main(["lock", "--update-hashes", "-q"]) == 0
-    return repo
-
-
 def pin(version: str) -> None:
     """Pin srt-slurm ``version`` (SRT1 / SRT2) in the test repository's lock."""
     text = LOCK.read_text()
