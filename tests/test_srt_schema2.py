@@ -20,7 +20,7 @@ from k3env.config.yamlread import load_yaml
 
 from .conftest import REPO
 from .srt2_upstream import Srt2, srt2
-from .test_recipes_in import VERDICTS
+from .test_recipes_in import VERDICTS, line_of
 
 __all__ = ["srt2"]  # the session fixture, used by name
 
@@ -323,7 +323,3 @@ def test_a_half_migrated_recipe_is_refused_in_2xs_words_and_still_judged(
     (mem,) = [f for f in r["findings"] if f["rule"] == "K3-GPU-MEM-HEADROOM"]
     assert mem["key"] == "backend.vllm_config.aggregated.gpu-memory-utilization"
     assert mem["line"] == 1 + line_of(RECIPES / "d1-mem-095.yaml", "gpu-memory-utilization:")
-
-
-def line_of(path: Path, text: str) -> int:
-    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)
