@@ -56,9 +56,8 @@ AMD64 = "linux/amd64"
 
 
 @pytest.fixture
-def project(repo: Path) -> Path:
-    shutil.copytree(REPO / "clusters", repo / "clusters")
-    return repo
+def project(repo_with_clusters: Path) -> Path:
+    return repo_with_clusters
 
 
 def said() -> str:
