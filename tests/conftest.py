@@ -28,6 +28,25 @@ def repo(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return tmp_path
 
 
+@pytest.fixture
+def repo_with_clusters(repo: Path) -> Path:
+    shutil.copytree(REPO / "clusters", repo / "clusters")
+    return repo
+
+
+@pytest.fixture
+def resolved(repo_with_clusters: Path) -> Path:
+    """The lock's srt-slurm PR patches pinned and its base's manifests resolved (as on a host
+    that reaches GitHub and Docker Hub), so verdicts are about the recipes: without them the
+    committed lock's 2-node direct profiles fail K3-SRT-FRONTEND and warn K3-IMAGE-PLATFORM."""
+    text = LOCK.read_text()
+    for platform, digit in (("linux/amd64", "a"), ("linux/arm64", "b")):
+        text = text.replace(f'"{platform}" = "unresolved"', f'"{platform}" = "sha256:{digit * 64}"')
+    LOCK.write_text(text)
+    assert main(["lock", "--update-hashes", "-q"]) == 0
+    return repo_with_clusters
+
+
 def replace_in(path: Path, old: str, new: str) -> None:
     text = path.read_text()
     assert old in text, f"{old!r} not in {path}"

@@ -30,7 +30,6 @@ import gzip
 import io
 import json
 import posixpath
-import shlex
 import tarfile
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -328,18 +327,6 @@ class PushRecord:
     digest: str
 
 
-@dataclass(frozen=True, kw_only=True)
-class Commit:
-    """What a ``run_and_commit`` handler says the command did."""
-
-    exit_code: int = 0
-    output: str = ""
-    files: Mapping[str, FileLike] = field(default_factory=dict)
-
-
-CommitHandler = Callable[[str, list[str], dict[str, str]], Commit]
-
-
 def _normalize_ref(ref: str) -> str:
     if ref.startswith("sha256:") or "@" in ref:
         return ref
@@ -372,7 +359,6 @@ class FakeEngine:
         self.store = CLASSIC  # the image store it plays: IDs are config digests
         self.container_created = 1_700_000_000  # mtime of a container's init layer in exports
         self._run_handlers: list[RunHandler] = []
-        self._commit_handler: CommitHandler = lambda image, argv, mounts: Commit()
         self._failures: dict[str, K3envError] = {}
 
     # -- test helpers ----------------------------------------------------------------------
@@ -394,9 +380,6 @@ class FakeEngine:
     def on_run(self, handler: RunHandler) -> None:
         """Answer ``run`` calls: the latest handler first; one returning None passes."""
         self._run_handlers.append(handler)
-
-    def on_commit(self, handler: CommitHandler) -> None:
-        self._commit_handler = handler
 
     def fail_next(self, verb: str, error: K3envError | None = None) -> None:
         """Make the next call of ``verb`` raise ``error`` (an ``EngineError`` by default)."""
@@ -472,10 +455,6 @@ class FakeEngine:
         self.chains = {c for chain in used for c in chain}
         kept = {d for i in self.images.values() for d in i.image.diff_ids}
         self.layers = {d: layer for d, layer in self.layers.items() if d in kept}
-
-    def _new_image(self, base: FakeImage, layer: Layer, config: dict[str, Any]) -> FakeImage:
-        raw = config_json(config)
-        return FakeImage(image=base_image_of(raw), layers=(*base.layers, layer), config_json=raw)
 
     # -- reading ---------------------------------------------------------------------------
     def describe(self) -> str:
@@ -575,37 +554,8 @@ class FakeEngine:
         changes: Iterable[str],
         progress: Progress,
     ) -> str:
-        changes = list(changes)
-        self._call("run_and_commit", image, tuple(argv), repository, tag, tuple(changes))
-        base = self._require(image, "cannot create a container")
-        if base.image.config.get("Entrypoint"):
-            raise EngineError(
-                "run_and_commit needs an image without an entrypoint",
-                where=image,
-                fix="report this as a k3env bug",
-            )
-        done = self._commit_handler(image, list(argv), dict(mounts))
-        for line in done.output.splitlines():
-            progress(line)
-        if done.exit_code != 0:
-            raise EngineError(
-                f"`{' '.join(argv)}` exited {done.exit_code}",
-                where=image,
-                fix="read the output above; fix the input it names and run again",
-            )
-        data = layer_tar(done.files)
-        layer = parse_layer(data)
-        doc = json.loads(base.config_json)
-        doc["config"] = _apply_changes(dict(doc.get("config") or {}), changes)
-        doc["rootfs"]["diff_ids"] = [*base.image.diff_ids, layer.diff_id]
-        doc["history"] = [
-            *(doc.get("history") or []),
-            {"created": base.image.created, "created_by": " ".join(argv)},
-        ]
-        new = self._new_image(base, layer, doc)
-        self._store(new)
-        self.refs[f"{repository}:{tag}"] = new.id
-        return new.id
+        """The protocol's verb k3env itself never calls (the engine tests' fixtures do)."""
+        raise AssertionError("k3env does not commit containers")
 
     # -- writing ---------------------------------------------------------------------------
     def pull(self, reference: str, progress: Progress) -> None:
@@ -793,40 +743,6 @@ class FakeEngine:
                     tar.addfile(info, io.BytesIO(f.content))
         data = buf.getvalue()
         return (data[i : i + 65536] for i in range(0, len(data), 65536))
-
-
-def _apply_changes(config: dict[str, Any], changes: Sequence[str]) -> dict[str, Any]:
-    """``docker commit --change`` for the instructions k3env uses."""
-
-    def argv(rest: str) -> list[str]:
-        return list(json.loads(rest)) if rest.startswith("[") else ["/bin/sh", "-c", rest]
-
-    for change in changes:
-        op, _, rest = change.strip().partition(" ")
-        rest = rest.strip()
-        op = op.upper()
-        if op in ("LABEL", "ENV"):
-            pairs = [p.partition("=") for p in shlex.split(rest)]
-            if op == "LABEL":
-                labels = dict(config.get("Labels") or {})
-                labels.update({k: v for k, _, v in pairs})
-                config["Labels"] = labels
-            else:
-                env = list(config.get("Env") or [])
-                for k, _, v in pairs:
-                    env = [e for e in env if e.split("=", 1)[0] != k] + [f"{k}={v}"]
-                config["Env"] = env
-        elif op == "CMD":
-            config["Cmd"] = argv(rest)
-        elif op == "ENTRYPOINT":
-            config["Entrypoint"] = argv(rest) or None
-        elif op == "WORKDIR":
-            config["WorkingDir"] = rest
-        elif op == "USER":
-            config["User"] = rest
-        else:
-            raise EngineError(f"{op} is not a valid change command", where="docker commit")
-    return config
 
 
 # --- a base over fake layers ---------------------------------------------------------------------

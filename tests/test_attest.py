@@ -35,6 +35,7 @@ from k3env.signing import SigningKey, VerifyKey, load_signing_key, load_verify_k
 
 from .fake_engine import FakeEngine
 from .project import Project
+from .test_yaml_budgets import measured
 
 QUIET = Log(quiet=True)
 pytestmark = pytest.mark.skipif(
@@ -449,14 +450,6 @@ def test_verify_key_fails_the_command_on_a_wrong_key_and_reports_gates_per_image
     assert "sbom signature not checked (no --key given)" in line
 
 
-_MEASURED = """
-import resource, runpy, sys
-sys.argv = ["k3env", *sys.argv[1:]]
-try:
-    runpy.run_module("k3env", run_name="__main__", alter_sys=True)
-finally:
-    print(f"maxrss_kib={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss}", file=sys.stderr)
-"""
 DEEP = 10_000
 
 
@@ -510,7 +503,6 @@ def test_others_files_beside_an_export_are_read_within_budgets_of_memory(
     """`export --check --key` in a process of its own: a 10,000-deep statement, or a 1 GiB
     SBOM or statement (sparse) beside the file: refused in words, exit 4, peak RSS under
     512 MB, no traceback."""
-    import sys
 
     key, _, pub_path = keypair(tmp_path, "k3env")
     signed(exported, key)
@@ -522,12 +514,8 @@ def test_others_files_beside_an_export_are_read_within_budgets_of_memory(
         with beside(exported, suffix).open("r+b") as f:
             f.truncate(1 << 30)
         says = "not read: it has 1,073,741,824 bytes, more than the"
-    done = subprocess.run(
-        [sys.executable, "-c", _MEASURED, "export", "--lock", "pins/test.lock.toml", "--check",
-         str(exported), "--key", str(pub_path)],
-        capture_output=True, text=True, timeout=300, check=False,
-    )  # fmt: skip
-    err, _, rss = done.stderr.rpartition("maxrss_kib=")
-    assert done.returncode == 4, err
-    assert says in err and "Traceback" not in err, err
-    assert int(rss) < 512 * 1024, f"peak RSS {int(rss) >> 10} MiB"
+    done, rss, _ = measured("export", "--lock", "pins/test.lock.toml", "--check", str(exported),
+                            "--key", str(pub_path), cwd=Path.cwd(), timeout=300)  # fmt: skip
+    assert done.returncode == 4, done.stderr
+    assert says in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert rss < 512 * 1024, f"peak RSS {rss >> 10} MiB"

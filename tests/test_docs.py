@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib.util
 import re
 import shlex
 from collections.abc import Iterator
@@ -57,12 +58,33 @@ def test_every_nav_entry_is_a_page_and_every_page_is_in_the_nav() -> None:
         assert page in nav, page
 
 
-def test_the_site_command_table_is_rendered_from_the_parser() -> None:
-    """As README's: fails when a command, option or description changes without `nox -s schemas`."""
-    index = (DOCS / "index.md").read_text()
+@pytest.mark.parametrize("page", [REPO / "README.md", DOCS / "index.md"], ids=lambda p: p.name)
+def test_the_command_table_is_rendered_from_the_parser(page: Path) -> None:
+    """Fails when a command, option or description changes without `nox -s schemas`."""
+    text = page.read_text()
     begin, end = "<!-- commands:begin -->\n", "<!-- commands:end -->\n"
-    assert begin in index and end in index
-    assert index.split(begin, 1)[1].split(end, 1)[0] == command_table()
+    assert begin in text and end in text
+    assert text.split(begin, 1)[1].split(end, 1)[0] == command_table()
+
+
+def test_every_command_is_in_the_table_with_a_description() -> None:
+    rows = command_table().splitlines()[2:]
+    names = [r.split("`")[1].split(" [")[0].split(" {")[0] for r in rows]
+    assert "k3env srt recipe" in " ".join(names)
+    for name in _subcommands(parser()):
+        assert any(n.startswith(f"k3env {name}") for n in names), name
+    assert all(not r.endswith("|  |") for r in rows), [r for r in rows if r.endswith("|  |")]
+
+
+def test_the_readme_renderer_rewrites_only_between_the_markers() -> None:
+    spec = importlib.util.spec_from_file_location("rc", REPO / "scripts/readme_commands.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    text = "intro\n<!-- commands:begin -->\nstale\n<!-- commands:end -->\noutro\n"
+    out = module.render(text)
+    assert out.startswith("intro\n<!-- commands:begin -->\n| command |")
+    assert out.endswith("<!-- commands:end -->\noutro\n") and "stale" not in out
 
 
 def test_readme_is_the_front_door() -> None:

@@ -157,14 +157,6 @@ def test_mutated_inputs_keep_the_exit_contract(
         (repo_with_clusters / target).write_text(original)
 
 
-@pytest.fixture
-def repo_with_clusters(repo: Path) -> Path:
-    import shutil
-
-    shutil.copytree(REPO / "clusters", repo / "clusters")
-    return repo
-
-
 @settings(
     max_examples=20,
     derandomize=True,

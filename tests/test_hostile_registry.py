@@ -54,12 +54,19 @@ class Hostile:
                 if not chunk:
                     return
                 data += chunk
-            head = data.split(b"\r\n\r\n", 1)[0].decode("latin-1").split("\r\n")
-            path = head[0].split()[1]
+            head_bytes, body = data.split(b"\r\n\r\n", 1)
+            head = head_bytes.decode("latin-1").split("\r\n")
+            method, path = head[0].split()[:2]
             headers = dict(line.split(": ", 1) for line in head[1:] if ": " in line)
-            self.seen.append((path, headers))
-            with contextlib.suppress(OSError):
-                self.answer(path, headers, conn, self.host)
+            if self._record(conn, method, path, headers, body):
+                with contextlib.suppress(OSError):
+                    self.answer(path, headers, conn, self.host)
+
+    def _record(
+        self, conn: socket.socket, method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> bool:
+        self.seen.append((path, headers))
+        return True
 
 
 @pytest.fixture
@@ -560,27 +567,17 @@ class Recording(Hostile):
         super().__init__()
         self.bodies: dict[str, bytes] = {}
 
-    def _one(self, conn: socket.socket) -> None:
-        with conn:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                chunk = conn.recv(65536)
-                if not chunk:
-                    return
-                data += chunk
-            head_bytes, body = data.split(b"\r\n\r\n", 1)
-            head = head_bytes.decode("latin-1").split("\r\n")
-            method, path = head[0].split()[:2]
-            headers = dict(line.split(": ", 1) for line in head[1:] if ": " in line)
-            while len(body) < int(headers.get("Content-Length", "0")):
-                chunk = conn.recv(65536)
-                if not chunk:
-                    return
-                body += chunk
-            self.seen.append((f"{method} {path}", headers))
-            self.bodies[f"{method} {path}"] = body
-            with contextlib.suppress(OSError):
-                self.answer(path, headers, conn, self.host)
+    def _record(
+        self, conn: socket.socket, method: str, path: str, headers: dict[str, str], body: bytes
+    ) -> bool:
+        while len(body) < int(headers.get("Content-Length", "0")):
+            chunk = conn.recv(65536)
+            if not chunk:
+                return False
+            body += chunk
+        self.seen.append((f"{method} {path}", headers))
+        self.bodies[f"{method} {path}"] = body
+        return True
 
 
 def test_a_fallback_index_with_nan_and_junk_is_published_again_without_them(

@@ -40,35 +40,7 @@ def findings(spec: Path, state: State | None = None) -> dict[str, str]:
     return out
 
 
-@pytest.fixture
-def repo_with_clusters(repo: Path) -> Path:
-    import shutil
-
-    from .conftest import REPO
-
-    shutil.copytree(REPO / "clusters", repo / "clusters")
-    return repo
-
-
-@pytest.fixture
-def resolved_srt(repo_with_clusters: Path) -> Path:
-    """The lock's srt-slurm PR patches written and pinned, and its base's manifests resolved
-    (as on a host that reaches GitHub and Docker Hub): without them the committed lock's
-    2-node direct profiles fail K3-SRT-FRONTEND and warn K3-IMAGE-PLATFORM."""
-    lock = repo_with_clusters / "pins/k3.lock.toml"
-    text = lock.read_text()
-    for platform, digit in (("linux/amd64", "a"), ("linux/arm64", "b")):
-        text = text.replace(f'"{platform}" = "unresolved"', f'"{platform}" = "sha256:{digit * 64}"')
-    lock.write_text(text)
-    srt_dir = repo_with_clusters / "patches/srt-slurm"
-    srt_dir.mkdir(parents=True, exist_ok=True)
-    (srt_dir / "pr278-direct-aggregate-serving.patch").write_text("From 6fd6000 ...\n")
-    (srt_dir / "pr278-direct-vllm-multinode.patch").write_text("From k3env ...\n")
-    assert main(["lock", "--update-hashes", "-q"]) == 0
-    return repo_with_clusters
-
-
-def test_final_variant_f_passes_with_no_findings(resolved_srt: Path) -> None:
+def test_final_variant_f_passes_with_no_findings(resolved: Path) -> None:
     assert findings(F) == {}
     assert main(["preflight", "kimi-k3-direct-f"]) == 0
 
@@ -173,7 +145,7 @@ def test_rule_trips_on_the_failing_form(
     assert findings(spec).get(rule) == severity
 
 
-def test_fragmentation_is_a_warning_without_a_connector(resolved_srt: Path) -> None:
+def test_fragmentation_is_a_warning_without_a_connector(resolved: Path) -> None:
     # Variant D served 24 minutes without expandable_segments: a warning, not an error.
     assert findings(D) == {"K3-ALLOC-FRAGMENTATION": "warning"}
 
@@ -278,7 +250,7 @@ def test_a_dropped_container_patch_is_an_error_naming_why(repo_with_clusters: Pa
     assert lock.container_patches["mamba-hybrid-index-int64"].why in hit.message
 
 
-def test_linter_output_and_json(resolved_srt: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_linter_output_and_json(resolved: Path, capsys: pytest.CaptureFixture[str]) -> None:
     replace_in(F, 'PYTHONHASHSEED = "42"', "")
     assert main(["preflight", "kimi-k3-direct-f"]) == 4
     out = capsys.readouterr().out
@@ -327,7 +299,7 @@ def rules_on(cluster: Path, spec: Path, state: State | None = None) -> dict[str,
     return out
 
 
-def test_the_b200_recipe_does_not_fit_a_gb200_rack(resolved_srt: Path) -> None:
+def test_the_b200_recipe_does_not_fit_a_gb200_rack(resolved: Path) -> None:
     """Variant F passes on its own B200 cluster; on GB200 trays (4 GPUs, 960 GB Grace DRAM
     each) its offload bytes and --nnodes are wrong, and its headroom is unmeasured."""
     assert rules_on(CLUSTER, F) == {}
@@ -349,7 +321,7 @@ def test_the_b200_recipe_does_not_fit_a_gb200_rack(resolved_srt: Path) -> None:
     assert "K3-IMAGE-PLATFORM" not in found  # the lock pins the base's arm64 manifest
 
 
-def test_an_arm64_cluster_needs_the_bases_arm64_manifest(resolved_srt: Path) -> None:
+def test_an_arm64_cluster_needs_the_bases_arm64_manifest(resolved: Path) -> None:
     replace_in(LOCK, '"linux/arm64" = "sha256:' + "b" * 64 + '"\n', "")
     (missing,) = rules_on(GB200, F)["K3-IMAGE-PLATFORM"]
     assert missing.startswith("error: gb200-nvl72 runs linux/arm64 (aarch64), but base ")
@@ -373,7 +345,7 @@ def test_an_unresolved_platform_manifest_and_a_missing_twin_are_said(
     assert any("the lock pins no CPU twin for linux/arm64" in m for m in found)
 
 
-def test_tensor_parallel_beyond_the_nvlink_domain_warns(resolved_srt: Path) -> None:
+def test_tensor_parallel_beyond_the_nvlink_domain_warns(resolved: Path) -> None:
     replace_in(F, '"--tensor-parallel-size", "8"', '"--tensor-parallel-size", "16"')
     replace_in(F, '"--pipeline-parallel-size", "2"', '"--pipeline-parallel-size", "1"')
     (tp,) = rules_on(CLUSTER, F)["K3-TP-NVLINK"]
@@ -441,7 +413,7 @@ def test_an_arm64_clusters_lacked_facts_name_the_platforms_verify(
     assert json.loads(capsys.readouterr().out)["platform"] == "linux/arm64"
 
 
-def test_a_manifest_pinned_with_its_variant_serves_the_arm64_cluster(resolved_srt: Path) -> None:
+def test_a_manifest_pinned_with_its_variant_serves_the_arm64_cluster(resolved: Path) -> None:
     replace_in(LOCK, '"linux/arm64" = "sha256:', '"linux/arm64/v8" = "sha256:')
     assert "K3-IMAGE-PLATFORM" not in rules_on(GB200, F)
 

@@ -41,6 +41,7 @@ from k3env.srt.validate import RecipeError, Validation
 from k3env.state import State
 
 from .conftest import REPO
+from .test_recipes_in import line_of
 
 RECIPES = REPO / "tests/data/recipes"
 LOCK = Path("pins/k3.lock.toml")
@@ -55,9 +56,8 @@ AMD64 = "linux/amd64"
 
 
 @pytest.fixture
-def project(repo: Path) -> Path:
-    shutil.copytree(REPO / "clusters", repo / "clusters")
-    return repo
+def project(repo_with_clusters: Path) -> Path:
+    return repo_with_clusters
 
 
 def said() -> str:
@@ -529,10 +529,6 @@ def checked(
     image = find(State(), lock, recipe.container)
     cluster = load_cluster(CLUSTER)
     return check_recipe(recipe, lock, cluster, image, list(rules), loader), path
-
-
-def line_of(path: Path, text: str) -> int:
-    return next(i for i, x in enumerate(path.read_text().splitlines(), 1) if text in x)
 
 
 def test_the_loaders_errors_are_findings_on_the_recipes_keys_and_lines(project: Path) -> None:

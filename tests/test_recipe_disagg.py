@@ -19,9 +19,9 @@ from k3env.config.yamlread import load_yaml
 
 from .conftest import REPO
 from .srt2_upstream import Srt2, srt2
-from .test_srt_schema2 import SRT2, findings, lookup, pin, preflight, resolved
+from .test_srt_schema2 import SRT2, findings, lookup, pin, preflight
 
-__all__ = ["resolved", "srt2"]  # fixtures, used by name
+__all__ = ["srt2"]  # the session fixture, used by name
 
 # Kimi-K3 over one prefill and one decode worker, TP 8 each, behind the Dynamo frontend; the
 # prefill worker leaves too little memory outside vLLM's pool and lacks PYTHONHASHSEED (which

@@ -25,11 +25,12 @@ from k3env.checks.engine_rules import engine_args
 
 from .conftest import REPO
 from .rules_context import context
-from .test_recipe_numbers import findings, judged, mutate
-from .test_recipes_in import RECIPES, line_of, resolved  # noqa: F401
+from .test_recipe_numbers import Judge, findings, judge
+from .test_recipes_in import RECIPES, line_of
 
 F = RECIPES / "f.yaml"
 RECORD = REPO / "schemas/engine-cli/vllm-0.31.0.json"
+__all__ = ["judge"]  # the fixture, used by name
 TWIN = (
     "judged by vLLM 0.31.0's own parser, from the twin, not by this image (vllm-0.31.0.json; "
     "the lock's stand-in for base vllm-kimi-k3)"
@@ -65,11 +66,9 @@ def test_the_record_is_vllm_0_31_0s_own_and_the_twins() -> None:
 
 @pytest.mark.parametrize("name", ["d.yaml", "f.yaml"])
 def test_the_runs_that_served_pass_the_parser_and_say_what_it_did_not_judge(
-    resolved: Path,  # noqa: F811
-    capsys: pytest.CaptureFixture[str],
-    name: str,
+    judge: Judge, name: str
 ) -> None:
-    code, out = judged(capsys, RECIPES / name)
+    code, out = judge(RECIPES / name)
     assert code == 0 and findings(out, "K3-ENGINE-ARGS") == []
     said = {n["what"]: n["why"] for n in unchecked(out)}
     values = "the values of --host, --kv-transfer-config, --served-model-name"
@@ -80,13 +79,10 @@ def test_the_runs_that_served_pass_the_parser_and_say_what_it_did_not_judge(
     assert "it is not this image's vLLM" in said[names[0]]
 
 
-def test_an_unknown_flag_is_refused_in_vllms_words_on_its_key_and_line(
-    resolved: Path,  # noqa: F811
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    path = mutate(resolved, "typo.yaml", "enable-prefix-caching: true",
-                  "enable-prefix-cachingg: true")  # fmt: skip
-    code, out = judged(capsys, path)
+def test_an_unknown_flag_is_refused_in_vllms_words_on_its_key_and_line(judge: Judge) -> None:
+    path, code, out = judge.mutated(
+        "typo.yaml", "enable-prefix-caching: true", "enable-prefix-cachingg: true"
+    )
     assert code == 4
     (f,) = findings(out, "K3-ENGINE-ARGS")
     assert (f["severity"], f["key"], f["line"]) == (
@@ -98,16 +94,12 @@ def test_an_unknown_flag_is_refused_in_vllms_words_on_its_key_and_line(
     )
 
 
-def test_a_prefix_of_a_flag_is_taken_as_that_flag_and_said(
-    resolved: Path,  # noqa: F811
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+def test_a_prefix_of_a_flag_is_taken_as_that_flag_and_said(judge: Judge) -> None:
     """The issue's `enable-prefix-cachin: true`: vLLM 0.31.0's parser (allow_abbrev on) takes
     it as --enable-prefix-caching, so the job starts with prefix caching on; said, a warning."""
-    path = mutate(
-        resolved, "cachin.yaml", "enable-prefix-caching: true", "enable-prefix-cachin: true"
+    path, code, out = judge.mutated(
+        "cachin.yaml", "enable-prefix-caching: true", "enable-prefix-cachin: true"
     )
-    code, out = judged(capsys, path)
     assert code == 0
     (f,) = findings(out, "K3-ENGINE-ARGS")
     assert (f["severity"], f["key"], f["line"]) == (
@@ -131,15 +123,13 @@ def test_a_prefix_of_a_flag_is_taken_as_that_flag_and_said(
     ],
 )  # fmt: skip
 def test_an_unknown_parser_name_is_refused_in_vllms_words(
-    resolved: Path,  # noqa: F811
-    capsys: pytest.CaptureFixture[str],
+    judge: Judge,
     key: str,
     old: str,
     new: str,
     said: str,
 ) -> None:
-    path = mutate(resolved, f"{key}.yaml", old, new)
-    code, out = judged(capsys, path)
+    path, code, out = judge.mutated(f"{key}.yaml", old, new)
     assert code == 4
     (f,) = findings(out, "K3-ENGINE-ARGS")
     assert (f["severity"], f["key"], f["line"]) == (
@@ -148,14 +138,14 @@ def test_an_unknown_parser_name_is_refused_in_vllms_words(
     assert f["message"].endswith(f"({TWIN}): the server refuses to start")
 
 
-def test_a_tool_parser_without_auto_tool_choice_is_a_warning(
-    resolved: Path,  # noqa: F811
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+def test_a_tool_parser_without_auto_tool_choice_is_a_warning(judge: Judge) -> None:
     text = F.read_text().replace("tool-call-parser: kimi_k3", "tool-call-parser: kimi_k9")
-    path = mutate(resolved, "no-auto.yaml", "      enable-auto-tool-choice: true\n", "",
-                  source=_write(resolved / "src.yaml", text))  # fmt: skip
-    code, out = judged(capsys, path)
+    _, code, out = judge.mutated(
+        "no-auto.yaml",
+        "      enable-auto-tool-choice: true\n",
+        "",
+        source=_write(judge.root / "src.yaml", text),
+    )
     (f,) = findings(out, "K3-ENGINE-ARGS")
     assert code == 0 and f["severity"] == "warning"
     assert "vLLM checks it only with --enable-auto-tool-choice" in f["message"]
@@ -166,15 +156,11 @@ def _write(path: Path, text: str) -> Path:
     return path
 
 
-def test_without_a_parser_every_flag_and_parser_name_is_named_not_checked(
-    resolved: Path,  # noqa: F811
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    shutil.rmtree(resolved / "schemas/engine-cli")
-    path = mutate(
-        resolved, "reason.yaml", "reasoning-parser: kimi_k3", "reasoning-parser: bogus_xyz"
+def test_without_a_parser_every_flag_and_parser_name_is_named_not_checked(judge: Judge) -> None:
+    shutil.rmtree(judge.root / "schemas/engine-cli")
+    path, code, out = judge.mutated(
+        "reason.yaml", "reasoning-parser: kimi_k3", "reasoning-parser: bogus_xyz"
     )
-    code, out = judged(capsys, path)
     assert code == 0 and findings(out, "K3-ENGINE-ARGS") == []
     n, env = unchecked(out)
     assert n["what"].startswith("`vllm serve` flags and parser names: --host 0.0.0.0, --port 8000")
@@ -186,31 +172,25 @@ def test_without_a_parser_every_flag_and_parser_name_is_named_not_checked(
     # The same entry for a person, a line of its own.
     from k3env.cli import main
 
-    capsys.readouterr()
+    judge.capsys.readouterr()
     assert main(["preflight", "-q", "--recipe", str(path)]) == 0
-    human = capsys.readouterr().out
+    human = judge.capsys.readouterr().out
     assert f"{path}: K3-ENGINE-ARGS: not checked: `vllm serve` flags and parser names: " in human
     assert "--reasoning-parser bogus_xyz" in human
 
 
-def test_a_record_of_another_release_is_not_used(
-    resolved: Path,  # noqa: F811
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    record = resolved / "schemas/engine-cli/vllm-0.31.0.json"
+def test_a_record_of_another_release_is_not_used(judge: Judge) -> None:
+    record = judge.root / "schemas/engine-cli/vllm-0.31.0.json"
     doc = json.loads(record.read_text())
     doc["pinned"]["version"] = "0.30.0"
     record.write_text(json.dumps(doc))
-    _, out = judged(capsys, F)
+    _, out = judge(F)
     (n,) = [n for n in unchecked(out) if n["what"].startswith("`vllm serve` flags")]
     assert "was recorded for vLLM 0.30.0, not the twin's 0.31.0: record it again" in n["why"]
 
 
-def test_the_dynamo_workers_flags_are_named_not_checked(
-    resolved: Path,  # noqa: F811
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    _, out = judged(capsys, RECIPES / "c.yaml")
+def test_the_dynamo_workers_flags_are_named_not_checked(judge: Judge) -> None:
+    _, out = judge(RECIPES / "c.yaml")
     n, _ = unchecked(out)
     assert n["what"].startswith(
         "the dynamo-worker (`python -m dynamo.vllm`) flags and parser names"
@@ -219,13 +199,10 @@ def test_the_dynamo_workers_flags_are_named_not_checked(
     assert "k3env records no parser of the Dynamo worker" in n["why"]
 
 
-def test_an_image_k3env_cannot_place_is_not_judged_by_a_stand_in(
-    resolved: Path,  # noqa: F811
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    path = mutate(resolved, "elsewhere.yaml", "container: vllm/vllm-openai:kimi-k3",
-                  "container: example.org/other:1")  # fmt: skip
-    _, out = judged(capsys, path)
+def test_an_image_k3env_cannot_place_is_not_judged_by_a_stand_in(judge: Judge) -> None:
+    _, _, out = judge.mutated(
+        "elsewhere.yaml", "container: vllm/vllm-openai:kimi-k3", "container: example.org/other:1"
+    )
     (n,) = [n for n in unchecked(out) if n["what"].startswith("`vllm serve` flags")]
     assert n["why"].startswith("k3env cannot place example.org/other:1: which vLLM it runs")
 
@@ -273,10 +250,7 @@ def test_the_replay_says_what_vllms_parser_says(args: list[str], said: str | Non
         assert v.message.startswith(said)
 
 
-def test_an_image_verify_knows_is_judged_by_its_own_parser_env_names_too(
-    resolved: Path,  # noqa: F811
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+def test_an_image_verify_knows_is_judged_by_its_own_parser_env_names_too(judge: Judge) -> None:
     """A container k3env pushed, whose verify facts carry `vllm.cli` (the probe's cli.py, run
     in that image): its flags and its VLLM_ names are judged by the image's own vLLM."""
     from k3env.config.lock import load_lock
@@ -295,10 +269,10 @@ def test_an_image_verify_knows_is_judged_by_its_own_parser_env_names_too(
     write(state, Facts(facts={"vllm": {"cli": recorded()["cli"]}}), image_id)
     text = F.read_text().replace("vllm/vllm-openai:kimi-k3",
                                  f"127.0.0.1:5000/k3env/kimi-k3-direct-f@{digest}")  # fmt: skip
-    source = _write(resolved / "src.yaml", text)
-    path = mutate(resolved, "own.yaml", "enable-prefix-caching: true",
-                  "enable-prefix-cachingg: true", source=source)  # fmt: skip
-    code, out = judged(capsys, path)
+    source = _write(judge.root / "src.yaml", text)
+    _, code, out = judge.mutated(
+        "own.yaml", "enable-prefix-caching: true", "enable-prefix-cachingg: true", source=source
+    )
     assert code == 4
     by_key = {f["key"]: f for f in findings(out, "K3-ENGINE-ARGS")}
     flag = by_key["backend.vllm_config.aggregated.enable-prefix-cachingg"]
@@ -312,12 +286,8 @@ def test_an_image_verify_knows_is_judged_by_its_own_parser_env_names_too(
     assert not [n for n in unchecked(out) if n["what"].startswith("the VLLM_ names")]
 
 
-def test_a_misspelt_env_name_the_recipe_sets_is_named_not_checked(
-    resolved: Path,  # noqa: F811
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    path = mutate(resolved, "nccl.yaml", "NCCL_CUMEM_ENABLE:", "NCCL_CUMEM_ENABLEE:")
-    code, out = judged(capsys, path)
+def test_a_misspelt_env_name_the_recipe_sets_is_named_not_checked(judge: Judge) -> None:
+    _, code, out = judge.mutated("nccl.yaml", "NCCL_CUMEM_ENABLE:", "NCCL_CUMEM_ENABLEE:")
     (n,) = [n for n in unchecked(out) if n["what"].startswith("whether the image reads")]
     assert code == 0
     assert n["what"] == (

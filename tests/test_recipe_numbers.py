@@ -7,6 +7,7 @@ the runs that served (D and F as they were) get no new finding."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,17 +16,9 @@ import pytest
 from k3env.config.srtrecipe import job_shape
 from k3env.config.yamlread import load_yaml
 
-from .test_recipes_in import RECIPES, line_of, preflight, resolved  # noqa: F401
+from .test_recipes_in import RECIPES, line_of, preflight
 
 F = RECIPES / "f.yaml"
-
-
-def mutate(tmp: Path, name: str, old: str, new: str, source: Path = F) -> Path:
-    text = source.read_text()
-    assert old in text, old
-    path = tmp / name
-    path.write_text(text.replace(old, new, 1))
-    return path
 
 
 def findings(out: dict[str, Any], rule: str) -> list[dict[str, Any]]:
@@ -33,30 +26,42 @@ def findings(out: dict[str, Any], rule: str) -> list[dict[str, Any]]:
     return [f for f in result["findings"] if f["rule"] == rule]
 
 
-def judged(
-    capsys: pytest.CaptureFixture[str], path: Path, *extra: str
-) -> tuple[int, dict[str, Any]]:
-    return preflight(capsys, "--recipe", str(path), *extra)
+@dataclass(frozen=True)
+class Judge:
+    """``preflight --recipe`` in the resolved repository: of a recipe as written, or of a copy
+    of one (F unless told) with ``old`` replaced by ``new``."""
+
+    root: Path
+    capsys: pytest.CaptureFixture[str]
+
+    def __call__(self, path: Path) -> tuple[int, dict[str, Any]]:
+        return preflight(self.capsys, "--recipe", str(path))
+
+    def mutated(
+        self, name: str, old: str, new: str, source: Path = F
+    ) -> tuple[Path, int, dict[str, Any]]:
+        text = source.read_text()
+        assert old in text, old
+        path = self.root / name
+        path.write_text(text.replace(old, new, 1))
+        return (path, *self(path))
+
+
+@pytest.fixture
+def judge(resolved: Path, capsys: pytest.CaptureFixture[str]) -> Judge:
+    return Judge(resolved, capsys)
 
 
 @pytest.mark.parametrize("name", ["d.yaml", "f.yaml"])
-def test_the_runs_that_served_get_no_finding_on_their_numbers(
-    resolved: Path,  # noqa: F811
-    capsys: pytest.CaptureFixture[str],
-    name: str,
-) -> None:
-    code, out = judged(capsys, RECIPES / name)
+def test_the_runs_that_served_get_no_finding_on_their_numbers(judge: Judge, name: str) -> None:
+    code, out = judge(RECIPES / name)
     assert code == 0
     for rule in ("K3-JOB-RANKS", "K3-JOB-CLUSTER", "K3-TP-NVLINK", "K3-TOPOLOGY"):
         assert findings(out, rule) == []
 
 
-def test_sixteen_ranks_on_one_node_of_eight_gpus(
-    resolved: Path,  # noqa: F811
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    path = mutate(resolved, "agg-nodes-1.yaml", "agg_nodes: 2", "agg_nodes: 1")
-    code, out = judged(capsys, path)
+def test_sixteen_ranks_on_one_node_of_eight_gpus(judge: Judge) -> None:
+    path, code, out = judge.mutated("agg-nodes-1.yaml", "agg_nodes: 2", "agg_nodes: 1")
     assert code == 4
     (f,) = findings(out, "K3-JOB-RANKS")
     assert (f["severity"], f["key"], f["line"]) == ("error", "resources.agg_nodes",
@@ -69,12 +74,8 @@ def test_sixteen_ranks_on_one_node_of_eight_gpus(
     assert "resources.agg_nodes: 2 with gpus_per_node: 8" in f["fix"]
 
 
-def test_four_gpus_a_node_on_a_cluster_of_eight(
-    resolved: Path,  # noqa: F811
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    path = mutate(resolved, "gpn-4.yaml", "gpus_per_node: 8", "gpus_per_node: 4")
-    code, out = judged(capsys, path)
+def test_four_gpus_a_node_on_a_cluster_of_eight(judge: Judge) -> None:
+    path, code, out = judge.mutated("gpn-4.yaml", "gpus_per_node: 8", "gpus_per_node: 4")
     assert code == 4
     line = line_of(path, "gpus_per_node:")
     (cluster,) = findings(out, "K3-JOB-CLUSTER")
@@ -93,33 +94,25 @@ def test_four_gpus_a_node_on_a_cluster_of_eight(
     assert "one node's 4 GPUs (gpus_per_node 4)" in tp["message"]
 
 
-def test_a_recipe_for_another_gpu_is_named(
-    resolved: Path,  # noqa: F811
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    path = mutate(resolved, "gb200.yaml", "gpu_type: b200", "gpu_type: gb200")
-    code, out = judged(capsys, path)
+def test_a_recipe_for_another_gpu_is_named(judge: Judge) -> None:
+    path, code, out = judge.mutated("gb200.yaml", "gpu_type: b200", "gpu_type: gb200")
     assert code == 4
     (f,) = findings(out, "K3-JOB-CLUSTER")
     assert (f["key"], f["line"]) == ("resources.gpu_type", line_of(path, "gpu_type:"))
     assert f["message"].startswith("gpu_type gb200, but the cluster profile b200-dgxc has B200")
 
 
-def test_more_nodes_than_the_cluster_and_more_workers_than_gpus(
-    resolved: Path,  # noqa: F811
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    path = mutate(resolved, "nodes-3.yaml", "agg_nodes: 2", "agg_nodes: 3")
-    code, out = judged(capsys, path)
+def test_more_nodes_than_the_cluster_and_more_workers_than_gpus(judge: Judge) -> None:
+    _, code, out = judge.mutated("nodes-3.yaml", "agg_nodes: 2", "agg_nodes: 3")
     assert code == 4
     messages = {f["message"] for f in findings(out, "K3-JOB-CLUSTER")}
     assert "the recipe asks for 3 nodes, but b200-dgxc has 2" in messages
     (ranks,) = findings(out, "K3-JOB-RANKS")  # 24 GPUs for 16 ranks: 8 idle, a warning
     assert ranks["severity"] == "warning" and "8 of them sit idle" in ranks["message"]
 
-    path = mutate(resolved, "gpus-per-agg.yaml", "agg_workers: 1",
-                  "agg_workers: 2\n  gpus_per_agg: 16")  # fmt: skip
-    code, out = judged(capsys, path)
+    _, code, out = judge.mutated(
+        "gpus-per-agg.yaml", "agg_workers: 1", "agg_workers: 2\n  gpus_per_agg: 16"
+    )
     assert code == 4
     (fits,) = findings(out, "K3-JOB-RANKS")
     assert fits["key"] == "resources.agg_workers"
@@ -129,48 +122,41 @@ def test_more_nodes_than_the_cluster_and_more_workers_than_gpus(
     )
 
 
-def test_no_agg_workers_starts_no_worker(
-    resolved: Path,  # noqa: F811
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    path = mutate(resolved, "no-workers.yaml", "  agg_workers: 1\n", "")
-    code, out = judged(capsys, path)
+def test_no_agg_workers_starts_no_worker(judge: Judge) -> None:
+    _, code, out = judge.mutated("no-workers.yaml", "  agg_workers: 1\n", "")
     assert code == 4
     (f,) = findings(out, "K3-JOB-RANKS")
     assert f["key"] == "resources.agg_workers"
     assert "starts no agg worker: resources.agg_workers is not written" in f["message"]
 
 
-def test_an_nnodes_flag_against_a_workers_nodes(
-    resolved: Path,  # noqa: F811
-    capsys: pytest.CaptureFixture[str],
-) -> None:
+def test_an_nnodes_flag_against_a_workers_nodes(judge: Judge) -> None:
     # The direct vLLM frontend: srt-slurm sets --nnodes itself and drops the recipe's.
-    path = mutate(resolved, "nnodes.yaml", "      tensor-parallel-size: 8\n",
-                  "      tensor-parallel-size: 8\n      nnodes: 2\n")  # fmt: skip
-    _, out = judged(capsys, path)
+    path, _, out = judge.mutated(
+        "nnodes.yaml",
+        "      tensor-parallel-size: 8\n",
+        "      tensor-parallel-size: 8\n      nnodes: 2\n",
+    )
     (f,) = findings(out, "K3-JOB-RANKS")
     assert (f["severity"], f["key"]) == ("warning", "backend.vllm_config.aggregated.nnodes")
     assert "srt-slurm sets --nnodes itself (2, the nodes of one agg worker)" in f["message"]
     # The Dynamo worker: the recipe's --nnodes follows srt-slurm's, and argparse keeps it.
-    path = mutate(resolved, "nnodes-dynamo.yaml", "      tensor-parallel-size: 8\n",
-                  "      tensor-parallel-size: 8\n      nnodes: 3\n",
-                  RECIPES / "c.yaml")  # fmt: skip
-    _, out = judged(capsys, path)
+    path, _, out = judge.mutated(
+        "nnodes-dynamo.yaml",
+        "      tensor-parallel-size: 8\n",
+        "      tensor-parallel-size: 8\n      nnodes: 3\n",
+        RECIPES / "c.yaml",
+    )
     (f,) = findings(out, "K3-JOB-RANKS")
     assert (f["severity"], f["key"]) == ("error", "backend.vllm_config.aggregated.nnodes")
     assert f["message"].startswith("--nnodes 3, but each agg worker spans 2 node(s)")
     assert f["line"] == line_of(path, "nnodes: 3")
 
 
-def test_a_parallel_size_that_is_not_a_number_is_said(
-    resolved: Path,  # noqa: F811
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    path = mutate(
-        resolved, "tp-word.yaml", "tensor-parallel-size: 8", "tensor-parallel-size: eight"
+def test_a_parallel_size_that_is_not_a_number_is_said(judge: Judge) -> None:
+    _, _, out = judge.mutated(
+        "tp-word.yaml", "tensor-parallel-size: 8", "tensor-parallel-size: eight"
     )
-    _, out = judged(capsys, path)
     (f,) = findings(out, "K3-JOB-RANKS")
     assert f["key"] == "backend.vllm_config.aggregated.tensor-parallel-size"
     assert "is not a whole number" in f["message"]

@@ -52,19 +52,6 @@ VERDICTS: dict[str, dict[str, str]] = {
 }  # fmt: skip
 
 
-@pytest.fixture
-def resolved(repo: Path) -> Path:
-    """The lock's srt-slurm PR patches written and pinned and its base's manifests resolved
-    (as on a host that reaches GitHub and Docker Hub), so verdicts are about the recipes."""
-    shutil.copytree(REPO / "clusters", repo / "clusters")
-    text = LOCK.read_text()
-    for platform, digit in (("linux/amd64", "a"), ("linux/arm64", "b")):
-        text = text.replace(f'"{platform}" = "unresolved"', f'"{platform}" = "sha256:{digit * 64}"')
-    LOCK.write_text(text)
-    assert main(["lock", "--update-hashes", "-q"]) == 0
-    return repo
-
-
 def preflight(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, dict[str, Any]]:
     capsys.readouterr()
     code = main(["preflight", "--json", "-q", *args])

@@ -20,7 +20,7 @@ from k3env.config.yamlread import load_yaml
 
 from .conftest import REPO
 from .srt2_upstream import Srt2, srt2
-from .test_recipes_in import VERDICTS
+from .test_recipes_in import VERDICTS, line_of
 
 __all__ = ["srt2"]  # the session fixture, used by name
 
@@ -30,19 +30,6 @@ SRT1, SRT2 = 'version = "v1.0.36"', 'version = "v2.18.0"'
 # Spellings only schema 1 has: no schema-2 finding may be keyed on one of them.
 SCHEMA1_ONLY = ("backend", "resources.agg_", "vllm_config", "aggregated_environment",
                 "dynamo.hash", "dynamo.version", "dynamo.wheel")  # fmt: skip
-
-
-@pytest.fixture
-def resolved(repo: Path) -> Path:
-    """The lock's srt-slurm PR patches and its base's manifests resolved (as in
-    test_recipes_in), so verdicts are about the recipes."""
-    shutil.copytree(REPO / "clusters", repo / "clusters")
-    text = LOCK.read_text()
-    for platform, digit in (("linux/amd64", "a"), ("linux/arm64", "b")):
-        text = text.replace(f'"{platform}" = "unresolved"', f'"{platform}" = "sha256:{digit * 64}"')
-    LOCK.write_text(text)
-    assert main(["lock", "--update-hashes", "-q"]) == 0
-    return repo
 
 
 def pin(version: str) -> None:
@@ -336,7 +323,3 @@ def test_a_half_migrated_recipe_is_refused_in_2xs_words_and_still_judged(
     (mem,) = [f for f in r["findings"] if f["rule"] == "K3-GPU-MEM-HEADROOM"]
     assert mem["key"] == "backend.vllm_config.aggregated.gpu-memory-utilization"
     assert mem["line"] == 1 + line_of(RECIPES / "d1-mem-095.yaml", "gpu-memory-utilization:")
-
-
-def line_of(path: Path, text: str) -> int:
-    return next(i for i, line in enumerate(path.read_text().splitlines(), 1) if text in line)

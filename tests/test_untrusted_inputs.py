@@ -70,12 +70,9 @@ def leftovers(directory: Path) -> list[str]:
 
 
 @pytest.fixture
-def project(repo: Path) -> Path:
+def project(repo_with_clusters: Path) -> Path:
     """The committed lock, specs, patches and cluster profiles in a temporary repository."""
-    import shutil
-
-    shutil.copytree(REPO / "clusters", repo / "clusters")
-    return repo
+    return repo_with_clusters
 
 
 # --- 1. every path a file names goes through one check ------------------------------------------

@@ -37,11 +37,13 @@ def _bomb(path: Path, scalar: int, aliases: int = 95_000) -> Path:
     return path
 
 
-def _k3env(*args: str) -> tuple[subprocess.CompletedProcess[str], int, float]:
+def measured(
+    *args: str, cwd: Path = REPO, timeout: int = 120
+) -> tuple[subprocess.CompletedProcess[str], int, float]:
     """``python -m k3env ARGS`` in a process of its own: (the run, its peak RSS in KiB, s)."""
     start = time.monotonic()
     done = subprocess.run([sys.executable, "-c", _MEASURED, *args], capture_output=True,
-                          text=True, timeout=120, cwd=REPO)  # fmt: skip
+                          text=True, timeout=timeout, cwd=cwd)  # fmt: skip
     seconds = time.monotonic() - start
     done.stderr, _, rss = done.stderr.rpartition("maxrss_kib=")
     return done, int(rss), seconds
@@ -82,7 +84,7 @@ def test_the_alias_bomb_through_the_cli_is_one_json_error_within_memory(
     for scalar in (600_000, 200_000):
         bomb = _bomb(tmp_path / f"bomb-{scalar}.yaml", scalar)
         args = [*command, str(bomb)] + (["--out", str(out)] if command[0] == "adopt" else [])
-        done, rss, seconds = _k3env(*args)
+        done, rss, seconds = measured(*args)
         assert done.returncode == 2, (done.stdout, done.stderr)
         doc = json.loads(done.stdout, parse_constant=lambda c: pytest.fail(f"{c} in the JSON"))
         assert doc["error"]["error"] == "ConfigError", doc
@@ -163,7 +165,7 @@ def test_a_recipe_just_under_the_budget_is_adopted_in_seconds_within_memory(
         f"big: &a {'x' * 2_090}\n" + recipe.replace(flag, f"      bomb: [{aliases}]\n{flag}")
     )
     out = tmp_path / "near.toml"
-    done, rss, seconds = _k3env("adopt", "--json", str(near), "--out", str(out))
+    done, rss, seconds = measured("adopt", "--json", str(near), "--out", str(out))
     assert done.returncode == 0, done.stderr
     assert out.stat().st_size > 4_000_000
     assert rss < 512 << 10, rss

@@ -39,6 +39,15 @@ class _Reader:
         out, self._chunk = self._chunk[:n], self._chunk[n:]
         return out
 
+    def entry(self, n: int, name: str) -> Iterator[memoryview]:
+        """An entry's ``n`` bytes of data, as views; the stream ending inside it is an error."""
+        while n:
+            chunk = self.take(n)
+            if not chunk:
+                raise ValueError(f"tar stream ended inside {name!r}")
+            n -= len(chunk)
+            yield chunk
+
     def read(self, n: int) -> bytes:
         """Exactly ``n`` bytes, fewer only at the stream's end."""
         parts = []
@@ -172,12 +181,8 @@ def filter_tar(
         long_name = None
         if drop(name):
             pending.clear()
-            remaining = size
-            while remaining:
-                chunk = reader.take(remaining)
-                if not chunk:
-                    raise ValueError(f"tar stream ended inside {name!r}")
-                remaining -= len(chunk)
+            for _ in reader.entry(size, name):
+                pass
             continue
         if info.type == tarfile.SYMTYPE and pending:
             pending, header = _relink(pending, header)
@@ -189,13 +194,7 @@ def filter_tar(
         yield from pending
         pending.clear()
         yield header
-        remaining = size
-        while remaining:
-            chunk = reader.take(remaining)
-            if not chunk:
-                raise ValueError(f"tar stream ended inside {name!r}")
-            remaining -= len(chunk)
-            yield chunk
+        yield from reader.entry(size, name)
     yield append
     yield b"\0" * (2 * BLOCK)
 

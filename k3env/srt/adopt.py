@@ -170,11 +170,9 @@ def spec_text(
         components.append("aiperf")
     mtype, _ = model_type(recipe, model_type_given)
     nodes = recipe.resources.get("agg_nodes")
-    topology = (
-        ["--nnodes", str(nodes), "--node-rank", "0", "--master-addr", "node-0"]
-        if isinstance(nodes, int) and nodes > 1
-        else []
-    )
+    topology: list[str] = []
+    if isinstance(nodes, int) and nodes > 1:
+        topology = ["--nnodes", str(nodes), "--node-rank", "0", "--master-addr", "node-0"]
     out = [
         "#:schema ../schemas/image-spec.schema.json",
         f"# Adopted by `k3env adopt` from the srt-slurm recipe {one_line(str(recipe.path))}",

@@ -29,6 +29,19 @@ def _serve_parser(run: Run | None) -> tuple[Any, Any, dict[str, Any]]:
     return top, sub, commands
 
 
+def server_validator() -> Any:
+    """vLLM's ``validate_api_server_args``. It moved: 0.31 launchers.launcher (re-exported by
+    openai.api_server), 0.33 common.cli_args."""
+    return first_attribute(
+        "validate_api_server_args",
+        "vllm.entrypoints.common.cli_args",
+        "vllm.entrypoints.launchers.cli_args",
+        "vllm.entrypoints.launchers.launcher",
+        "vllm.entrypoints.openai.api_server",
+        "vllm.entrypoints.openai.cli_args",
+    )
+
+
 def parse_vllm_serve(run: Run, argv: Sequence[str]) -> None:
     """``vllm serve ...`` through vLLM's own CLI parser, then the server-setup validation."""
     top, _, commands = _serve_parser(run)
@@ -37,15 +50,7 @@ def parse_vllm_serve(run: Run, argv: Sequence[str]) -> None:
         args.model = args.model_tag
     commands[args.subparser].validate(args)
     # Parser names pass argparse and fail at server setup (validate_api_server_args): run it.
-    # It moved: 0.31 launchers.launcher (re-exported by openai.api_server), 0.33 common.cli_args.
-    validate = first_attribute(
-        "validate_api_server_args",
-        "vllm.entrypoints.common.cli_args",
-        "vllm.entrypoints.launchers.cli_args",
-        "vllm.entrypoints.launchers.launcher",
-        "vllm.entrypoints.openai.api_server",
-        "vllm.entrypoints.openai.cli_args",
-    )
+    validate = server_validator()
     engine_args = importlib.import_module("vllm.engine.arg_utils").AsyncEngineArgs
     # What the server does before validating (the reasoning parser moves into the structured
     # outputs config), run as vLLM's own method on the parsed args: constructing the engine

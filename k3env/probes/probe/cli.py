@@ -18,8 +18,8 @@ import platform
 import sys
 from typing import Any
 
-from .args import _serve_parser
-from .harness import captured, first_attribute, first_import
+from .args import _serve_parser, server_validator
+from .harness import captured, first_import
 
 SENTINEL = "k3env_sentinel_zz"
 FLAG = "--" + SENTINEL.replace("_", "-")
@@ -100,14 +100,7 @@ def _said(fn: Any) -> str:
 
 
 def _messages(top: Any) -> dict[str, str]:
-    validate = first_attribute(
-        "validate_api_server_args",
-        "vllm.entrypoints.common.cli_args",
-        "vllm.entrypoints.launchers.cli_args",
-        "vllm.entrypoints.launchers.launcher",
-        "vllm.entrypoints.openai.api_server",
-        "vllm.entrypoints.openai.cli_args",
-    )
+    validate = server_validator()
     reasoning = first_import("vllm.reasoning").ReasoningParserManager
 
     def tool() -> None:
