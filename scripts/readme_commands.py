@@ -2,7 +2,7 @@
 k3env's argparse parser (`nox -s schemas`).
 
 The table lives between `<!-- commands:begin -->` and `<!-- commands:end -->`;
-tests/test_readme.py and tests/test_docs.py fail when it differs from what this writes.
+tests/test_docs.py fails when it differs from what this writes.
 """
 
 from __future__ import annotations
