@@ -178,8 +178,9 @@ def bench(session: nox.Session) -> None:
     a vLLM variant (resolve, its layer cold / warm / hit and size, its matrix cell), smoke
     (cold and warm). `-- --quick`: each path once
     (CI: a broken benchmark fails, its figures are no verdict); the full run is for people
-    and closing notes. `--quick` and `--json` go to every benchmark, other args (`--repeat N`)
-    to bench_build and bench_components."""
+    and closing notes, and runs bench_build again against Docker 28's BuildKit with its own
+    client, on a throwaway engine (as root). `--quick` and `--json` go to every benchmark, other
+    args (`--repeat N`) to bench_build and bench_components."""
     # Installed as users install it (not editable: an editable finder adds ~9 ms per start);
     # with uv, which `twin --resolve` runs (the vLLM variant benchmark resolves its closure).
     _install(session, "resolve", editable=False)
@@ -191,7 +192,33 @@ def bench(session: nox.Session) -> None:
         start = time.monotonic()
         session.run("python", f"benchmarks/bench_{name}.py", *args)
         took.append(f"{name} {time.monotonic() - start:.0f} s")
+    if "--quick" not in session.posargs:  # CI's time does not grow
+        start = time.monotonic()
+        _bench_docker28(session, session.posargs)
+        took.append(f"build on Docker 28 {time.monotonic() - start:.0f} s")
     session.log("benchmarks took: " + ", ".join(took))
+
+
+# A Docker 28 engine of the bench's own (containerd image store), beside the host's, with the
+# sid root's docker-cli 28 and buildx: `docker build` as Docker 28's users run it.
+ENGINE28 = ("bash", "scripts/engine28.sh", "containerd", "bench")
+
+
+def _bench_docker28(session: nox.Session, args: list[str]) -> None:
+    """bench_build on a throwaway Docker 28, which takes the twin from the local registry
+    (the run on the host's engine pushed it there); purged after."""
+    started = session.run(*ENGINE28, env={"K3ENV_DOCKER28_CLI": "1"}, silent=True, external=True)
+    names = dict(
+        line.split("=", 1)
+        for line in str(started).splitlines()
+        if line.startswith(("DOCKER_HOST=", "DOCKER_CLI="))
+    )
+    try:
+        session.run("python", "benchmarks/bench_build.py", "--docker-cli", names["DOCKER_CLI"],
+                    *args, env={"DOCKER_HOST": names["DOCKER_HOST"]})  # fmt: skip
+    finally:
+        stop = {"K3ENV_DOCKER28_STOP": "1", "K3ENV_DOCKER28_PURGE": "1"}
+        session.run(*ENGINE28, env=stop, external=True)
 
 
 # The verdict code mutation testing measures (`nox -s mutation`): every other module is copied

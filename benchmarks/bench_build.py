@@ -1,17 +1,24 @@
 """Benchmark: `k3env build` against a plain `docker build` of the same change, over the twin.
 
-One run prints, for a base of at least 2 GB (the CPU twin: Debian + vLLM + Dynamo + torch):
+On the engine DOCKER_HOST names, with the docker client ``--docker-cli`` names (Docker 28: its
+own, docker-cli + buildx, which `K3ENV_DOCKER28_CLI=1 scripts/engine28.sh` installs and names
+as DOCKER_CLI; Debian 12's 20.10 client cannot drive that BuildKit), for a base of at least
+2 GB (the CPU twin: Debian + vLLM + Dynamo + torch; an engine that lacks it pulls it from the
+local registry its reference names, where the first engine's run pushed it):
   * cold derived build (nothing cached: patch target read from the base, layer, load)
   * rebuild after editing one env var, k3env vs `docker build` of an equivalent Dockerfile
-    (FROM base, COPY patched file, ENV, LABEL), with BuildKit (the engine's builder,
-    DOCKER_BUILDKIT=1) and with the legacy builder (DOCKER_BUILDKIT=0)
+    (FROM base, COPY patched file, ENV, LABEL), with BuildKit and, below Docker 23 (where the
+    client still offers it), with the legacy builder (DOCKER_BUILDKIT=0)
   * ratio k3env / docker build, for each builder (goal <= 1.0)
   * beside it, the first build of a Dockerfile that patches the file in the image (FROM base,
     RUN sed on the module's path, ENV, LABEL): what a Dockerfile does from the same inputs
     (the base and the edit, not a patched copy of the file read out of the base beforehand)
   * no-op rebuild (cache hit), as a whole `k3env build` process (goal < 1 s)
-Each figure is the median of --repeat runs; every command is a fresh process run as a user
-runs it (k3env with its progress output, `docker build` with its own).
+Every `docker build` runs with --network=none (k3env's container in the base has none). Each
+round runs k3env's builds and docker's back to back, who goes first alternating; a figure is
+the median of --repeat rounds, a ratio the median of each round's ratio (both sides of a round
+saw the same machine), and --json gives every round's figures too. Every command is a fresh
+process run as a user runs it (k3env with its progress output, `docker build` with its own).
 """
 
 from __future__ import annotations
@@ -35,14 +42,15 @@ sys.path.insert(0, str(REPO))
 
 from k3env.config.lock import load_lock  # noqa: E402
 from k3env.engine.dockerd import DockerEngine  # noqa: E402
+from k3env.engine.registry import tagged_config  # noqa: E402
 from k3env.hashing import file_sha256  # noqa: E402
+from k3env.image import twin  # noqa: E402
 from k3env.image.build import find_modules_script  # noqa: E402
-from k3env.image.twin import ensure_twin  # noqa: E402
 from k3env.log import Log  # noqa: E402
 from k3env.state import State  # noqa: E402
 
-# The engine's own client (Debian's docker.io): it drives BuildKit embedded in dockerd 20.10
-# (DOCKER_BUILDKIT=1); a newer CLI elsewhere on PATH wants the buildx plugin for that.
+# The default client: Debian 12's own (docker.io 20.10), which drives the BuildKit embedded in
+# its dockerd (DOCKER_BUILDKIT=1); a newer CLI elsewhere on PATH wants the buildx plugin for that.
 DOCKER_CLI = "/usr/bin/docker" if Path("/usr/bin/docker").exists() else "docker"
 ANCHOR = '__version__ = "dev"'
 REPLACEMENT = '__version__ = "dev+k3env-bench"'
@@ -126,20 +134,47 @@ def docker_run_context(root: Path, base_ref: str, target: str, value: str) -> Pa
     return ctx
 
 
-def clean(engine: DockerEngine) -> None:
+def out(argv: list[str]) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+
+
+def clean(cli: str) -> None:
     """Nothing of an earlier round left: its images, and BuildKit's build cache, which outlives
     them (without this, BuildKit's "first" build of the same file is a cache hit)."""
     for name in ("k3env-bench/derived", "k3env-bench/docker"):
-        ids = subprocess.run(
-            ["docker", "images", "-q", name], capture_output=True, text=True, check=True
-        ).stdout.split()
+        ids = out([cli, "images", "-q", name]).split()
         if ids:
-            subprocess.run(["docker", "rmi", "-f", *set(ids)], capture_output=True, check=True)
-    subprocess.run(["docker", "image", "prune", "-f"], capture_output=True, check=True)
-    subprocess.run(["docker", "builder", "prune", "-af"], capture_output=True, check=True)
+            subprocess.run([cli, "rmi", "-f", *set(ids)], capture_output=True, check=True)
+    subprocess.run([cli, "image", "prune", "-f"], capture_output=True, check=True)
+    subprocess.run([cli, "builder", "prune", "-af"], capture_output=True, check=True)
 
 
+# The builders a client offers for `docker build`: from Docker 23 on, BuildKit (through buildx)
+# is the builder and the legacy one is deprecated; below it both, chosen by DOCKER_BUILDKIT.
 BUILDERS = {"buildkit": {"DOCKER_BUILDKIT": "1"}, "legacy": {"DOCKER_BUILDKIT": "0"}}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Docker:
+    """The engine, its image store and the docker client the anchors are built with."""
+
+    cli: str
+    engine: str
+    store: str
+    client: str
+    builders: dict[str, dict[str, str]]
+
+
+def docker_client(engine: DockerEngine, cli: str) -> Docker:
+    version = json.loads(out([cli, "version", "--format", "{{json .}}"]))
+    client = f"docker {version['Client']['Version']}"
+    if int(str(version["Server"]["Version"]).split(".")[0]) < 23:
+        builders = BUILDERS
+    else:
+        builders = {"buildkit": {}}  # `docker build` as its users run it: buildx's
+        client += f" + buildx {out([cli, 'buildx', 'version']).split()[1]}"
+    return Docker(cli=cli, engine=engine.describe(), store=engine.image_store(), client=client,
+                  builders=builders)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -154,13 +189,11 @@ class Base:
 
 
 @dataclass(frozen=True, kw_only=True)
-class BuildTimes:
-    cold: list[float]
-    warm: list[float]
-    noop: list[float]
-    docker_cold: dict[str, list[float]]
-    docker_warm: dict[str, list[float]]
-    docker_run_cold: dict[str, list[float]]
+class Rounds:
+    """Each round's seconds, by figure, and who went first in each round."""
+
+    seconds: dict[str, list[float]]
+    first: list[str]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -181,36 +214,40 @@ def main() -> int:
         action="store_true",
         help="every path once (CI: the benchmark still runs, its figures are no verdict)",
     )
+    ap.add_argument(
+        "--docker-cli",
+        default=DOCKER_CLI,
+        metavar="PATH",
+        help="the docker client of the anchors (Docker 28: engine28.sh's DOCKER_CLI)",
+    )
     args = ap.parse_args()
     if args.quick:
         args.repeat = 1
 
     engine = DockerEngine()
-    base = twin_base(engine)
-    builds = time_builds(engine, base, args.repeat)
+    docker = docker_client(engine, args.docker_cli)
+    base = twin_base(engine, docker.cli)
+    builds = time_builds(base, docker, args.repeat)
     preflight = time_preflight(1 if args.quick else max(args.repeat, 5))
-    result = summary(engine, base, args.repeat, builds, preflight)
+    result = summary(docker, base, args.repeat, builds, preflight)
     if args.json:
         print(json.dumps(result, indent=2))
     else:
-        print_table(result, base, args.repeat, preflight.rules)
+        print_table(result, base, docker, preflight.rules)
     return 0
 
 
-def twin_base(engine: DockerEngine) -> Base:
-    """The CPU twin (made when missing), its size, and the module the patch edits."""
+def twin_base(engine: DockerEngine, cli: str) -> Base:
+    """The CPU twin (pulled from its registry, else made, when missing), its size, and the
+    module the patch edits."""
     lock = load_lock(REPO / "pins/k3.lock.toml")
-    reference, digest = ensure_twin(lock, engine, State(), Log())
-    base = engine.inspect(reference)
-    assert base is not None
-    size = int(
-        subprocess.run(
-            ["docker", "image", "inspect", "--format", "{{.Size}}", reference],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    )
+    repository, tag = twin.plan(lock).reference.rsplit(":", 1)
+    # A second engine takes the twin from the local registry (the first one's run pushed it):
+    # the same image, and neither debootstrap nor pip again.
+    if engine.lookup(f"{repository}:{tag}") is None and tagged_config(repository, tag):
+        engine.pull(f"{repository}:{tag}", Log().live)
+    reference, digest = twin.ensure_twin(lock, engine, State(), Log())
+    size = int(out([cli, "image", "inspect", "--format", "{{.Size}}", reference]))
     probe = engine.run(
         reference, ["python3", "-c", find_modules_script(), "vllm.version"], timeout=120
     )
@@ -226,49 +263,63 @@ def twin_base(engine: DockerEngine) -> Base:
     )
 
 
-def time_builds(engine: DockerEngine, base: Base, repeat: int) -> BuildTimes:
-    """k3env's cold build, env edit and no-op rebuild; docker build's first build and env
-    edit, per builder; ``repeat`` rounds, each from nothing cached."""
-    base_repo, base_tag = base.reference.rsplit(":", 1)
+@dataclass(frozen=True, kw_only=True)
+class Round:
+    """What one round's builds need: where, over what, with which client; and the figures."""
+
+    root: Path
+    base: Base
+    docker: Docker
+    seconds: dict[str, list[float]]
+
+    def add(self, figure: str, seconds: float) -> None:
+        self.seconds.setdefault(figure, []).append(seconds)
+
+
+def k3env_builds(r: Round, i: int) -> None:
+    """k3env: a cold build (no facts cached), then an env edit, then a no-op rebuild."""
+    base_repo, base_tag = r.base.reference.rsplit(":", 1)
     k3env = [sys.executable, "-m", "k3env", "build", "--lock", "pins/bench.lock.toml"]
-    times = BuildTimes(
-        cold=[],
-        warm=[],
-        noop=[],
-        docker_cold={b: [] for b in BUILDERS},
-        docker_warm={b: [] for b in BUILDERS},
-        docker_run_cold={b: [] for b in BUILDERS},
-    )
+    state = {"K3ENV_STATE_DIR": str(r.root / "state")}
+    clean(r.docker.cli)
+    shutil.rmtree(r.root / "state", ignore_errors=True)
+    write_project(r.root, base_repo, base_tag, r.base.digest, f"{i}-a")
+    r.add("k3env_cold_s", timed(k3env, cwd=r.root, env=state))
+    write_project(r.root, base_repo, base_tag, r.base.digest, f"{i}-b")
+    r.add("k3env_env_edit_s", timed(k3env, cwd=r.root, env=state))
+    r.add("noop_rebuild_s", timed(k3env, cwd=r.root, env=state))
+
+
+def docker_builds(r: Round, i: int) -> None:
+    """docker build of the same change, per builder: first build, then the env edit; and the
+    first build of the RUN sed Dockerfile. No network for RUN: k3env's own container has none,
+    and a host whose dockerd has no bridge (CI's) cannot give one."""
+    build = [r.docker.cli, "build", "--network=none", "-t", "k3env-bench/docker:x"]
+    b = r.base
+    for name, env in r.docker.builders.items():
+        clean(r.docker.cli)
+        ctx = docker_context(r.root, b.reference, b.target, b.text, f"{i}-{name}-a")
+        r.add(f"docker_{name}_cold_s", timed([*build, str(ctx)], cwd=r.root, env=env, cold=True))
+        ctx = docker_context(r.root, b.reference, b.target, b.text, f"{i}-{name}-b")
+        r.add(f"docker_{name}_env_edit_s", timed([*build, str(ctx)], cwd=r.root, env=env))
+        clean(r.docker.cli)
+        ctx = docker_run_context(r.root, b.reference, b.target, f"{i}-{name}-r")
+        r.add(f"docker_{name}_run_patch_cold_s",
+              timed([*build, str(ctx)], cwd=r.root, env=env, cold=True))  # fmt: skip
+
+
+def time_builds(base: Base, docker: Docker, repeat: int) -> Rounds:
+    """``repeat`` rounds of k3env's builds and docker's, each from nothing cached, who goes
+    first alternating."""
+    times = Rounds(seconds={}, first=[])
     with tempfile.TemporaryDirectory(prefix="k3env-bench-") as tmp:
-        root = Path(tmp)
-        state = {"K3ENV_STATE_DIR": str(root / "state")}
+        r = Round(root=Path(tmp), base=base, docker=docker, seconds=times.seconds)
         for i in range(repeat):
-            clean(engine)
-            shutil.rmtree(root / "state", ignore_errors=True)
-            # k3env: cold build (no facts cached), then an env edit, then a no-op rebuild.
-            write_project(root, base_repo, base_tag, base.digest, f"{i}-a")
-            times.cold.append(timed(k3env, cwd=root, env=state))
-            write_project(root, base_repo, base_tag, base.digest, f"{i}-b")
-            times.warm.append(timed(k3env, cwd=root, env=state))
-            times.noop.append(timed(k3env, cwd=root, env=state))
-            # docker build of the same change, per builder: first build, then the env edit.
-            # No network for RUN: k3env's own container has none, and a host whose dockerd
-            # has no bridge (CI's) cannot give one.
-            build = [DOCKER_CLI, "build", "--network=none", "-t", "k3env-bench/docker:x"]
-            for name, env in BUILDERS.items():
-                clean(engine)
-                ctx = docker_context(root, base.reference, base.target, base.text, f"{i}-{name}-a")
-                times.docker_cold[name].append(
-                    timed([*build, str(ctx)], cwd=root, env=env, cold=True)
-                )
-                ctx = docker_context(root, base.reference, base.target, base.text, f"{i}-{name}-b")
-                times.docker_warm[name].append(timed([*build, str(ctx)], cwd=root, env=env))
-                clean(engine)
-                ctx = docker_run_context(root, base.reference, base.target, f"{i}-{name}-r")
-                times.docker_run_cold[name].append(
-                    timed([*build, str(ctx)], cwd=root, env=env, cold=True)
-                )
-        clean(engine)
+            sides = (k3env_builds, docker_builds) if i % 2 == 0 else (docker_builds, k3env_builds)
+            times.first.append("k3env" if i % 2 == 0 else "docker")
+            for side in sides:
+                side(r, i)
+        clean(docker.cli)
     return times
 
 
@@ -305,43 +356,47 @@ def time_preflight(rounds: int) -> PreflightTimes:
 
 
 def summary(
-    engine: DockerEngine, base: Base, repeat: int, b: BuildTimes, pre: PreflightTimes
+    docker: Docker, base: Base, repeat: int, b: Rounds, pre: PreflightTimes
 ) -> dict[str, Any]:
-    """The medians and ratios, as --json prints them."""
+    """The medians and paired ratios (the median of each round's ratio), as --json prints
+    them, and every round's figures."""
     med = statistics.median
+    s = b.seconds
+    pairs = {
+        key: (k3env, f"docker_{n}_{figure}")
+        for n in docker.builders
+        for key, k3env, figure in (
+            (f"ratio_cold_vs_{n}", "k3env_cold_s", "cold_s"),
+            (f"ratio_env_edit_vs_{n}", "k3env_env_edit_s", "env_edit_s"),
+            (f"ratio_cold_vs_{n}_run_patch", "k3env_cold_s", "run_patch_cold_s"),
+        )
+    }
     return {
-        "engine": engine.describe(),
+        "engine": docker.engine,
+        "store": docker.store,
+        "client": docker.client,
         "base": base.reference,
         "base_size_bytes": base.size,
         "repeat": repeat,
-        "k3env_cold_s": round(med(b.cold), 3),
-        "k3env_env_edit_s": round(med(b.warm), 3),
+        **{figure: round(med(seconds), 3) for figure, seconds in s.items()},
         **{
-            key: value
-            for n in BUILDERS
-            for key, value in {
-                f"docker_{n}_cold_s": round(med(b.docker_cold[n]), 3),
-                f"docker_{n}_env_edit_s": round(med(b.docker_warm[n]), 3),
-                f"ratio_cold_vs_{n}": round(med(b.cold) / med(b.docker_cold[n]), 3),
-                f"ratio_env_edit_vs_{n}": round(med(b.warm) / med(b.docker_warm[n]), 3),
-                f"docker_{n}_run_patch_cold_s": round(med(b.docker_run_cold[n]), 3),
-                f"ratio_cold_vs_{n}_run_patch": round(med(b.cold) / med(b.docker_run_cold[n]), 3),
-            }.items()
+            key: round(med([x / y for x, y in zip(s[k], s[d], strict=True)]), 3)
+            for key, (k, d) in pairs.items()
         },
-        "noop_rebuild_s": round(med(b.noop), 3),
         "preflight_images": pre.images,
         "preflight_profiles": pre.profiles,
         "preflight_in_process_ms": round(med(pre.in_process) * 1000, 2),
         "preflight_command_ms": round(med(pre.command) * 1000, 1),
+        "first": b.first,
+        "rounds": {figure: [round(x, 4) for x in seconds] for figure, seconds in s.items()},
     }
 
 
-def print_table(result: dict[str, Any], base: Base, repeat: int, rules: int) -> None:
-    print(
-        f"base {base.reference}: {base.size / 1e9:.2f} GB on {result['engine']}, median of {repeat}"
-    )
+def print_table(result: dict[str, Any], base: Base, docker: Docker, rules: int) -> None:
+    print(f"base {base.reference}: {base.size / 1e9:.2f} GB; median of {result['repeat']}")
+    print(f"engine {docker.engine} / {docker.store} store / client {docker.client}")
     print(f"  {'':36} {'k3env':>8} {'docker build':>13} {'ratio':>7}")
-    for b in BUILDERS:
+    for b in docker.builders:
         for what, kk, dk, rk in (
             ("first build (cold)", "k3env_cold_s", f"docker_{b}_cold_s", f"ratio_cold_vs_{b}"),
             ("rebuild after env edit", "k3env_env_edit_s", f"docker_{b}_env_edit_s",
@@ -355,7 +410,7 @@ def print_table(result: dict[str, Any], base: Base, repeat: int, rules: int) -> 
             )
     print(f"  {'no-op rebuild (cache hit)':36} {result['noop_rebuild_s']:>7.3f}s")
     print("  goal: ratio <= 1.0 (the COPY rows), no-op < 1 s; RUN sed: the same edit in a "
-          "Dockerfile from the same inputs")  # fmt: skip
+          "Dockerfile from the same inputs; a ratio is the median of each round's")  # fmt: skip
     print(
         f"preflight of all {result['preflight_images']} images in images/ "
         f"({result['preflight_profiles']} profiles, {rules} rules): "

@@ -15,8 +15,13 @@
 #
 # Idempotent: the sid root is made once under /var/lib/k3env-docker28 (a second run only
 # checks the mounts and the daemon, ~1 s); `K3ENV_DOCKER28_STOP=1` stops that engine (its data
-# root stays, images survive a restart; `K3ENV_DOCKER28_PURGE=1` removes it too). How it runs, and why each mount is there:
-# ../shared/upstream/README.md, "Newer engines and Slurm from Debian's own packages".
+# root stays, images survive a restart; `K3ENV_DOCKER28_PURGE=1` removes it too).
+# `K3ENV_DOCKER28_CLI=1` also installs the root's own client (docker-cli 28.5.2 and its
+# docker-buildx 0.29.1 plugin: `docker build` on Docker 28 as its users run it; Debian 12's 20.10
+# client cannot drive that BuildKit) and prints `DOCKER_CLI=/var/lib/k3env-docker28/docker`
+# before the DOCKER_HOST line: a wrapper that runs it in the root, in the current directory
+# (under /tmp, /var/tmp, /root or /home: what is bound there). How it runs, and why each mount
+# is there: ../shared/upstream/README.md, "Newer engines and Slurm from Debian's own packages".
 set -euo pipefail
 
 store="${1:-containerd}"
@@ -66,18 +71,6 @@ if [ "${K3ENV_DOCKER28_STOP:-}" = 1 ]; then
   exit 0
 fi
 
-# Already up: nothing to do. Running but not answering (starting, or busy): wait for it, and
-# never start a second daemon over its socket.
-if ping || { alive && for _ in $(seq 1 60); do ping && break; sleep 1; done && ping; }; then
-  echo "DOCKER_HOST=$host"
-  exit 0
-fi
-if alive; then
-  echo "$0: dockerd $(cat "$run/dockerd.pid") runs but does not answer on $sock (log: $log);" \
-    "stop it with K3ENV_DOCKER28_STOP=1 $0 $store $name" >&2
-  exit 1
-fi
-
 # --- mounts ------------------------------------------------------------------------------------
 # The root must be a mount point (bound onto itself first: a later bind of it would hide what
 # is mounted below), and so must the data root: containerd's snapshotters look their
@@ -99,6 +92,50 @@ mounts() {
   done
 }
 
+# sid's Release file can be past its Valid-Until on a snapshot-backed mirror.
+apt_opts=(-o Acquire::Check-Valid-Until=false -o APT::Install-Recommends=false -o Dpkg::Use-Pty=0)
+
+# K3ENV_DOCKER28_CLI=1: the root's docker CLI and buildx plugin (installed once, the versions
+# its lists name: those of its docker.io) and the wrapper that runs them there.
+client() {
+  [ "${K3ENV_DOCKER28_CLI:-}" = 1 ] || return 0
+  if [ ! -x "$root/usr/bin/docker" ] || [ ! -x "$root/usr/libexec/docker/cli-plugins/docker-buildx" ]; then
+    exec 8>"$top/.lock"
+    flock 8
+    mounts
+    say "chroot $root apt-get install docker-cli docker-buildx"
+    { DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get "${apt_opts[@]}" install -y docker-cli docker-buildx \
+        || { chroot "$root" apt-get "${apt_opts[@]}" update \
+             && DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get "${apt_opts[@]}" install -y docker-cli docker-buildx; }
+      chroot "$root" apt-get clean
+    } >"$top/apt-cli.log" 2>&1 || { tail -n 20 "$top/apt-cli.log" >&2; exit 1; }
+    flock -u 8
+    exec 8>&-
+  fi
+  cat >"$top/docker.new" <<EOF
+#!/bin/sh
+# Docker 28's own client (docker-cli, docker-buildx) in $root, from scripts/engine28.sh:
+# run there, in this directory (if bound there); DOCKER_HOST names the engine.
+exec chroot $root /bin/sh -c 'cd "\$0" 2>/dev/null || cd /; exec /usr/bin/docker "\$@"' "\$PWD" "\$@"
+EOF
+  chmod 755 "$top/docker.new"
+  mv "$top/docker.new" "$top/docker"
+  echo "DOCKER_CLI=$top/docker"
+}
+
+# Already up: nothing to do. Running but not answering (starting, or busy): wait for it, and
+# never start a second daemon over its socket.
+if ping || { alive && for _ in $(seq 1 60); do ping && break; sleep 1; done && ping; }; then
+  client
+  echo "DOCKER_HOST=$host"
+  exit 0
+fi
+if alive; then
+  echo "$0: dockerd $(cat "$run/dockerd.pid") runs but does not answer on $sock (log: $log);" \
+    "stop it with K3ENV_DOCKER28_STOP=1 $0 $store $name" >&2
+  exit 1
+fi
+
 # --- the sid root, made once -----------------------------------------------------------------
 # The mirror the host's own apt uses (deb822 sources first, then sources.list).
 mirror="${K3ENV_DEBIAN_MIRROR:-}"
@@ -110,8 +147,6 @@ if [ -z "$mirror" ]; then
 fi
 mirror="${mirror:-http://deb.debian.org/debian}"
 
-# sid's Release file can be past its Valid-Until on a snapshot-backed mirror.
-apt_opts=(-o Acquire::Check-Valid-Until=false -o APT::Install-Recommends=false -o Dpkg::Use-Pty=0)
 mkdir -p "$top"
 exec 9>"$top/.lock"
 flock 9  # one maker of the root at a time (tests start engines from two processes)
@@ -159,4 +194,5 @@ for _ in $(seq 1 120); do ping && break; sleep 0.5; done
 ping || { tail -n 20 "$log" >&2; echo "$0: dockerd 28 did not start; see $log" >&2; exit 1; }
 curl -fsS --unix-socket "$sock" http://d/info \
   | python3 -c 'import json,sys; i=json.load(sys.stdin); print("+ dockerd", i["ServerVersion"], i["Driver"], dict(i.get("DriverStatus") or []).get("driver-type", ""), file=sys.stderr)'
+client
 echo "DOCKER_HOST=$host"

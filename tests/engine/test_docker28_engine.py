@@ -190,3 +190,31 @@ def test_a_k3env_image_is_verified_pushed_exported_and_staged_on_docker_28_as_on
     pushed = on_28["push"]
     assert pushed["image_id"] == build["image_id"]  # recorded by config digest
     assert pushed["digest"] == build["manifest"] == build["engine_id"]  # the one k3env wrote
+
+
+def test_its_own_client_builds_with_buildx_on_it(docker28: DockerEngine, tmp_path: Path) -> None:
+    """K3ENV_DOCKER28_CLI=1: the root's docker-cli and buildx plugin, through the wrapper the
+    script names, build on that engine as its users' `docker build` does (what bench_build's
+    Docker 28 rows run)."""
+    store, name = docker28.image_store(), Path(docker28.base_url).parent.name
+    again = subprocess.run(["bash", str(SCRIPT), store, name], capture_output=True, text=True,
+                           env={**os.environ, "K3ENV_DOCKER28_CLI": "1"}, check=True)  # fmt: skip
+    *_, cli_line, host_line = again.stdout.strip().splitlines()  # DOCKER_HOST= stays last
+    cli = cli_line.removeprefix("DOCKER_CLI=")
+    assert host_line == f"DOCKER_HOST={docker28.base_url}" and Path(cli).is_file()
+    env = {**os.environ, "DOCKER_HOST": docker28.base_url}
+    asked = [cli, "version", "--format", "{{json .}}"]
+    version = json.loads(subprocess.run(asked, env=env, capture_output=True, check=True).stdout)
+    assert version["Client"]["Version"].startswith("28.5.")
+    assert version["Server"]["Version"].startswith("28.5.")
+    (tmp_path / "f").write_text(name)
+    (tmp_path / "Dockerfile").write_text("FROM scratch\nCOPY f /f\n")
+    ref = f"k3env-test/docker28-buildx:{uuid.uuid4().hex[:12]}"
+    built = subprocess.run([cli, "build", "--network=none", "-t", ref, "."], cwd=tmp_path,
+                           env=env, capture_output=True, text=True)  # fmt: skip
+    try:
+        assert built.returncode == 0, built.stderr
+        assert "[internal] load build definition from Dockerfile" in built.stderr  # BuildKit's
+        assert docker28.lookup(ref) is not None
+    finally:
+        docker28.remove(ref)
