@@ -109,8 +109,6 @@ ENROOT_TGZ=$upstream/enroot-4.1.2.tar.gz
 ENROOT_COMMIT=bd51f53b6fa954805ae3e1985c5dc7594ff66d05
 ENROOT_SHA256=817e8d551135e6f3fc311d1ee57b03fb4d30325acba732f8dea43069ca11f8d3
 PYXIS_TGZ=$upstream/pyxis-0.24.0.tar.gz
-PYXIS_COMMIT=107519944221822ea1dace4db8e7234b2eaa4cd5
-PYXIS_SHA256=063653ba39125ac29796cc6079701d1ec34dd4c5baf698efacc0f36bf3619681
 
 # Build: gcc make libbsd-dev makeself libslurm-dev (pyxis must match the installed Slurm).
 # enroot runtime (its deb's Depends/Recommends/Suggests): bash curl mawk jq parallel passwd
@@ -129,13 +127,8 @@ if [ -n "$missing" ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
 fi
 
-check_archive() {  # FILE COMMIT SHA256
-    [ -r "$1" ] || { echo "k3env-cluster: missing $1" >&2; exit 1; }
-    local got  # (not `zcat | git ...`: zcat's SIGPIPE would fail the pipeline under pipefail)
-    got=$(git get-tar-commit-id < <(zcat "$1"))
-    [ "$got" = "$2" ] || { echo "k3env-cluster: $1 is commit $got, expected $2" >&2; exit 1; }
-    echo "$3  $1" | sha256sum -c --quiet - || { echo "k3env-cluster: $1 sha256 mismatch" >&2; exit 1; }
-}
+# shellcheck source=scripts/debian-root.sh
+. "$(dirname "$0")/debian-root.sh"  # check_archive, PYXIS_COMMIT, PYXIS_SHA256
 check_archive "$ENROOT_TGZ" "$ENROOT_COMMIT" "$ENROOT_SHA256"
 check_archive "$PYXIS_TGZ" "$PYXIS_COMMIT" "$PYXIS_SHA256"
 
