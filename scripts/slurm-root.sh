@@ -48,12 +48,23 @@ pkgs=(slurmctld slurmd slurm-client munge libslurm-dev gcc make libc6-dev mount 
       libbsd0 squashfuse fuse3 python3 ca-certificates)
 stamp="${pkgs[*]} pyxis=$PYXIS_COMMIT"
 
+mkdir -p "$top"
+exec 9>"$top/.lock"
+flock 9  # one maker at a time
+
 # --- the wrappers ------------------------------------------------------------------------------
 # Host paths every job reaches at the same path: temporary directories, home directories (pyenv's
-# python, ~/.cache), the host's enroot, munge's key, and this checkout's parent directory.
-binds="/tmp /var/tmp /root /home $enroot /etc/munge /etc/hosts /etc/resolv.conf $(dirname "$(dirname "$here")")"
+# python, ~/.cache), the host's enroot, munge's key, name resolution. A checkout is not among
+# them (the wrappers serve any): K3ENV_SLURM_BINDS names it.
+binds="/tmp /var/tmp /root /home $enroot /etc/munge /etc/hosts /etc/resolv.conf"
+# A wrapper is replaced whole (another process may be running the old one) and only if it changed.
+put() {  # FILE: stdin's text, executable
+  cat >"$1.partial.$$"
+  chmod 755 "$1.partial.$$"
+  if cmp -s "$1.partial.$$" "$1"; then rm -f "$1.partial.$$"; else mv "$1.partial.$$" "$1"; fi
+}
 mkdir -p "$bin"
-cat >"$bin/k3env-enter.partial" <<EOF
+put "$bin/k3env-enter" <<EOF
 #!/bin/bash
 # k3env-enter CMD [ARG...]: CMD inside $root (made by scripts/slurm-root.sh $suite).
 set -euo pipefail
@@ -64,7 +75,7 @@ exec unshare --mount --propagation slave -- /bin/bash -c '
   mount --bind "\$root" "\$root"        # pivot_root needs the new root to be a mount point
   mount -t proc proc "\$root/proc"
   for d in /sys /dev $binds \${K3ENV_SLURM_BINDS:-}; do
-    [ -e "\$d" ] || continue
+    [ -e "\$d" ] && [ "\$d" != / ] || continue
     if [ -d "\$d" ]; then mkdir -p "\$root\$d"; else [ -e "\$root\$d" ] || touch "\$root\$d"; fi
     mount --rbind "\$d" "\$root\$d"
     mount --make-rslave "\$root\$d"
@@ -76,19 +87,13 @@ exec unshare --mount --propagation slave -- /bin/bash -c '
   cd "\$cwd" 2>/dev/null || cd /
   exec "\$@"' k3env-enter "\$@"
 EOF
-chmod 755 "$bin/k3env-enter.partial"
-mv "$bin/k3env-enter.partial" "$bin/k3env-enter"
 # runuser, useradd and usermod: a job of another user is submitted, and its user exists, in here.
 for cmd in slurmctld slurmd munged srun sbatch scontrol sinfo squeue scancel sacct \
            runuser useradd usermod; do
-  printf '#!/bin/sh\nexec %s %s "$@"\n' "$bin/k3env-enter" "$cmd" >"$bin/$cmd"
-  chmod 755 "$bin/$cmd"
+  printf '#!/bin/sh\nexec %s %s "$@"\n' "$bin/k3env-enter" "$cmd" | put "$bin/$cmd"
 done
 
 # --- the root, made once -------------------------------------------------------------------------
-mkdir -p "$top"
-exec 9>"$top/.lock"
-flock 9  # one maker at a time
 if [ "$(cat "$root/.k3env-ready" 2>/dev/null)" != "$stamp" ]; then
   debian_root "$suite" "$root" "$top/debootstrap.log"
   debian_root_install "$bin/k3env-enter" "$top/apt.log" "${pkgs[@]}"

@@ -53,7 +53,7 @@ class SlurmRelease:
 @pytest.fixture(params=RELEASES, ids=lambda v: f"slurm-{v}")
 def slurm_release(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> SlurmRelease:
     """The Slurm the test's cluster runs: the host's, or a newer one whose wrappers (made by
-    scripts/slurm-root.sh) go first on PATH, with this checkout's parent bound into its root."""
+    scripts/slurm-root.sh) go first on PATH, with this checkout bound into its root."""
     version: str = request.param
     if version not in SUITES:
         pytest.fail(f"K3ENV_SLURM_RELEASES: {version!r} is none of {', '.join(SUITES)}")
@@ -66,7 +66,9 @@ def slurm_release(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatc
         _require(f"Slurm {version} (scripts/slurm-root.sh {suite}: {made.stderr[-2000:]})")
     wrappers = Path(made.stdout.strip().splitlines()[-1])
     monkeypatch.setenv("PATH", f"{wrappers}:{os.environ['PATH']}")
-    monkeypatch.setenv("K3ENV_SLURM_BINDS", str(REPO.parent))
+    # This checkout and its parent (a checkout may itself be a mount: CI's is), recursively.
+    binds = [p for p in (REPO.parent, REPO) if p != Path("/")]
+    monkeypatch.setenv("K3ENV_SLURM_BINDS", " ".join(map(str, binds)))
     _root_runs_this_python(wrappers / "k3env-enter")
     pyxis = Path("/opt/k3env-pyxis/lib/slurm/spank_pyxis.so")
     return SlurmRelease(version=version, root=wrappers.parent / "root", pyxis=pyxis)
