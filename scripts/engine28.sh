@@ -35,6 +35,8 @@ case "$name" in
   *[!a-z0-9-]* | "") echo "$0: NAME is lower-case letters, digits and '-'" >&2; exit 2 ;;
 esac
 [ "$(id -u)" = 0 ] || { echo "$0: run as root (debootstrap, chroot, mounts, a bridge)" >&2; exit 2; }
+# shellcheck source=scripts/debian-root.sh
+. "$(dirname "$0")/debian-root.sh"
 
 top=/var/lib/k3env-docker28
 root="$top/root"
@@ -47,7 +49,6 @@ host="unix://$sock"
 
 ping() { curl -fsS --max-time 10 --unix-socket "$sock" http://d/_ping >/dev/null 2>&1; }
 alive() { [ -f "$run/dockerd.pid" ] && kill -0 "$(cat "$run/dockerd.pid")" 2>/dev/null; }
-say() { echo "+ $*" >&2; }
 
 # K3ENV_DOCKER28_STOP=1: stop this engine and take its bridge away; with K3ENV_DOCKER28_PURGE=1
 # also its data root and its mounts in the root (a test's engine: nothing of it stays).
@@ -92,9 +93,6 @@ mounts() {
   done
 }
 
-# sid's Release file can be past its Valid-Until on a snapshot-backed mirror.
-apt_opts=(-o Acquire::Check-Valid-Until=false -o APT::Install-Recommends=false -o Dpkg::Use-Pty=0)
-
 # K3ENV_DOCKER28_CLI=1: the root's docker CLI and buildx plugin (installed once, the versions
 # its lists name: those of its docker.io) and the wrapper that runs them there.
 client() {
@@ -137,39 +135,13 @@ if alive; then
 fi
 
 # --- the sid root, made once -----------------------------------------------------------------
-# The mirror the host's own apt uses (deb822 sources first, then sources.list).
-mirror="${K3ENV_DEBIAN_MIRROR:-}"
-if [ -z "$mirror" ]; then
-  mirror="$(sed -n 's/^URIs:[[:space:]]*\(\S*\/debian\)\/\?$/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -n 1)"
-fi
-if [ -z "$mirror" ]; then
-  mirror="$(awk '$1 == "deb" && $2 ~ /\/debian\/?$/ {print $2; exit}' /etc/apt/sources.list 2>/dev/null || true)"
-fi
-mirror="${mirror:-http://deb.debian.org/debian}"
-
 mkdir -p "$top"
 exec 9>"$top/.lock"
 flock 9  # one maker of the root at a time (tests start engines from two processes)
 if [ ! -f "$root/.k3env-ready" ]; then
-  command -v debootstrap >/dev/null || { say "apt-get install debootstrap"; apt-get install -y -qq debootstrap >/dev/null; }
-  if [ ! -x "$root/usr/bin/apt-get" ]; then
-    rm -rf "$root.partial"
-    say "debootstrap --variant=minbase --include=ca-certificates sid $root $mirror"
-    debootstrap --variant=minbase --include=ca-certificates sid "$root.partial" "$mirror" >"$top/debootstrap.log" 2>&1 \
-      || { tail -n 20 "$top/debootstrap.log" >&2; exit 1; }
-    mv "$root.partial" "$root"
-  fi
-  # No service starts inside the root while packages install (dockerd is started below).
-  printf '#!/bin/sh\nexit 101\n' >"$root/usr/sbin/policy-rc.d"
-  chmod 755 "$root/usr/sbin/policy-rc.d"
+  debian_root sid "$root" "$top/debootstrap.log"
   mounts
-  say "chroot $root apt-get install docker.io containerd runc iptables ca-certificates"
-  {
-    chroot "$root" apt-get "${apt_opts[@]}" update
-    DEBIAN_FRONTEND=noninteractive chroot "$root" apt-get "${apt_opts[@]}" install -y \
-      docker.io containerd runc iptables ca-certificates curl
-    chroot "$root" apt-get clean
-  } >"$top/apt.log" 2>&1 || { tail -n 20 "$top/apt.log" >&2; exit 1; }
+  debian_root_install "chroot $root" "$top/apt.log" docker.io containerd runc iptables ca-certificates curl
   chroot "$root" dockerd --version >&2
   touch "$root/.k3env-ready"
 fi

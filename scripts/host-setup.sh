@@ -112,8 +112,6 @@ ENROOT_MAIN_TGZ=$upstream/enroot-main-8ea147d.tar.gz
 ENROOT_MAIN_COMMIT=8ea147d337da60cb1c557140f3a85cdf0d620968
 ENROOT_MAIN_SHA256=c0353050fe78fe71b11ddbbcd2d054362a5d87b0543c6fa06e3b711aba977256
 PYXIS_TGZ=$upstream/pyxis-0.24.0.tar.gz
-PYXIS_COMMIT=107519944221822ea1dace4db8e7234b2eaa4cd5
-PYXIS_SHA256=063653ba39125ac29796cc6079701d1ec34dd4c5baf698efacc0f36bf3619681
 
 # Build: gcc make libbsd-dev makeself libslurm-dev (pyxis must match the installed Slurm).
 # enroot runtime (its deb's Depends/Recommends/Suggests): bash curl mawk jq parallel passwd
@@ -132,13 +130,8 @@ if [ -n "$missing" ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $missing >/dev/null
 fi
 
-check_archive() {  # FILE COMMIT SHA256
-    [ -r "$1" ] || { echo "k3env-cluster: missing $1" >&2; exit 1; }
-    local got  # (not `zcat | git ...`: zcat's SIGPIPE would fail the pipeline under pipefail)
-    got=$(git get-tar-commit-id < <(zcat "$1"))
-    [ "$got" = "$2" ] || { echo "k3env-cluster: $1 is commit $got, expected $2" >&2; exit 1; }
-    echo "$3  $1" | sha256sum -c --quiet - || { echo "k3env-cluster: $1 sha256 mismatch" >&2; exit 1; }
-}
+# shellcheck source=scripts/debian-root.sh
+. "$(dirname "$0")/debian-root.sh"  # check_archive, PYXIS_COMMIT, PYXIS_SHA256
 check_archive "$ENROOT_TGZ" "$ENROOT_COMMIT" "$ENROOT_SHA256"
 check_archive "$PYXIS_TGZ" "$PYXIS_COMMIT" "$PYXIS_SHA256"
 

@@ -5,6 +5,10 @@ patch, k3env's provenance) is started by `srun --container-image=...` as a job w
 process inside sees every baked env var at its baked value, the patched module, and the
 provenance; pyxis applies the env precedence pyxis#124 describes (the image's value wins over
 the job's unless the job names it with `--container-env`).
+
+Each test runs once per Slurm release in K3ENV_SLURM_RELEASES (default "22.05", the host's):
+"24.11" and "26.05" are Debian trixie's and sid's, in a root of scripts/slurm-root.sh with pyxis
+0.24.0 built against them there (made on first use, ~80 s; then ~0.2 s).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,25 +38,79 @@ PREFIX = Path("/opt/k3env-cluster")
 PYXIS = PREFIX / "pyxis/lib/slurm/spank_pyxis.so"
 ENROOT = PREFIX / "enroot/bin"
 PRINT_ENV = "import json, os; print(json.dumps(dict(os.environ)))"
+# Slurm release -> the Debian suite scripts/slurm-root.sh makes its root of (None: the host's).
+SUITES = {"22.05": None, "24.11": "trixie", "26.05": "sid"}
+RELEASES = os.environ.get("K3ENV_SLURM_RELEASES", "22.05").split()
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlurmRelease:
+    version: str
+    root: Path  # the file system slurmd runs in ("/": the host's)
+    pyxis: Path  # spank_pyxis.so, as slurmd sees it
+
+
+@pytest.fixture(params=RELEASES, ids=lambda v: f"slurm-{v}")
+def slurm_release(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> SlurmRelease:
+    """The Slurm the test's cluster runs: the host's, or a newer one whose wrappers (made by
+    scripts/slurm-root.sh) go first on PATH, with this checkout bound into its root."""
+    version: str = request.param
+    if version not in SUITES:
+        pytest.fail(f"K3ENV_SLURM_RELEASES: {version!r} is none of {', '.join(SUITES)}")
+    suite = SUITES[version]
+    if suite is None:
+        return SlurmRelease(version=version, root=Path("/"), pyxis=PYXIS)
+    made = subprocess.run(["bash", str(REPO / "scripts/slurm-root.sh"), suite],
+                          capture_output=True, text=True, timeout=1800)  # fmt: skip
+    if made.returncode != 0:
+        _require(f"Slurm {version} (scripts/slurm-root.sh {suite}: {made.stderr[-2000:]})")
+    wrappers = Path(made.stdout.strip().splitlines()[-1])
+    monkeypatch.setenv("PATH", f"{wrappers}:{os.environ['PATH']}")
+    # This checkout and its parent (a checkout may itself be a mount: CI's is), recursively.
+    binds = [p for p in (REPO.parent, REPO) if p != Path("/")]
+    monkeypatch.setenv("K3ENV_SLURM_BINDS", " ".join(map(str, binds)))
+    _root_runs_this_python(wrappers / "k3env-enter")
+    pyxis = Path("/opt/k3env-pyxis/lib/slurm/spank_pyxis.so")
+    return SlurmRelease(version=version, root=wrappers.parent / "root", pyxis=pyxis)
+
+
+def _root_runs_this_python(enter: Path) -> None:
+    """A pyxis importer runs this test's python inside the root: without it every step fails
+    at exec (exit 127, far from the cause), so say here which path the root does not see."""
+    done = subprocess.run([str(enter), sys.executable, "-c", "import k3env"],
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    if done.returncode != 0:
+        mounts = {}
+        for side, pre in (("host", []), ("root", [str(enter)])):
+            found = subprocess.run([*pre, "findmnt", "-T", sys.executable],
+                                   capture_output=True, text=True, timeout=60)  # fmt: skip
+            mounts[side] = found.stdout + found.stderr or "(nothing: the path is not there)\n"
+        pytest.fail(f"the Slurm root ({enter}) cannot run {sys.executable} -c 'import k3env' "
+                    f"(exit {done.returncode}: {done.stderr[-1000:]}); bind its directory "
+                    f"(K3ENV_SLURM_BINDS). findmnt -T on the host:\n{mounts['host']}"
+                    f"in the root:\n{mounts['root']}")  # fmt: skip
 
 
 @pytest.fixture
-def pyxis_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+def pyxis_slurm(
+    tmp_path_factory: pytest.TempPathFactory, slurm_release: SlurmRelease
+) -> Iterator[dict[str, str]]:
     """A local Slurm whose steps run containers through pyxis and enroot (squashfuse: the
     `.sqsh` is mounted, not unpacked). enroot keeps its paths under this Slurm's directory
     (pyxis passes only PATH from slurmd to enroot: a wrapper first on it sets them)."""
-    with _pyxis(Path(tmp_path_factory.mktemp("pyxis"))) as env:
+    with _pyxis(Path(tmp_path_factory.mktemp("pyxis")), slurm_release) as env:
         yield env
 
 
 @contextlib.contextmanager
 def _pyxis(
-    root: Path, importer: Path | None = None, *, per_user: bool = False
+    root: Path, release: SlurmRelease, importer: Path | None = None, *, per_user: bool = False
 ) -> Iterator[dict[str, str]]:
     """``per_user``: jobs of any user (enroot's paths made per uid by the wrapper; no
     squashfuse, whose /dev/fuse only root opens here: the image is unpacked)."""
-    if not (PYXIS.is_file() and (ENROOT / "enroot").is_file()):
-        _require(f"pyxis and enroot in {PREFIX} (scripts/host-setup.sh builds them)")
+    built = release.root / release.pyxis.relative_to("/")
+    if not (built.is_file() and (ENROOT / "enroot").is_file()):
+        _require(f"pyxis ({built}) and enroot in {PREFIX} (scripts/host-setup.sh builds them)")
     wrapper = root / "bin/enroot"
     wrapper.parent.mkdir(exist_ok=True)
     base = f"{root}/enroot/$(id -u)" if per_user else f"{root}/enroot"
@@ -70,10 +129,13 @@ def _pyxis(
     wrapper.chmod(0o755)
     (root / "pyxis-run").mkdir()
     fuse = "" if per_user else " use_squashfuse=1"
-    plugstack = f"required {PYXIS} runtime_path={root}/pyxis-run{fuse}"
+    plugstack = f"required {release.pyxis} runtime_path={root}/pyxis-run{fuse}"
     plugstack += f" importer={importer}\n" if importer else "\n"
     path = f"{root}/bin:{ENROOT}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
     with running_slurm(root, plugstack=plugstack, slurmd_path=path) as env:
+        version = subprocess.run(["sinfo", "--version"], capture_output=True, text=True,
+                                 env={**os.environ, **env}, timeout=60).stdout  # fmt: skip
+        assert version.split()[-1].startswith(f"{release.version}."), version
         yield env
 
 
@@ -259,7 +321,9 @@ def _job_env(
 
 
 @pytest.fixture
-def staged_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dict[str, str], Path]]:
+def staged_slurm(
+    tmp_path_factory: pytest.TempPathFactory, slurm_release: SlurmRelease
+) -> Iterator[tuple[dict[str, str], Path]]:
     """pyxis with k3env's importer in plugstack.conf (docs/staging.md's admin setup: a wrapper that
     names the cache), and that cache."""
     root = Path(tmp_path_factory.mktemp("staged"))
@@ -270,7 +334,7 @@ def staged_slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[dic
                         f"export K3ENV_STAGE_MODE={mode}\n"
                         f'exec {sys.executable} -m k3env.handoff.importer "$@"\n')  # fmt: skip
     importer.chmod(0o755)
-    with _pyxis(root, importer) as env:
+    with _pyxis(root, slurm_release, importer) as env:
         yield env, cache
 
 
@@ -363,20 +427,21 @@ JOB_USER = "k3env-job"
 
 
 @pytest.fixture
-def shared_slurm() -> Iterator[tuple[dict[str, str], Path, Path]]:
+def shared_slurm(slurm_release: SlurmRelease) -> Iterator[tuple[dict[str, str], Path, Path]]:
     """docs/staging.md's admin setup where every user reaches it (pytest's tmp_path is root's,
     0700): k3env installed where a job's user can read it, the importer wrapper running it with the
     system's python3 (root's interpreter is not theirs to run), enroot's paths per user.
     Yields the Slurm env, the cache, and an outside directory (root's, 0700)."""
-    import pwd
     import tempfile
 
-    try:  # a job's user has a login shell: enroot starts the container's command with it
-        pwd.getpwnam(JOB_USER)
-        subprocess.run(["usermod", "--shell", "/bin/sh", JOB_USER], check=True)
-    except KeyError:
+    # A job's user has a login shell (enroot starts the container's command with it), where
+    # Slurm runs (PATH: the host's usermod, or a Slurm root's); usermod exits 6: no such user.
+    shell = subprocess.run(["usermod", "--shell", "/bin/sh", JOB_USER], capture_output=True)
+    if shell.returncode == 6:
         subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/bin/sh",
                         JOB_USER], check=True)  # fmt: skip
+    else:
+        assert shell.returncode == 0, shell.stderr
     root = Path(tempfile.mkdtemp(prefix="k3env-slurm-"))
     root.chmod(0o755)
     try:
@@ -394,7 +459,7 @@ def shared_slurm() -> Iterator[tuple[dict[str, str], Path, Path]]:
         importer.chmod(0o755)
         outside = root / "outside"
         outside.mkdir(mode=0o700)
-        with _pyxis(root, importer, per_user=True) as env:
+        with _pyxis(root, slurm_release, importer, per_user=True) as env:
             yield env, cache, outside
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -115,14 +115,14 @@ def running_slurm(
     ]  # fmt: skip
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        for argv in daemons:
-            daemon_env = (
-                {**env, "PATH": slurmd_path} if argv[0] == "slurmd" and slurmd_path else env
-            )
-            with (root / f"{argv[0]}.out").open("wb") as out:
+        for name, *args in daemons:
+            daemon_env = {**env, "PATH": slurmd_path} if name == "slurmd" and slurmd_path else env
+            # Found on this PATH, not slurmd's: a newer Slurm's wrappers (scripts/slurm-root.sh).
+            argv = [shutil.which(name) or name, *args]
+            with (root / f"{name}.out").open("wb") as out:
                 procs.append(subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
                                               env=daemon_env))  # fmt: skip
-            if argv[0] == "munged":
+            if name == "munged":
                 for _ in range(50):
                     if (root / "munge.sock").exists():
                         break
