@@ -24,7 +24,8 @@ from typing import Any
 import pytest
 
 from k3env.config.lock import load_lock
-from k3env.engine.dockerd import DockerEngine
+from k3env.engine.dockerd import DEFAULT_HOST, DockerEngine
+from k3env.engine.naming import CLASSIC
 from k3env.errors import EngineError
 from k3env.hashing import record_hash
 from k3env.image import twin
@@ -37,6 +38,12 @@ from ..project import write_project as project_files
 
 REGISTRY = "127.0.0.1:5000"
 TEST_LOCK = "pins/test.lock.toml"  # where write_project puts the lock (cwd: the project)
+# The engine tests' first engine is the build host's Debian 12 dockerd 20.10 (its default
+# socket, or K3ENV_TEST_ENGINE), whatever DOCKER_HOST says: a host that points k3env at Docker
+# 28 runs the same tests (they assert the classic store's facts, and start the Docker 28
+# engines they compare with themselves). The CLI the tests run reads DOCKER_HOST: set for all.
+TEST_ENGINE = os.environ.get("K3ENV_TEST_ENGINE", DEFAULT_HOST)
+os.environ["DOCKER_HOST"] = TEST_ENGINE
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> dict[str, Any]:
@@ -59,10 +66,17 @@ def _require(what: str) -> None:
 @pytest.fixture(scope="session")
 def engine() -> DockerEngine:
     try:
-        return DockerEngine()
+        found = DockerEngine(TEST_ENGINE)
+        store = found.image_store()
     except EngineError:
-        _require("a Docker engine")
+        _require(f"a Docker engine at {TEST_ENGINE}")
         raise
+    if store != CLASSIC:
+        pytest.fail(
+            f"{TEST_ENGINE} names images by manifest digest ({store}): the engine tests' "
+            "first engine is one on the classic store (K3ENV_TEST_ENGINE names another)"
+        )
+    return found
 
 
 @pytest.fixture(scope="session")
