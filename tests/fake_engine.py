@@ -543,20 +543,6 @@ class FakeEngine:
         doc = {"modules": found, "files": files}
         return RunResult(exit_code=0, stdout=json.dumps(doc) + "\n", stderr="")
 
-    def run_and_commit(
-        self,
-        image: str,
-        argv: Sequence[str],
-        *,
-        repository: str,
-        tag: str,
-        mounts: Mapping[str, str],
-        changes: Iterable[str],
-        progress: Progress,
-    ) -> str:
-        """The protocol's verb k3env itself never calls (the engine tests' fixtures do)."""
-        raise AssertionError("k3env does not commit containers")
-
     # -- writing ---------------------------------------------------------------------------
     def pull(self, reference: str, progress: Progress) -> None:
         self._call("pull", reference)

@@ -19,7 +19,7 @@ import posixpath
 import re
 import tarfile
 import time
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -460,69 +460,6 @@ class DockerEngine:
         except EngineHTTPError as e:
             if e.status != 409:  # 409: it exited on its own meanwhile
                 raise
-
-    def run_and_commit(
-        self,
-        image: str,
-        argv: Sequence[str],
-        *,
-        repository: str,
-        tag: str,
-        mounts: Mapping[str, str],
-        changes: Iterable[str],
-        progress: Progress,
-    ) -> str:
-        # argv runs as the image's command, not as a replaced entrypoint: a commit keeps the
-        # container's entrypoint, and "ENTRYPOINT []" does not reset it (moby merges changes
-        # over the container config). So the image must not have an entrypoint of its own.
-        attrs = self._attrs(image) or {}
-        if (attrs.get("Config") or {}).get("Entrypoint"):
-            raise EngineError(
-                "run_and_commit needs an image without an entrypoint",
-                where=image,
-                fix="report this as a k3env bug",
-            )
-        # Binds only (no Config.Volumes): the mount points must not become VOLUMEs of the
-        # committed image.
-        # No network: what it installs is mounted in (and a second engine on the host can
-        # take the default bridge away).
-        container = self._create(
-            image,
-            {
-                "Cmd": list(argv),
-                "NetworkDisabled": True,
-                "HostConfig": {"NetworkMode": "none", "Binds": _binds(mounts)},
-            },
-        )
-        try:
-            with self._reported(f"running `{' '.join(argv)}`", image):
-                self.http.call("POST", f"/containers/{container}/start")
-                self._follow(container, progress)
-                status = self.http.json("POST", f"/containers/{container}/wait", timeout=None)
-            code = int(status.get("StatusCode", -1))
-            if code != 0:
-                raise EngineError(
-                    f"`{' '.join(argv)}` exited {code}",
-                    where=image,
-                    fix="read the output above; fix the input it names and run again",
-                )
-            with self._reported("docker commit", f"{repository}:{tag}"):
-                # The body is the config to merge; `{}` keeps the container's own.
-                result = self.http.json(
-                    "POST",
-                    "/commit",
-                    params={
-                        "container": container,
-                        "repo": repository,
-                        "tag": tag,
-                        "changes": list(changes),
-                    },
-                    json_body={},
-                    timeout=TRANSFER_TIMEOUT,
-                )
-            return str(result["Id"])
-        finally:
-            self._remove_container(container)
 
     # -- writing ---------------------------------------------------------------------------
     def pull(self, reference: str, progress: Progress) -> None:

@@ -6,7 +6,7 @@ real dockerd in the tests marked ``engine``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -121,19 +121,6 @@ class Engine(Protocol):
 
     def import_rootfs(self, tarball: Path, repository: str, tag: str) -> str:
         """``docker import`` a root filesystem tarball; returns the image ID."""
-
-    def run_and_commit(
-        self,
-        image: str,
-        argv: Sequence[str],
-        *,
-        repository: str,
-        tag: str,
-        mounts: Mapping[str, str],
-        changes: Iterable[str],
-        progress: Progress,
-    ) -> str:
-        """Run ``argv`` in a container (with network), commit it; returns the image ID."""
 
     def push(self, repository: str, tag: str, progress: Progress) -> PushResult:
         """Push ``repository:tag``: the registry's manifest digest and each layer's fate."""

@@ -124,6 +124,22 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return TwoLanes(config, log)
 
 
+def commit_run(
+    image: str, argv: list[str], reference: str, *, mounts: dict[str, str], changes: list[str]
+) -> str:
+    """``docker run`` ARGV in IMAGE (no network), ``docker commit`` it as REFERENCE; the image ID.
+    Only the fixtures make images this way: k3env itself never commits a container."""
+    name = f"k3env-test-commit-{os.getpid()}-{abs(hash(reference))}"
+    binds = [arg for host, inside in mounts.items() for arg in ("-v", f"{host}:{inside}:ro")]
+    docker = ["docker", "run", "--name", name, "--network", "none", *binds, image, *argv]
+    try:
+        subprocess.run(docker, check=True)
+        commit = ["docker", "commit", *[f"--change={c}" for c in changes], name, reference]
+        return subprocess.run(commit, check=True, capture_output=True, text=True).stdout.strip()
+    finally:
+        subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+
+
 def _make_base(
     engine: DockerEngine,
     registry: str,
@@ -152,15 +168,9 @@ def _make_base(
         "    os.makedirs(os.path.dirname(full), exist_ok=True)\n"
         "    open(full, 'w').write(text)\n"
     )
-    image_id = engine.run_and_commit(
-        stage1,
-        ["python3", "-c", writer, site, json.dumps(files)],
-        repository=repository,
-        tag=tag,
-        mounts={},
-        changes=['CMD ["python3"]'],
-        progress=lambda _: None,
-    )
+    argv = ["python3", "-c", writer, site, json.dumps(files)]
+    cmd = ['CMD ["python3"]']
+    image_id = commit_run(stage1, argv, f"{repository}:{tag}", mounts={}, changes=cmd)
     digest = engine.push(repository, tag, lambda _: None).digest
     return BaseFixture(repository=repository, tag=tag, digest=digest, image_id=image_id)
 
@@ -241,15 +251,13 @@ def _dynamo_release(engine: DockerEngine, twin_image: str, version: str) -> str:
              f"ai-dynamo=={version}", f"ai-dynamo-runtime=={version}"],
             check=True,
         )  # fmt: skip
-        engine.run_and_commit(
+        commit_run(
             twin_image,
             ["sh", "-c", "python3 -m pip install -q --no-deps --no-index --break-system-packages "
              "--root-user-action=ignore /w/*.whl"],
-            repository=repository,
-            tag=tag,
+            f"{repository}:{tag}",
             mounts={wheels: "/w"},
             changes=[],
-            progress=lambda _: None,
         )  # fmt: skip
     return f"{repository}:{tag}"
 

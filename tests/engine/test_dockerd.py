@@ -130,40 +130,6 @@ def test_run_of_a_missing_image_is_an_engine_error(engine: DockerEngine) -> None
         engine.run("k3env-test/absent:none", ["true"], timeout=10)
 
 
-def test_run_and_commit_keeps_changes_and_reports_lines(engine: DockerEngine, stage1: str) -> None:
-    lines: list[str] = []
-    tag = uuid.uuid4().hex[:12]
-    image_id = engine.run_and_commit(
-        stage1,
-        ["sh", "-c", "echo one; echo two >&2; echo committed > /made"],
-        repository="k3env-test/dockerd-commit",
-        tag=tag,
-        mounts={},
-        changes=["LABEL io.k3env.test=yes", 'CMD ["python3"]'],
-        progress=lines.append,
-    )
-    try:
-        assert sorted(lines) == ["one", "two"]
-        found = engine.lookup(f"k3env-test/dockerd-commit:{tag}")
-        assert found is not None and found.id == image_id
-        assert found.labels["io.k3env.test"] == "yes"
-        made = engine.read_files(image_id, ["/made"])["/made"]
-        assert made is not None and made.content == b"committed\n"
-        with pytest.raises(EngineError, match="exited 4"):
-            engine.run_and_commit(
-                stage1,
-                ["sh", "-c", "exit 4"],
-                repository="k3env-test/dockerd-commit",
-                tag=f"{tag}-failed",
-                mounts={},
-                changes=[],
-                progress=lines.append,
-            )
-        assert engine.lookup(f"k3env-test/dockerd-commit:{tag}-failed") is None
-    finally:
-        engine.remove(f"k3env-test/dockerd-commit:{tag}")
-
-
 def test_read_files_follows_symlinks_and_misses_cleanly(engine: DockerEngine, tiny: str) -> None:
     files = engine.read_files(
         tiny, ["/etc/hello", "/etc/relative", "/data/absolute", "/data/loop", "/nope", "/etc"]
