@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.metadata
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from k3env.cli import main
+from k3env.config.cluster import load_cluster
+from k3env.config.lock import load_lock
+from k3env.config.spec import load_spec
+from k3env.errors import SpecError
+from k3env.log import Log
+from k3env.srt import materialize as srt
+from k3env.srt.fates import patch_fates
+from k3env.srt.materialize import MARKER
+from k3env.srt.recipe import recipe
 from k3env.state import State
 
 from .conftest import replace_in
@@ -133,14 +145,6 @@ def test_job_time_lookups_and_the_dry_run_catch_what_loading_does_not(
 
 
 def test_dynamo_recipe_asks_for_no_install_when_dynamo_is_baked(srt_repo: Path) -> None:
-    import dataclasses
-
-    from k3env.config.cluster import load_cluster
-    from k3env.config.lock import load_lock
-    from k3env.config.spec import load_spec
-    from k3env.errors import SpecError
-    from k3env.srt.recipe import recipe
-
     lock = load_lock(LOCK)
     spec = load_spec(srt_repo / "images/kimi-k3-dynamo.toml", lock)
     assert spec.dynamo_install == "baked"
@@ -174,14 +178,6 @@ def test_dynamo_recipe_asks_for_no_install_when_dynamo_is_baked(srt_repo: Path) 
 def test_a_benchmark_whose_image_has_no_aiperf_is_refused_unless_it_names_its_client(
     srt_repo: Path,
 ) -> None:
-    import dataclasses
-
-    from k3env.config.cluster import load_cluster
-    from k3env.config.lock import load_lock
-    from k3env.config.spec import load_spec
-    from k3env.errors import SpecError
-    from k3env.srt.recipe import recipe
-
     spec = load_spec(srt_repo / "images/kimi-k3-direct-d.toml", load_lock(LOCK))
     bare = dataclasses.replace(spec, components=())
     cluster = load_cluster(srt_repo / "clusters/b200-dgxc.toml")
@@ -197,10 +193,6 @@ def test_a_benchmark_whose_image_has_no_aiperf_is_refused_unless_it_names_its_cl
 
 
 def test_a_spec_with_an_unknown_dynamo_install_mode_is_refused(srt_repo: Path) -> None:
-    from k3env.config.lock import load_lock
-    from k3env.config.spec import load_spec
-    from k3env.errors import SpecError
-
     path = srt_repo / "images/kimi-k3-dynamo.toml"
     path.write_text('dynamo_install = "at-job-start"\n' + path.read_text())
     with pytest.raises(SpecError, match="unknown Dynamo install mode") as e:
@@ -323,8 +315,6 @@ def test_dirty_cache_is_an_error(srt_repo: Path, capsys: pytest.CaptureFixture[s
 def test_a_rewritten_cache_marker_is_an_error_not_a_traceback(
     srt_repo: Path, capsys: pytest.CaptureFixture[str], text: str
 ) -> None:
-    from k3env.srt.materialize import MARKER
-
     first, _ = materialize(capsys)
     marker = Path(str(first["path"])) / MARKER
     assert "the srt-slurm cache's marker" in refused(capsys, marker, text.encode())
@@ -333,10 +323,6 @@ def test_a_rewritten_cache_marker_is_an_error_not_a_traceback(
 def test_srt_patch_fates_after_a_version_bump(
     srt_repo: Path, upstream: Upstream, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from k3env.config.lock import load_lock
-    from k3env.log import Log
-    from k3env.srt.fates import patch_fates
-
     fates = patch_fates(load_lock(LOCK), Log(quiet=True))
     assert [f.status for f in fates] == ["applies", "applies"]
     # v1.0.37 carries PR #278: bump to it, and the PR patch is reported upstream.
@@ -364,12 +350,6 @@ def test_srtctls_venv_gets_a_pip_that_installs_into_it(
 ) -> None:
     """k3env's own pip installs into a venv made without one; where k3env has no pip (or one
     older than ``--python``), the venv gets its own. Either way pip reports the venv's site."""
-    import importlib.metadata
-    import sys
-
-    from k3env.log import Log
-    from k3env.srt import materialize as srt
-
     if not host_pip:
         real = importlib.metadata.version
 
