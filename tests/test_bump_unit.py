@@ -9,9 +9,13 @@ from typing import Any
 
 import pytest
 
+from k3env.bump.body import SBOM_DIFF, body
 from k3env.bump.evaluate import Outcome, PatchFate, evaluate
 from k3env.checks.probe_run import MARK
+from k3env.checks.verdicts import ImageReport
 from k3env.config.cluster import load_cluster
+from k3env.config.lock import load_lock
+from k3env.config.lock_edit import Change
 from k3env.engine.protocol import RunResult
 from k3env.image.records import Facts, read
 from k3env.log import Log
@@ -185,10 +189,6 @@ def test_preflight_in_a_bump_uses_the_facts_verify_just_learned(bump: Bump) -> N
 
 
 def test_the_body_never_says_all_checks_pass_over_checks_that_did_not_run() -> None:
-    from k3env.bump.body import body
-    from k3env.config.lock import load_lock
-    from k3env.config.lock_edit import Change
-
     skipped = Outcome(reports=(), preflight_errors={"x": 0}, patches=())
     text = body(
         load_lock(REPO / "pins/k3.lock.toml"),
@@ -205,10 +205,6 @@ def test_the_body_lists_the_sbom_diff_of_each_image() -> None:
     """Added, removed and changed Python distributions and Debian packages, from what verify
     found before and after; said as not compared when verify did not run on both, and when
     one side's facts have no Debian packages (never "no change")."""
-    from k3env.bump.body import SBOM_DIFF, body
-    from k3env.checks.verdicts import ImageReport
-    from k3env.config.lock import load_lock
-    from k3env.config.lock_edit import Change
 
     def report(dists: dict[str, str], debs: list[tuple[str, str, str]] | None) -> ImageReport:
         facts: dict[str, object] = {
@@ -270,8 +266,6 @@ def test_the_body_lists_the_sbom_diff_of_each_image() -> None:
 def test_a_lock_whose_patch_file_was_edited_since_is_an_outcome_not_a_crash(bump: Bump) -> None:
     """`bump container_patches.NAME` after editing the file: the lock before the bump pins
     bytes that are gone. Its state is "did not build", with the reason; the bump goes on."""
-    from k3env.bump.body import body
-
     project = bump.project("testbase")
     patch = project.root / "patches/container/int64.toml"
     patch.write_text(patch.read_text() + "# reviewed again\n")
