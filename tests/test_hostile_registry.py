@@ -18,9 +18,17 @@ from pathlib import Path
 
 import pytest
 
+from k3env import jsontext
+from k3env.cli import main
 from k3env.engine import registry
+from k3env.engine.credentials import same_site
 from k3env.engine.registry import get_manifest, list_tags, read_blob, resolve_digest
 from k3env.errors import EngineError, LockError
+from k3env.handoff import publish, referrers
+from k3env.log import Log
+from k3env.runner import ask
+
+from .conftest import replace_in
 
 Answer = Callable[[str, dict[str, str], socket.socket, str], None]
 
@@ -412,10 +420,6 @@ def test_a_credential_is_not_carried_across_a_redirect(hostile: Hostile, home: P
 def test_bump_writes_nothing_when_the_registry_answers_no_manifest(
     hostile: Hostile, repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from k3env.cli import main
-
-    from .conftest import replace_in
-
     lock = Path("pins/k3.lock.toml")
     replace_in(lock, 'repository = "docker.io/vllm/vllm-openai"',
                f'repository = "{hostile.host}/vllm/vllm-openai"')  # fmt: skip
@@ -460,8 +464,6 @@ def test_a_tag_outside_the_grammar_is_refused_before_any_request(
     ],
 )
 def test_one_site_is_one_registrable_domain_and_port(a: str, b: str, same: bool) -> None:
-    from k3env.engine.credentials import same_site
-
     assert same_site(a, b) is same
     assert same_site(b, a) is same
 
@@ -471,8 +473,6 @@ def test_a_credential_helper_that_hangs_is_cut_with_everything_it_started(
 ) -> None:
     """The helper and the child it left holding the pipe: both gone at the deadline, and the
     read does not wait for the child."""
-    from k3env.runner import ask
-
     pidfile = tmp_path / "child.pid"
     helper = tmp_path / "docker-credential-hang"
     helper.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {pidfile}\nsleep 300\n")
@@ -506,8 +506,6 @@ def test_a_manifest_fetched_by_digest_whose_bytes_are_other_is_refused(
     with no Docker-Content-Digest, with one computed from the bytes it sends (consistent, but
     not what was asked for), or with the digest asked for (a lie the bytes give away). Refused
     naming the digest, through ``get_manifest`` and through publish's read of a base."""
-    from k3env.handoff import publish
-
     body = manifest_json(config={"digest": "sha256:" + "2" * 64})
     said = {"none": {}, "the-bytes": {"Docker_Content_Digest": sha(body)},
             "the-reference": {"Docker_Content_Digest": OTHER}}[header]  # fmt: skip
@@ -583,10 +581,6 @@ def test_a_fallback_index_with_nan_and_junk_is_published_again_without_them(
     "9", a digest that is a path, no mediaType, a string, a number, a duplicate. Each is
     dropped with a note naming it; the well-formed ones and ours are published, as strict
     JSON, and nothing else."""
-    from k3env import jsontext
-    from k3env.handoff import referrers
-    from k3env.log import Log
-
     manifest = "application/vnd.oci.image.manifest.v1+json"
 
     def entry(n: str, **over: object) -> dict[str, object]:
@@ -644,9 +638,6 @@ def test_a_fallback_index_with_nan_and_junk_is_published_again_without_them(
 )  # fmt: skip
 def test_a_fallback_tag_that_is_no_index_is_left_alone(hostile: Hostile, held: bytes) -> None:
     """Not ours to replace: an error naming the tag, no PUT."""
-    from k3env.handoff import referrers
-    from k3env.log import Log
-
     hostile.answer = lambda path, headers, conn, host: reply(conn, "200 OK", held)
     with pytest.raises(EngineError, match=r"not JSON|nests|not an OCI index") as e:
         referrers._fallback(f"{hostile.host}/team/app", "sha256:" + "f" * 64, [], Log(quiet=True))
