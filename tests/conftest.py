@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -101,15 +101,17 @@ def dynamo_source(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[
     return repo, tags
 
 
-def make_wheel(directory: Path, dist: str, version: str) -> Path:
-    """A minimal valid pure-Python wheel (metadata only): what pip needs to download it."""
+def make_wheel(directory: Path, dist: str, version: str, requires: Sequence[str] = ()) -> Path:
+    """A minimal valid pure-Python wheel (metadata only, with ``requires`` as its
+    Requires-Dist): what pip and uv need to download and resolve it."""
     import zipfile
 
     stem = f"{dist.replace('-', '_')}-{version}"
     path = directory / f"{stem}-py3-none-any.whl"
+    needs = "".join(f"Requires-Dist: {r}\n" for r in requires)
     with zipfile.ZipFile(path, "w") as z:
         z.writestr(f"{stem}.dist-info/METADATA",
-                   f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")  # fmt: skip
+                   f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n{needs}")  # fmt: skip
         z.writestr(f"{stem}.dist-info/WHEEL",
                    "Wheel-Version: 1.0\nGenerator: k3env-tests\nRoot-Is-Purelib: true\n"
                    "Tag: py3-none-any\n")  # fmt: skip

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from k3env.checks.argv import ParsedCommand, parse_options
@@ -94,6 +94,36 @@ def worker(*flags: str) -> tuple[str, tuple[str, ...]]:
 
 
 FRONTEND = ("dynamo-frontend", ("python3", "-m", "dynamo.frontend"))
+
+
+@dataclass(frozen=True)
+class FakeRule:
+    """A rule that says what it is told to (the runner's contract, not a real rule's), and
+    reads the facts it ``lacks``."""
+
+    id: str
+    hits: tuple[Hit, ...] = ()
+    severity: str = "warning"
+    fix: str = "the rule's own fix"
+    only: str | None = None  # applies to this spec only
+    boom: Exception | None = None
+    lacks: tuple[str, ...] = ()
+    seen: list[str] = field(default_factory=list)
+
+    def _check(self, ctx: Context) -> Iterable[Hit]:
+        self.seen.append(ctx.spec.name)
+        for lack in self.lacks:  # a fact no image has
+            assert ctx.fact("no", "such", lack, lacking=lack) is None
+        if self.boom is not None:
+            raise self.boom
+        return self.hits
+
+    @property
+    def check(self) -> Callable[[Context], Iterable[Hit]]:
+        return self._check
+
+    def applies(self, ctx: Context) -> bool:
+        return self.only is None or ctx.spec.name == self.only
 
 
 __all__ = ["FRONTEND", "Hit", "committed_lock", "context", "key", "kv", "serve", "worker"]

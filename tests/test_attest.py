@@ -7,6 +7,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -18,6 +19,12 @@ import pytest
 
 from k3env.checks.probe_plan import planned_checks
 from k3env.checks.probe_run import MARK
+from k3env.cli import main
+from k3env.commands.verify import _attested
+from k3env.engine import registry
+from k3env.engine.protocol import RunResult
+from k3env.errors import ConfigError
+from k3env.handoff import referrers
 from k3env.handoff.attest import (
     SBOM_SUFFIX,
     SIG_SUFFIX,
@@ -28,13 +35,17 @@ from k3env.handoff.attest import (
     hashed,
 )
 from k3env.handoff.enroot_export import export_image
+from k3env.handoff.sbom import debian_packages, python_packages
+from k3env.handoff.sbomdiff import diff
 from k3env.handoff.squashfs import Squashfs
+from k3env.hashing import file_sha256
 from k3env.image.build import make_builder
+from k3env.image.records import Exported, read, write
 from k3env.log import Log
-from k3env.signing import SigningKey, VerifyKey, load_signing_key, load_verify_key
+from k3env.signing import SigningKey, VerifyKey, envelope, load_signing_key, load_verify_key
 
 from .fake_engine import FakeEngine
-from .project import Project
+from .project import MODULE_FILE, Project
 from .test_yaml_budgets import measured
 
 QUIET = Log(quiet=True)
@@ -77,8 +88,6 @@ def fs(sqsh: Path, work: str) -> Squashfs:
 
 
 def signed(sqsh: Path, key: SigningKey) -> bytes:
-    from k3env.hashing import file_sha256
-
     with tempfile.TemporaryDirectory() as work:
         attest(sqsh, file_sha256(sqsh), fs(sqsh, work), key)
     return beside(sqsh, SBOM_SUFFIX).read_bytes()
@@ -166,8 +175,6 @@ def test_each_tamper_is_refused_in_words(exported: Path, tmp_path: Path) -> None
 
 
 def test_keys_k3env_cannot_use_are_refused_naming_the_file(tmp_path: Path) -> None:
-    from k3env.errors import ConfigError
-
     rsa = tmp_path / "rsa.key"
     subprocess.run(["openssl", "genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:1024",
                     "-out", str(rsa)], check=True, capture_output=True)  # fmt: skip
@@ -185,8 +192,6 @@ def test_keys_k3env_cannot_use_are_refused_naming_the_file(tmp_path: Path) -> No
 def test_the_command_refuses_a_key_without_a_check(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from k3env.cli import main
-
     assert main(["export", "--key", str(tmp_path / "k.pub")]) == 2
     assert "--key goes with --check FILE.sqsh" in capsys.readouterr().err
     assert main(["export", "--check", "x.sqsh", "--sign-key", str(tmp_path / "k.key")]) == 2
@@ -196,8 +201,6 @@ def test_the_command_refuses_a_key_without_a_check(
 def test_the_sbom_reads_dists_and_debian_packages_from_the_file_as_untrusted_text(
     tmp_path: Path,
 ) -> None:
-    from k3env.handoff.sbom import debian_packages, python_packages
-
     site = tmp_path / "tree/usr/lib/python3/dist-packages"
     for name, meta in (
         ("vllm-0.31.0", "Metadata-Version: 2.1\nName: vllm\nVersion: 0.31.0\n\nName: not-me\n"),
@@ -236,9 +239,6 @@ def test_the_fallback_referrers_index_keeps_others_entries_once_and_drops_malfor
     """The registry boundary isolated (the real registry path: tests/engine/
     test_handoff_engine.py): what the sha256-<hex> tag held is kept when well formed, ours
     added once, nothing else tagged."""
-    from k3env.engine import registry
-    from k3env.handoff import referrers
-
     theirs = {"mediaType": referrers.OCI_MANIFEST, "digest": "sha256:" + "a" * 64, "size": 9}
     ours = {"mediaType": referrers.OCI_MANIFEST, "digest": "sha256:" + "b" * 64, "size": 5,
             "artifactType": "application/vnd.cyclonedx+json"}  # fmt: skip
@@ -258,8 +258,6 @@ def test_the_fallback_referrers_index_keeps_others_entries_once_and_drops_malfor
 
 
 def test_two_images_packages_compared() -> None:
-    from k3env.handoff.sbomdiff import diff
-
     old = {"pypi:vllm": "0.31.0", "deb:libc6": "2.36-9"}
     d = diff(old, {"pypi:vllm": "0.32.0", "deb:zstd": "1.5"})
     assert (d.added, d.removed, d.changed) == (
@@ -276,9 +274,6 @@ def test_verify_says_what_the_host_holds_of_an_images_sbom(
     """verify's gates per image, from its last export's record (never the .sqsh's bytes):
     both signatures with the given key, the statement naming the SBOM and the recorded
     sha256; each wrong input failed in words."""
-    from k3env.commands.verify import _attested
-    from k3env.image.records import Exported, read, write
-
     state = fake_project.state
     assert _attested(state, "sha256:" + "1" * 64, None).said == (
         "none: not exported (k3env export --sign-key KEY.pem)"
@@ -352,10 +347,6 @@ def test_check_with_a_key_lists_the_image_once_and_reads_the_file_once(
     """`export --check F --key PUB` of a multi-GB file: one unsquashfs listing shared by the
     image's checks and the SBOM's, and the file's bytes hashed once (for the statement's
     subject); the gates as each check says them."""
-    import os
-
-    from k3env.cli import main
-
     key, _, pub_path = keypair(tmp_path, "k3env")
     signed(exported, key)
     commands: list[list[str]] = []
@@ -401,10 +392,6 @@ def test_verify_key_fails_the_command_on_a_wrong_key_and_reports_gates_per_image
     """`k3env verify --key PUB.pem` over the in-memory engine (its probe answering every check
     passed): the right key passes, another key exits 4 naming the image and each refusal,
     the JSON carries the gates under "sbom"."""
-    from k3env.cli import main
-    from k3env.engine.protocol import RunResult
-
-    from .project import MODULE_FILE
 
     def probe(image: str, argv: list[str], env: dict[str, str], mounts: dict[str, str]) -> Any:
         (host,) = mounts
@@ -455,8 +442,6 @@ DEEP = 10_000
 
 def _deep_statement(key: SigningKey) -> bytes:
     """An envelope the key signed whose statement nests 10,000 deep."""
-    from k3env.signing import envelope
-
     return envelope(key, b'{"subject": ' + b"[" * DEEP + b"]" * DEEP + b"}")
 
 
@@ -467,8 +452,6 @@ def test_a_10000_deep_statement_is_refused_in_words_with_or_without_a_key(
     """`export --check` of a statement nested 10,000 deep, signed by the key (so it is read
     past its signature), or an envelope itself that deep: the provenance gate fails naming
     the budget, exit 4, no RecursionError."""
-    from k3env.cli import main
-
     key, _, pub_path = keypair(tmp_path, "k3env")
     signed(exported, key)
     argv = ["export", "--lock", "pins/test.lock.toml", "--check", str(exported)]

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import shutil
 import subprocess
@@ -14,8 +15,15 @@ from pathlib import Path
 import pytest
 import yaml  # type: ignore[import-untyped]
 
+from k3env.bump import srt
+from k3env.bump.evaluate import Outcome
+from k3env.bump.pins import candidate_lock
 from k3env.cli import Terminated, main
+from k3env.commands import bump as command
+from k3env.commands.app import App
+from k3env.config.lock import load_lock
 from k3env.hashing import file_sha256
+from k3env.log import Log
 
 from .conftest import REPO
 from .fake_srt.upstream import Upstream, commit, git
@@ -186,8 +194,6 @@ def test_whatever_ends_the_bump_puts_lock_requirements_and_schema_back(
 ) -> None:  # fmt: skip
     """Ctrl-C, SIGTERM (raised as Terminated) or a failure while the recipes are judged:
     the lock, srtctl's requirements and the schema as they were."""
-    from k3env.bump import srt
-
     before = files()
     written: list[bytes] = []
 
@@ -233,15 +239,6 @@ def test_the_full_bump_keeps_what_moved_only_when_the_bumped_images_pass(
     """Without --edit-only the images are built, verified and preflighted on the bumped lock
     (here a stand-in for that judging: the engine path is tests/engine's): the lock,
     requirements and schema are what the judging sees, and put back when it fails."""
-    import argparse
-
-    from k3env.bump.evaluate import Outcome
-    from k3env.bump.pins import candidate_lock
-    from k3env.commands import bump as command
-    from k3env.commands.app import App
-    from k3env.config.lock import load_lock
-    from k3env.log import Log
-
     before = files()
     lock = load_lock(LOCK)
     leaves = {"srt_slurm.version": "v2.0.0",

@@ -5,18 +5,23 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from k3env.bump.body import SBOM_DIFF, body
 from k3env.bump.evaluate import Outcome, PatchFate, evaluate
 from k3env.checks.probe_run import MARK
-from k3env.config.cluster import Cluster, load_cluster
+from k3env.checks.verdicts import ImageReport
+from k3env.config.cluster import load_cluster
+from k3env.config.lock import load_lock
+from k3env.config.lock_edit import Change
 from k3env.engine.protocol import RunResult
 from k3env.image.records import Facts, read
 from k3env.log import Log
 
 from .conftest import REPO, TEST_BASE_REPOSITORY
-from .fake_engine import FakeEngine, Published, python_base
+from .fake_engine import FakeEngine, python_base
 from .project import BUGGY, FIXED, REWRITTEN, PatchPin, Project, write_project
 
 QUIET = Log(quiet=True)
@@ -33,51 +38,38 @@ def serve_profile(name: str, *extra: str) -> str:
     )
 
 
-@pytest.fixture
-def cluster() -> Cluster:
-    """The repository's cluster profile: 2 nodes x 8 B200."""
-    return load_cluster(REPO / "clusters/b200-dgxc.toml")
+class Bump:
+    """Three tags of one base in the fake registry (the anchor, the fix upstream, neither), a
+    project over them, and its state judged under the repository's cluster (2 nodes x 8 B200)."""
+
+    def __init__(self, engine: FakeEngine, root: Path) -> None:
+        self.engine, self.root = engine, root
+        self.bases = {
+            name: engine.publish(TEST_BASE_REPOSITORY, python_base(text), tag)
+            for name, text, tag in [("testbase", BUGGY, "1"), ("fixedbase", FIXED, "2"),
+                                    ("otherbase", REWRITTEN, "3")]
+        }  # fmt: skip
+        self.cluster = load_cluster(REPO / "clusters/b200-dgxc.toml")
+
+    def project(self, *patch_bases: str, **kw: Any) -> Project:
+        patches = {"int64": PatchPin(bases=patch_bases)}
+        return write_project(self.root, self.bases, patches=patches, **kw)
+
+    def judge(self, project: Project, *, verify: bool) -> Outcome:
+        lock = project.lock()
+        return evaluate(lock, [project.spec(lock)], engine=self.engine, state=project.state,
+                        log=QUIET, cluster=self.cluster, run_verify=verify)  # fmt: skip
 
 
 @pytest.fixture
-def bases(fake_engine: FakeEngine) -> dict[str, Published]:
-    """Three tags of one base in the fake registry: the anchor, the fix upstream, neither."""
-    return {
-        "testbase": fake_engine.publish(TEST_BASE_REPOSITORY, python_base(BUGGY), "1"),
-        "fixedbase": fake_engine.publish(TEST_BASE_REPOSITORY, python_base(FIXED), "2"),
-        "otherbase": fake_engine.publish(TEST_BASE_REPOSITORY, python_base(REWRITTEN), "3"),
-    }
+def bump(fake_engine: FakeEngine, tmp_path: Path) -> Bump:
+    return Bump(fake_engine, tmp_path)
 
 
-def project_over(
-    root: Path, bases: dict[str, Published], *, patch_bases: tuple[str, ...], **kw: object
-) -> Project:
-    return write_project(root, bases, patches={"int64": PatchPin(bases=patch_bases)}, **kw)  # type: ignore[arg-type]
-
-
-def judge(engine: FakeEngine, project: Project, cluster: Cluster, *, verify: bool) -> Outcome:
-    lock = project.lock()
-    return evaluate(
-        lock,
-        [project.spec(lock)],
-        engine=engine,
-        state=project.state,
-        log=QUIET,
-        cluster=cluster,
-        run_verify=verify,
-    )
-
-
-def test_patch_fates_applies_upstream_conflicts_and_no_verify(
-    fake_engine: FakeEngine, bases: dict[str, Published], cluster: Cluster, tmp_path: Path
-) -> None:
-    project = project_over(
-        tmp_path,
-        bases,
-        patch_bases=("testbase", "fixedbase", "otherbase"),
-        spec_tail=serve_profile("direct", "--tensor-parallel-size", "8"),
-    )
-    outcome = judge(fake_engine, project, cluster, verify=False)
+def test_patch_fates_applies_upstream_conflicts_and_no_verify(bump: Bump) -> None:
+    direct = serve_profile("direct", "--tensor-parallel-size", "8")
+    project = bump.project("testbase", "fixedbase", "otherbase", spec_tail=direct)
+    outcome = bump.judge(project, verify=False)
     assert list(outcome.patches) == [
         PatchFate(name="int64", base="testbase", status="applies", detail="1 edit(s) applied"),
         PatchFate(
@@ -89,27 +81,20 @@ def test_patch_fates_applies_upstream_conflicts_and_no_verify(
         PatchFate(name="int64", base="otherbase", status="conflicts", detail=ANCHOR_GONE),
     ]
     # Every base was pulled by digest to be judged.
-    assert [args[0] for verb, args in fake_engine.calls if verb == "pull"] == [
-        bases[b].reference for b in ("testbase", "fixedbase", "otherbase")
+    assert [args[0] for verb, args in bump.engine.calls if verb == "pull"] == [
+        bump.bases[b].reference for b in ("testbase", "fixedbase", "otherbase")
     ]
     # The image was built (over testbase), but no probe ran.
-    assert fake_engine.tags("k3env-test/probe") != []
-    assert not any("/k3env-probe/probe" in args[1] for v, args in fake_engine.calls if v == "run")
+    assert bump.engine.tags("k3env-test/probe") != []
+    assert not any("/k3env-probe/probe" in args[1] for v, args in bump.engine.calls if v == "run")
     assert outcome.reports == [] and outcome.error is None
     assert outcome.preflight_errors == {"probe": 0}
     assert outcome.failed  # a conflicting patch fails the state
 
 
-def test_a_clean_state_passes(
-    fake_engine: FakeEngine, bases: dict[str, Published], cluster: Cluster, tmp_path: Path
-) -> None:
-    project = project_over(
-        tmp_path,
-        bases,
-        patch_bases=("testbase", "fixedbase"),
-        spec_tail=serve_profile("direct", "--tensor-parallel-size", "8"),
-    )
-    outcome = judge(fake_engine, project, cluster, verify=False)
+def test_a_clean_state_passes(bump: Bump) -> None:
+    direct = serve_profile("direct", "--tensor-parallel-size", "8")
+    outcome = bump.judge(bump.project("testbase", "fixedbase", spec_tail=direct), verify=False)
     assert [p.status for p in outcome.patches] == ["applies", "upstream"]
     assert outcome.preflight_errors == {"probe": 0}
     assert not outcome.failed
@@ -121,36 +106,26 @@ def test_a_clean_state_passes(
     ]
 
 
-def test_preflight_errors_are_counted_per_image(
-    fake_engine: FakeEngine, bases: dict[str, Published], cluster: Cluster, tmp_path: Path
-) -> None:
-    project = project_over(
-        tmp_path,
-        bases,
-        patch_bases=("testbase",),
-        spec_tail=serve_profile("wide", "--tensor-parallel-size", "32")
-        + serve_profile("nodes", "--tensor-parallel-size", "8", "--nnodes", "3"),
+def test_preflight_errors_are_counted_per_image(bump: Bump) -> None:
+    profiles = serve_profile("wide", "--tensor-parallel-size", "32") + serve_profile(
+        "nodes", "--tensor-parallel-size", "8", "--nnodes", "3"
     )
-    outcome = judge(fake_engine, project, cluster, verify=False)
+    outcome = bump.judge(bump.project("testbase", spec_tail=profiles), verify=False)
     assert [p.status for p in outcome.patches] == ["applies"]
     assert outcome.preflight_errors == {"probe": 2}  # 32 ranks > 16 GPUs; 3 nodes != 2
     assert outcome.failed
 
 
-def test_a_build_that_fails_outright_is_the_outcomes_error(
-    fake_engine: FakeEngine, bases: dict[str, Published], cluster: Cluster, tmp_path: Path
-) -> None:
-    project = project_over(
-        tmp_path, bases, patch_bases=("testbase", "otherbase"), spec_base="otherbase"
-    )
-    outcome = judge(fake_engine, project, cluster, verify=True)
+def test_a_build_that_fails_outright_is_the_outcomes_error(bump: Bump) -> None:
+    project = bump.project("testbase", "otherbase", spec_base="otherbase")
+    outcome = bump.judge(project, verify=True)
     assert [p.status for p in outcome.patches] == ["applies", "conflicts"]
     assert outcome.error is not None
     assert "container patch int64" in outcome.error and "anchor not found" in outcome.error
     assert "\n" not in outcome.error
     assert outcome.reports == () and outcome.preflight_errors == {}
     assert outcome.failed
-    assert fake_engine.tags("k3env-test/probe") == []
+    assert bump.engine.tags("k3env-test/probe") == []
 
 
 def probe_answer(rows: list[dict[str, object]], facts: dict[str, object]) -> RunResult:
@@ -167,10 +142,8 @@ argv = ["python3", "-m", "dynamo.frontend", "--http-port", "8000"]
 """
 
 
-def test_verify_runs_on_each_built_image_and_a_failing_check_fails_the_state(
-    fake_engine: FakeEngine, bases: dict[str, Published], cluster: Cluster, tmp_path: Path
-) -> None:
-    project = project_over(tmp_path, bases, patch_bases=("testbase",), spec_tail=FRONTEND)
+def test_verify_runs_on_each_built_image_and_a_failing_check_fails_the_state(bump: Bump) -> None:
+    project = bump.project("testbase", spec_tail=FRONTEND)
     row: dict[str, object] = {
         "check": "tokenizer", "subject": "model_type kimi_k3", "status": "fail",
         "component": "dynamo-runtime", "version": "1.2.1", "profile": "agg",
@@ -186,28 +159,26 @@ def test_verify_runs_on_each_built_image_and_a_failing_check_fails_the_state(
         probed.append(image)
         return probe_answer([row], {"versions": {"dynamo-runtime": "1.2.1"}})
 
-    fake_engine.on_run(probe)
-    outcome = judge(fake_engine, project, cluster, verify=True)
+    bump.engine.on_run(probe)
+    outcome = bump.judge(project, verify=True)
     (report,) = outcome.reports
     assert probed == [report.image_id]
-    assert fake_engine.resolve(report.reference) == report.image_id
+    assert bump.engine.resolve(report.reference) == report.image_id
     assert outcome.matrix()["probe"]["tokenizer"] == "failed"
     # The patch row comes from the host's own judgement: the probe sent no target text.
     assert outcome.matrix()["probe"]["patches"] == "failed"
     assert outcome.failed and outcome.error is None
 
 
-def test_preflight_in_a_bump_uses_the_facts_verify_just_learned(
-    fake_engine: FakeEngine, bases: dict[str, Published], cluster: Cluster, tmp_path: Path
-) -> None:
-    project = project_over(tmp_path, bases, patch_bases=("testbase",), spec_tail=FRONTEND)
+def test_preflight_in_a_bump_uses_the_facts_verify_just_learned(bump: Bump) -> None:
+    project = bump.project("testbase", spec_tail=FRONTEND)
     facts = {"versions": {"dynamo": "1.2.1"}, "dynamo": {"tiktoken_model_types": ["kimi_k2"]}}
-    fake_engine.on_run(
+    bump.engine.on_run(
         lambda image, argv, env, mounts: (
             probe_answer([], facts) if "/k3env-probe/probe" in argv else None
         )
     )
-    outcome = judge(fake_engine, project, cluster, verify=True)
+    outcome = bump.judge(project, verify=True)
     (report,) = outcome.reports
     # The probe's facts, and dpkg's packages verify read from the image (none in this base).
     recorded = read(project.state, Facts, report.image_id)
@@ -218,10 +189,6 @@ def test_preflight_in_a_bump_uses_the_facts_verify_just_learned(
 
 
 def test_the_body_never_says_all_checks_pass_over_checks_that_did_not_run() -> None:
-    from k3env.bump.body import body
-    from k3env.config.lock import load_lock
-    from k3env.config.lock_edit import Change
-
     skipped = Outcome(reports=(), preflight_errors={"x": 0}, patches=())
     text = body(
         load_lock(REPO / "pins/k3.lock.toml"),
@@ -238,10 +205,6 @@ def test_the_body_lists_the_sbom_diff_of_each_image() -> None:
     """Added, removed and changed Python distributions and Debian packages, from what verify
     found before and after; said as not compared when verify did not run on both, and when
     one side's facts have no Debian packages (never "no change")."""
-    from k3env.bump.body import SBOM_DIFF, body
-    from k3env.checks.verdicts import ImageReport
-    from k3env.config.lock import load_lock
-    from k3env.config.lock_edit import Change
 
     def report(dists: dict[str, str], debs: list[tuple[str, str, str]] | None) -> ImageReport:
         facts: dict[str, object] = {
@@ -300,17 +263,13 @@ def test_the_body_lists_the_sbom_diff_of_each_image() -> None:
     )
 
 
-def test_a_lock_whose_patch_file_was_edited_since_is_an_outcome_not_a_crash(
-    fake_engine: FakeEngine, bases: dict[str, Published], cluster: Cluster, tmp_path: Path
-) -> None:
+def test_a_lock_whose_patch_file_was_edited_since_is_an_outcome_not_a_crash(bump: Bump) -> None:
     """`bump container_patches.NAME` after editing the file: the lock before the bump pins
     bytes that are gone. Its state is "did not build", with the reason; the bump goes on."""
-    from k3env.bump.body import body
-
-    project = project_over(tmp_path, bases, patch_bases=("testbase",))
-    patch = tmp_path / "patches/container/int64.toml"
+    project = bump.project("testbase")
+    patch = project.root / "patches/container/int64.toml"
     patch.write_text(patch.read_text() + "# reviewed again\n")
-    before = judge(fake_engine, project, cluster, verify=False)
+    before = bump.judge(project, verify=False)
     assert before.error is not None and "the lock pins" in before.error
     assert before.failed and before.reports == ()
     text = body(project.lock(), "container_patches.int64", [], before, before)

@@ -25,7 +25,7 @@ from k3env.cli import main
 from k3env.config.cutoff import require_settled, settled_cutoff
 from k3env.errors import LockError
 
-from .conftest import REPO, replace_in
+from .conftest import REPO, make_wheel, replace_in
 
 LOCK = Path("pins/k3.lock.toml")
 REQ = Path("pins/twin.requirements.txt")
@@ -59,25 +59,6 @@ repository = "k3env/cpu-twin"
 """
 
 
-def _wheel(directory: Path, name: str, version: str, requires: list[str]) -> Path:
-    stem = f"{name.replace('-', '_')}-{version}"
-    path = directory / f"{stem}-py3-none-any.whl"
-    meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-    meta += "".join(f"Requires-Dist: {r}\n" for r in requires)
-    files = {
-        f"{name.replace('-', '_')}/__init__.py": "",
-        f"{stem}.dist-info/METADATA": meta,
-        f"{stem}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-        "Tag: py3-none-any\n",
-    }
-    record = "".join(f"{f},,\n" for f in files) + f"{stem}.dist-info/RECORD,,\n"
-    with zipfile.ZipFile(path, "w") as z:
-        for f, text in files.items():
-            z.writestr(f, text)
-        z.writestr(f"{stem}.dist-info/RECORD", record)
-    return path
-
-
 @pytest.fixture
 def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     """A PEP 691 index on 127.0.0.1 serving RELEASES with their upload times (and LATE
@@ -87,7 +68,7 @@ def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     pages: dict[str, list[dict[str, object]]] = {}
     late: dict[str, list[dict[str, object]]] = {}
     for name, version, requires, uploaded in [*RELEASES, LATE]:
-        w = _wheel(wheels, name, version, requires)
+        w = make_wheel(wheels, name, version, requires)
         with zipfile.ZipFile(w) as z:  # PEP 658: the metadata beside the wheel
             meta = z.read(f"{w.name.split('-py3')[0]}.dist-info/METADATA")
         (wheels / f"{w.name}.metadata").write_bytes(meta)

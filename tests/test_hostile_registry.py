@@ -18,9 +18,17 @@ from pathlib import Path
 
 import pytest
 
+from k3env import jsontext
+from k3env.cli import main
 from k3env.engine import registry
+from k3env.engine.credentials import same_site
 from k3env.engine.registry import get_manifest, list_tags, read_blob, resolve_digest
 from k3env.errors import EngineError, LockError
+from k3env.handoff import publish, referrers
+from k3env.log import Log
+from k3env.runner import ask
+
+from .conftest import replace_in
 
 Answer = Callable[[str, dict[str, str], socket.socket, str], None]
 
@@ -112,25 +120,34 @@ def test_a_file_realm_is_refused_and_the_host_file_never_read(
     assert len(hostile.seen) == 1  # nothing sent back
 
 
+def replies(status: str, **headers: str) -> Answer:
+    """An answer with no body; ``{host}`` in a header value is the server's own address."""
+    return lambda path, _, conn, host: reply(
+        conn, status, b"", **{k: v.format(host=host) for k, v in headers.items()}
+    )
+
+
 @pytest.mark.parametrize(
-    "realm",
-    ["ftp://127.0.0.1/token", "http://registry.example.com/token", "https://u:p@example.com/t"],
-)
-def test_a_realm_off_the_registry_scheme_rules_is_refused(hostile: Hostile, realm: str) -> None:
-    hostile.answer = lambda path, headers, conn, host: reply(
-        conn, "401 Unauthorized", WWW_Authenticate=f'Bearer realm="{realm}"'
-    )
-    with pytest.raises(EngineError, match="the registry sent a"):
+    ("answer", "said", "where"),
+    [
+        *(pytest.param(replies("401 Unauthorized", WWW_Authenticate=f'Bearer realm="{realm}"'),
+                       "the registry sent a", "the token realm", id=f"realm-{what}")
+          for what, realm in [("ftp", "ftp://127.0.0.1/token"),
+                              ("http-elsewhere", "http://registry.example.com/token"),
+                              ("with-userinfo", "https://u:p@example.com/t")]),
+        pytest.param(replies("302 Found", Location="file:///etc/passwd"), "file: URL",
+                     "a redirect from", id="redirect-to-a-file"),
+        pytest.param(replies("302 Found", Location="http://{host}/again"),
+                     "redirected more than 5 times", "", id="redirect-loop-ends"),
+    ],
+)  # fmt: skip
+def test_a_realm_off_the_scheme_rules_or_a_bad_redirect_is_refused(
+    hostile: Hostile, answer: Answer, said: str, where: str
+) -> None:
+    hostile.answer = answer
+    with pytest.raises(EngineError, match=said) as e:
         resolve_digest(f"{hostile.host}/team/app", "1")
-
-
-def test_a_redirect_to_a_file_is_refused(hostile: Hostile) -> None:
-    hostile.answer = lambda path, headers, conn, host: reply(
-        conn, "302 Found", Location="file:///etc/passwd"
-    )
-    with pytest.raises(EngineError, match="file: URL") as e:
-        resolve_digest(f"{hostile.host}/team/app", "1")
-    assert "a redirect from" in str(e.value.where)
+    assert where in str(e.value.where)
 
 
 def test_a_token_is_never_carried_to_another_host(hostile: Hostile) -> None:
@@ -169,39 +186,34 @@ def test_a_registry_that_sends_a_byte_at_a_time_meets_the_deadline(
     assert time.monotonic() - start < 5
 
 
-@pytest.mark.parametrize(
-    "raw",
-    [
-        b"garbage\r\n\r\n",  # a status line that is not HTTP
-        b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(200)) + b"\r\n",
-        b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n{}",  # a short body, then closed
-        b"",  # the connection closed before any answer
-    ],
-    ids=["status-line", "too-many-headers", "short-body", "no-answer"],
-)
-def test_protocol_garbage_is_an_engine_error_not_a_traceback(hostile: Hostile, raw: bytes) -> None:
-    hostile.answer = lambda path, headers, conn, host: conn.sendall(raw)
-    with pytest.raises(EngineError, match="cannot reach the registry"):
-        resolve_digest(f"{hostile.host}/team/app", "1")
+UNREACHABLE = "cannot reach the registry"
+NO_MANIFEST = r"not an image manifest|does not parse|cannot reach"
 
 
 @pytest.mark.parametrize(
-    "raw",
+    ("raw", "said"),
     [
-        b"HTTP/1.1 200 OK\r\n\r\n",  # headers, then the connection closed: no body at all
-        b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + manifest_json()[:30],  # cut short
-        b"HTTP/1.0 200 OK\r\n\r\n",  # an empty HTTP/1.0 answer
-        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}",  # JSON, not a manifest
-        b"HTTP/1.1 200 OK\r\nContent-Length: 15\r\n\r\n<html>503</html>"[:-1],  # a proxy page
+        (b"garbage\r\n\r\n", UNREACHABLE),  # a status line that is not HTTP
+        (b"HTTP/1.1 200 OK\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(200)) + b"\r\n",
+         UNREACHABLE),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n{}", UNREACHABLE),  # short, closed
+        (b"", UNREACHABLE),  # the connection closed before any answer
+        # A 200 that is not a manifest: each of these put the sha256 of (almost) no bytes into
+        # the lock, exit 0.
+        (b"HTTP/1.1 200 OK\r\n\r\n", NO_MANIFEST),  # headers, then closed: no body at all
+        (b"HTTP/1.1 200 OK\r\nConnection: close\r\n\r\n" + manifest_json()[:30], NO_MANIFEST),
+        (b"HTTP/1.0 200 OK\r\n\r\n", NO_MANIFEST),  # an empty HTTP/1.0 answer
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}", NO_MANIFEST),  # JSON, not a manifest
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 15\r\n\r\n<html>503</html>"[:-1], NO_MANIFEST),
     ],
-    ids=["eof-after-headers", "cut-without-length", "empty-http10", "empty-object", "html"],
-)
-def test_a_200_that_is_not_a_manifest_is_never_a_digest(
-    hostile: Hostile, raw: bytes, tmp_path: Path
+    ids=["status-line", "too-many-headers", "short-body", "no-answer", "200-eof-after-headers",
+         "200-cut-without-length", "200-empty-http10", "200-empty-object", "200-html"],
+)  # fmt: skip
+def test_protocol_garbage_is_an_engine_error_never_a_traceback_or_a_digest(
+    hostile: Hostile, raw: bytes, said: str
 ) -> None:
-    """Each of these put the sha256 of (almost) no bytes into the lock, exit 0."""
     hostile.answer = lambda path, headers, conn, host: conn.sendall(raw)
-    with pytest.raises(EngineError, match=r"not an image manifest|does not parse|cannot reach"):
+    with pytest.raises(EngineError, match=said):
         resolve_digest(f"{hostile.host}/team/app", "1")
 
 
@@ -240,14 +252,6 @@ def test_tags_outside_the_grammar_are_never_offered(hostile: Hostile) -> None:
     body = json.dumps({"tags": tags}).encode()
     hostile.answer = lambda path, headers, conn, host: reply(conn, "200 OK", body)
     assert list_tags(f"{hostile.host}/team/app") == ["1.2.3", "v2.0_rc-1"]
-
-
-def test_a_redirect_loop_ends(hostile: Hostile) -> None:
-    hostile.answer = lambda path, headers, conn, host: reply(
-        conn, "302 Found", Location=f"http://{host}/again"
-    )
-    with pytest.raises(EngineError, match="redirected more than 5 times"):
-        resolve_digest(f"{hostile.host}/team/app", "1")
 
 
 def test_a_blob_that_trickles_is_cut_at_the_floor_rate(
@@ -416,10 +420,6 @@ def test_a_credential_is_not_carried_across_a_redirect(hostile: Hostile, home: P
 def test_bump_writes_nothing_when_the_registry_answers_no_manifest(
     hostile: Hostile, repo: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from k3env.cli import main
-
-    from .conftest import replace_in
-
     lock = Path("pins/k3.lock.toml")
     replace_in(lock, 'repository = "docker.io/vllm/vllm-openai"',
                f'repository = "{hostile.host}/vllm/vllm-openai"')  # fmt: skip
@@ -464,8 +464,6 @@ def test_a_tag_outside_the_grammar_is_refused_before_any_request(
     ],
 )
 def test_one_site_is_one_registrable_domain_and_port(a: str, b: str, same: bool) -> None:
-    from k3env.engine.credentials import same_site
-
     assert same_site(a, b) is same
     assert same_site(b, a) is same
 
@@ -475,8 +473,6 @@ def test_a_credential_helper_that_hangs_is_cut_with_everything_it_started(
 ) -> None:
     """The helper and the child it left holding the pipe: both gone at the deadline, and the
     read does not wait for the child."""
-    from k3env.runner import ask
-
     pidfile = tmp_path / "child.pid"
     helper = tmp_path / "docker-credential-hang"
     helper.write_text(f"#!/bin/sh\nsleep 300 &\necho $! > {pidfile}\nsleep 300\n")
@@ -510,8 +506,6 @@ def test_a_manifest_fetched_by_digest_whose_bytes_are_other_is_refused(
     with no Docker-Content-Digest, with one computed from the bytes it sends (consistent, but
     not what was asked for), or with the digest asked for (a lie the bytes give away). Refused
     naming the digest, through ``get_manifest`` and through publish's read of a base."""
-    from k3env.handoff import publish
-
     body = manifest_json(config={"digest": "sha256:" + "2" * 64})
     said = {"none": {}, "the-bytes": {"Docker_Content_Digest": sha(body)},
             "the-reference": {"Docker_Content_Digest": OTHER}}[header]  # fmt: skip
@@ -587,10 +581,6 @@ def test_a_fallback_index_with_nan_and_junk_is_published_again_without_them(
     "9", a digest that is a path, no mediaType, a string, a number, a duplicate. Each is
     dropped with a note naming it; the well-formed ones and ours are published, as strict
     JSON, and nothing else."""
-    from k3env import jsontext
-    from k3env.handoff import referrers
-    from k3env.log import Log
-
     manifest = "application/vnd.oci.image.manifest.v1+json"
 
     def entry(n: str, **over: object) -> dict[str, object]:
@@ -648,9 +638,6 @@ def test_a_fallback_index_with_nan_and_junk_is_published_again_without_them(
 )  # fmt: skip
 def test_a_fallback_tag_that_is_no_index_is_left_alone(hostile: Hostile, held: bytes) -> None:
     """Not ours to replace: an error naming the tag, no PUT."""
-    from k3env.handoff import referrers
-    from k3env.log import Log
-
     hostile.answer = lambda path, headers, conn, host: reply(conn, "200 OK", held)
     with pytest.raises(EngineError, match=r"not JSON|nests|not an OCI index") as e:
         referrers._fallback(f"{hostile.host}/team/app", "sha256:" + "f" * 64, [], Log(quiet=True))

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from k3env.checks.argv import parse_options
-from k3env.checks.preflight import contexts, run_rules
+from k3env.checks.preflight import Report, contexts, run_rules
 from k3env.checks.rules import RULES
 from k3env.cli import main
 from k3env.config.cluster import load_cluster
@@ -29,12 +29,18 @@ LOCK = Path("pins/k3.lock.toml")
 CLUSTER = Path("clusters/b200-dgxc.toml")
 
 
+def judged(
+    spec: Path, cluster: Path = CLUSTER, state: State | None = None, lock: Lock | None = None
+) -> Report:
+    """Every rule over one spec (under ``lock``, else the project's) on one cluster profile."""
+    lock = lock or load_lock(LOCK)
+    return run_rules(contexts(lock, [load_spec(spec, lock)], load_cluster(cluster), state), RULES)
+
+
 def findings(spec: Path, state: State | None = None) -> dict[str, str]:
     """rule id -> worst severity, for one spec."""
-    lock = load_lock(LOCK)
-    report = run_rules(contexts(lock, [load_spec(spec, lock)], load_cluster(CLUSTER), state), RULES)
     out: dict[str, str] = {}
-    for f in report.findings:
+    for f in judged(spec, state=state).findings:
         if out.get(f.rule) != "error":
             out[f.rule] = f.severity
     return out
@@ -60,60 +66,25 @@ def test_every_rule_has_metadata_and_explain(capsys: pytest.CaptureFixture[str])
 # (spec, old, new, rule, severity): the failing form of a variant, written as a profile.
 TRIPS = [
     # Commit 2: the worker rejected the vLLM frontend parser flags.
-    (
-        DYN,
-        '"--dyn-tool-call-parser", "kimi_k3",',
-        '"--enable-auto-tool-choice", "--tool-call-parser", "kimi_k3",',
-        "K3-PARSER-FLAGS",
-        "error",
-    ),
-    (
-        D,
-        '"--tool-call-parser", "kimi_k3",',
-        '"--dyn-tool-call-parser", "kimi_k3",',
-        "K3-PARSER-FLAGS",
-        "error",
-    ),
+    (DYN, '"--dyn-tool-call-parser", "kimi_k3",',
+     '"--enable-auto-tool-choice", "--tool-call-parser", "kimi_k3",', "K3-PARSER-FLAGS", "error"),
+    (D, '"--tool-call-parser", "kimi_k3",', '"--dyn-tool-call-parser", "kimi_k3",',
+     "K3-PARSER-FLAGS", "error"),
     # Commit 6: aiperf's nvext.session_control rejected with 400.
-    (
-        DYN,
-        'AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING = "0"',
-        'AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING = "1"',
-        "K3-AIPERF-SESSION-CONTROL",
-        "error",
-    ),
+    (DYN, 'AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING = "0"',
+     'AIPERF_USE_DYNAMO_CONV_AWARE_ROUTING = "1"', "K3-AIPERF-SESSION-CONTROL", "error"),
     # 0.95 OOM'd on the first forward.
-    (
-        F,
-        '"--gpu-memory-utilization", "0.90"',
-        '"--gpu-memory-utilization", "0.95"',
-        "K3-GPU-MEM-HEADROOM",
-        "error",
-    ),
+    (F, '"--gpu-memory-utilization", "0.90"', '"--gpu-memory-utilization", "0.95"',
+     "K3-GPU-MEM-HEADROOM", "error"),
     # Variant E's prefill OOM (no expandable_segments with the offload connector).
-    (
-        F,
-        'PYTORCH_CUDA_ALLOC_CONF = "expandable_segments:True"',
-        "",
-        "K3-ALLOC-FRAGMENTATION",
-        "error",
-    ),
+    (F, 'PYTORCH_CUDA_ALLOC_CONF = "expandable_segments:True"', "", "K3-ALLOC-FRAGMENTATION",
+     "error"),
     # The GB recipes' retention interval.
-    (
-        F,
-        'VLLM_PREFIX_CACHE_RETENTION_INTERVAL = "0"',
-        'VLLM_PREFIX_CACHE_RETENTION_INTERVAL = "32768"',
-        "K3-RETENTION-BLOCK",
-        "error",
-    ),
+    (F, 'VLLM_PREFIX_CACHE_RETENTION_INTERVAL = "0"',
+     'VLLM_PREFIX_CACHE_RETENTION_INTERVAL = "32768"', "K3-RETENTION-BLOCK", "error"),
     # Variant E with cross-layer blocks on.
-    (
-        F,
-        '"enable_cross_layers_blocks":false',
-        '"enable_cross_layers_blocks":true',
-        "K3-CROSS-LAYER-HYBRID",
-        "error",
-    ),
+    (F, '"enable_cross_layers_blocks":false', '"enable_cross_layers_blocks":true',
+     "K3-CROSS-LAYER-HYBRID", "error"),
     # Variant F, eighth sweep: expandable_segments without cumem.
     (F, '  "--enable-cumem-allocator",\n', "", "K3-SIMPLECPU-CUMEM", "error"),
     # Variant F, ninth sweep: cumem with custom all-reduce.
@@ -122,14 +93,9 @@ TRIPS = [
     (F, "299875000000", "349875000000", "K3-CPU-OFFLOAD-DRAM", "warning"),
     (F, 'PYTHONHASHSEED = "42"', "", "K3-PYTHONHASHSEED", "error"),
     (F, '"--nnodes", "2"', '"--nnodes", "3"', "K3-TOPOLOGY", "error"),
-    (
-        F,
-        '"--pipeline-parallel-size", "2"',
-        '"--pipeline-parallel-size", "4"',
-        "K3-TOPOLOGY",
-        "error",
-    ),
-]
+    (F, '"--pipeline-parallel-size", "2"', '"--pipeline-parallel-size", "4"', "K3-TOPOLOGY",
+     "error"),
+]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -194,8 +160,7 @@ def test_verify_facts_about_the_image_override_the_lock(repo_with_clusters: Path
     dynamo = {"tiktoken_model_types": ["kimi", "kimi_k2"]}
     write(state, Facts(facts={"versions": {"dynamo": "1.6.1"}, "dynamo": dynamo}), image_id)
     assert findings(DYN, state)["K3-TOKENIZER-MODEL-TYPE"] == "error"
-    report = run_rules(contexts(lock, [load_spec(DYN, lock)], load_cluster(CLUSTER), state), RULES)
-    assert report.facts_from == {
+    assert judged(DYN, state=state, lock=lock).facts_from == {
         "kimi-k3-dynamo/agg": "k3env/kimi-k3-dynamo:t (linux/amd64, built over the CPU twin)"
     }
     dynamo = {"tiktoken_model_types": ["kimi_k3"]}
@@ -214,9 +179,7 @@ def test_srt_slurm_frontend_needs_the_pr_or_the_release(repo_with_clusters: Path
     patches = re.sub(r'(?m)^sha256 = "[0-9a-f]{64}"$', 'sha256 = "unresolved"',
                      committed[start:end])  # fmt: skip
     LOCK.write_text(committed[:start] + patches + committed[end:])
-    report = run_rules(contexts(load_lock(LOCK), [load_spec(D, load_lock(LOCK))],
-                                load_cluster(CLUSTER), None), RULES)  # fmt: skip
-    srt = [f for f in report.findings if f.rule == "K3-SRT-FRONTEND"]
+    srt = [f for f in judged(D).findings if f.rule == "K3-SRT-FRONTEND"]
     assert {f.key for f in srt} == {"srt_slurm.patches[0]", "srt_slurm.patches[1]"}
     assert all(f.severity == "error" and "unresolved (no sha256)" in f.message for f in srt)
     LOCK.write_text(committed)
@@ -243,11 +206,9 @@ def test_the_node_count_comes_from_the_profile(repo_with_clusters: Path) -> None
 def test_a_dropped_container_patch_is_an_error_naming_why(repo_with_clusters: Path) -> None:
     assert "K3-DROPPED-PATCH" not in findings(F)
     replace_in(F, 'patches = ["mamba-hybrid-index-int64"]', "patches = []")
-    lock = load_lock(LOCK)
-    report = run_rules(contexts(lock, [load_spec(F, lock)], load_cluster(CLUSTER), None), RULES)
-    (hit,) = [f for f in report.findings if f.rule == "K3-DROPPED-PATCH"]
+    (hit,) = [f for f in judged(F).findings if f.rule == "K3-DROPPED-PATCH"]
     assert hit.severity == "error" and "mamba-hybrid-index-int64" in hit.message
-    assert lock.container_patches["mamba-hybrid-index-int64"].why in hit.message
+    assert load_lock(LOCK).container_patches["mamba-hybrid-index-int64"].why in hit.message
 
 
 def test_linter_output_and_json(resolved: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -275,15 +236,11 @@ def test_facts_are_never_borrowed_from_another_lock(repo_with_clusters: Path) ->
     spec = load_spec(DYN, lock)
     twin_build(state, lock, spec, image_id)
     write(state, Facts(facts={"versions": {"dynamo": "1.6.1"}}), image_id)
-    report = run_rules(contexts(lock, [spec], load_cluster(CLUSTER), state), RULES)
-    assert report.facts_from  # this lock: the facts are used
+    assert judged(DYN, state=state, lock=lock).facts_from  # this lock: the facts are used
     replace_in(LOCK, "[env]\n", '[env]\nK3ENV_OTHER_LOCK = "1"\n')
     other = load_lock(LOCK)
     assert other.sha256 != lock.sha256
-    report = run_rules(
-        contexts(other, [load_spec(DYN, other)], load_cluster(CLUSTER), state), RULES
-    )
-    assert report.facts_from == {}
+    assert judged(DYN, state=state, lock=other).facts_from == {}
 
 
 GB200 = Path("clusters/gb200-nvl72.toml")
@@ -291,10 +248,8 @@ GB200 = Path("clusters/gb200-nvl72.toml")
 
 def rules_on(cluster: Path, spec: Path, state: State | None = None) -> dict[str, list[str]]:
     """rule id -> the messages of its findings, for one spec on one cluster profile."""
-    lock = load_lock(LOCK)
-    report = run_rules(contexts(lock, [load_spec(spec, lock)], load_cluster(cluster), state), RULES)
     out: dict[str, list[str]] = {}
-    for f in report.findings:
+    for f in judged(spec, cluster, state).findings:
         out.setdefault(f.rule, []).append(f"{f.severity}: {f.message}")
     return out
 
@@ -364,17 +319,13 @@ def test_facts_come_from_the_clusters_platform_build(repo_with_clusters: Path) -
     for platform, image_id in (("linux/amd64", "ab" * 32), ("linux/arm64", "ef" * 32)):
         twin_build(state, lock, spec, image_id, f"k3env/dyn:{platform[-5:]}", platform)
     write(state, Facts(facts={"versions": {"dynamo": "1.6.1"}}), "ab" * 32)
-    on = {
-        c: run_rules(contexts(lock, [spec], load_cluster(c), state), RULES)
-        for c in (CLUSTER, GB200)
-    }
+    on = {c: judged(DYN, c, state, lock) for c in (CLUSTER, GB200)}
     assert on[CLUSTER].facts_from == {
         "kimi-k3-dynamo/agg": "k3env/dyn:amd64 (linux/amd64, built over the CPU twin)"
     }
     assert on[GB200].facts_from == {}  # the arm64 build has no verified facts yet
     write(state, Facts(facts={"versions": {"dynamo": "1.6.1"}}), "ef" * 32)
-    on_gb = run_rules(contexts(lock, [spec], load_cluster(GB200), state), RULES)
-    assert on_gb.facts_from == {
+    assert judged(DYN, GB200, state, lock).facts_from == {
         "kimi-k3-dynamo/agg": "k3env/dyn:arm64 (linux/arm64, built over the CPU twin)"
     }
 

@@ -5,8 +5,6 @@ error, never a silent pass; facts only from this lock's build for this platform.
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -22,41 +20,13 @@ from k3env.image.records import Build, Facts, build_key, write
 from k3env.state import State
 
 from .conftest import REPO
+from .rules_context import FakeRule
 
 LOCK = Path("pins/k3.lock.toml")
 CLUSTER = Path("clusters/b200-dgxc.toml")
 GB200 = Path("clusters/gb200-nvl72.toml")
 F = Path("images/kimi-k3-direct-f.toml")
 DYN = Path("images/kimi-k3-dynamo.toml")
-
-
-@dataclass(frozen=True)
-class FakeRule:
-    """A rule that says what it is told to (the runner's contract, not a real rule's)."""
-
-    id: str
-    hits: tuple[Hit, ...] = ()
-    severity: str = "warning"
-    fix: str = "the rule's own fix"
-    only: str | None = None  # applies to this spec only
-    boom: Exception | None = None
-    lacks: tuple[str, ...] = ()
-    seen: list[str] = field(default_factory=list)
-
-    def _check(self, ctx: Context) -> Iterable[Hit]:
-        self.seen.append(ctx.spec.name)
-        for lack in self.lacks:
-            ctx.fact("no", "such", lack, lacking=lack)
-        if self.boom is not None:
-            raise self.boom
-        return self.hits
-
-    @property
-    def check(self) -> Callable[[Context], Iterable[Hit]]:
-        return self._check
-
-    def applies(self, ctx: Context) -> bool:
-        return self.only is None or ctx.spec.name == self.only
 
 
 @pytest.fixture

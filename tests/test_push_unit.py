@@ -100,6 +100,24 @@ def files_of(config: dict[str, Any]) -> dict[str, tuple[str, int]]:
     return {path: (data.decode(), mode) for path, data, mode in enroot_files(config)}
 
 
+def rc_script(workdir: str, entrypoint: str, default: str) -> str:
+    """enroot's /etc/rc below the labels: into the working directory, rc.local, then exec."""
+    return (
+        f'mkdir -p "{workdir}" 2> /dev/null\n'
+        f'cd "{workdir}" && unset OLDPWD || exit 1\n'
+        "\n"
+        "if [ -s /etc/rc.local ]; then\n"
+        "    . /etc/rc.local\n"
+        "fi\n"
+        "\n"
+        "if [ $# -gt 0 ]; then\n"
+        f'    exec {entrypoint} "$@"\n'
+        "else\n"
+        f"    exec {entrypoint} {default}\n"
+        "fi\n"
+    )
+
+
 def test_enroot_files_for_a_config_with_entrypoint_cmd_workdir_volumes_labels() -> None:
     files = files_of(
         {
@@ -118,24 +136,9 @@ def test_enroot_files_for_a_config_with_entrypoint_cmd_workdir_volumes_labels() 
         "${ENROOT_ROOTFS}/data /data none x-create=dir,bind,rw,nosuid,nodev\n",
         0o644,
     )
-    assert files["etc/rc"] == (
-        "# a.label one\n"
-        "# b.label two words\n"
-        "\n"
-        'mkdir -p "/workspace" 2> /dev/null\n'
-        'cd "/workspace" && unset OLDPWD || exit 1\n'
-        "\n"
-        "if [ -s /etc/rc.local ]; then\n"
-        "    . /etc/rc.local\n"
-        "fi\n"
-        "\n"
-        "if [ $# -gt 0 ]; then\n"
-        "    exec '/opt/nvidia/entrypoint.sh' \"$@\"\n"
-        "else\n"
-        "    exec '/opt/nvidia/entrypoint.sh' 'python3' '-c' 'print('\\''hi there'\\'')'\n"
-        "fi\n",
-        0o644,
-    )
+    script = rc_script("/workspace", "'/opt/nvidia/entrypoint.sh'",
+                       "'python3' '-c' 'print('\\''hi there'\\'')'")  # fmt: skip
+    assert files["etc/rc"] == ("# a.label one\n# b.label two words\n\n" + script, 0o644)
     assert files["etc/rc.local"] == (
         "# This file is sourced by /etc/rc when the container starts.\n"
         "# It can be used to manipulate the entrypoint or the command of the container.\n",
@@ -147,20 +150,7 @@ def test_enroot_files_default_to_a_shell_without_entrypoint_or_cmd() -> None:
     files = files_of({"Env": None, "Cmd": None, "Entrypoint": None, "Labels": None})
     assert files["etc/environment"] == ("", 0o644)
     assert files["etc/fstab"] == ("", 0o644)
-    assert files["etc/rc"][0] == (
-        'mkdir -p "/" 2> /dev/null\n'
-        'cd "/" && unset OLDPWD || exit 1\n'
-        "\n"
-        "if [ -s /etc/rc.local ]; then\n"
-        "    . /etc/rc.local\n"
-        "fi\n"
-        "\n"
-        "if [ $# -gt 0 ]; then\n"
-        '    exec  "$@"\n'
-        "else\n"
-        "    exec  '/bin/sh'\n"
-        "fi\n"
-    )
+    assert files["etc/rc"][0] == rc_script("/", "", "'/bin/sh'")
 
 
 def test_enroot_files_for_the_built_image(fake_engine: FakeEngine, fake_project: Project) -> None:
@@ -177,10 +167,7 @@ def test_enroot_files_for_the_built_image(fake_engine: FakeEngine, fake_project:
     assert f"# io.k3env.inputs {build.inputs}" in head.splitlines()
     assert labels["io.k3env.patch.int64"] == "applied"
     # No entrypoint: arguments run as given, else the base's CMD.
-    assert script.startswith('mkdir -p "/" 2> /dev/null\n')
-    assert script.endswith(
-        "if [ $# -gt 0 ]; then\n    exec  \"$@\"\nelse\n    exec  'python3'\nfi\n"
-    )
+    assert script == rc_script("/", "", "'python3'")
 
 
 @pytest.mark.parametrize(

@@ -6,15 +6,15 @@ the loader's errors as findings on the recipe's keys and lines, and the result's
 from __future__ import annotations
 
 import shutil
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from k3env.checks.preflight import Context, Finding, Hit
+from k3env.checks.preflight import Finding, Hit
 from k3env.checks.recipe_map import ImageOf
 from k3env.checks.rules import RULES
 from k3env.config.cluster import load_cluster
@@ -41,6 +41,7 @@ from k3env.srt.validate import RecipeError, Validation
 from k3env.state import State
 
 from .conftest import REPO
+from .rules_context import FakeRule
 from .test_recipes_in import line_of
 
 RECIPES = REPO / "tests/data/recipes"
@@ -496,29 +497,6 @@ def test_where_srt_slurm_is_materialized_its_loader_decides_pass_or_fail(
 
 
 # --- one recipe -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Says:
-    """A rule that reports the hits it is given (on the recipe, unless a hit names a file)."""
-
-    id: str
-    hits: tuple[Hit, ...] = ()
-    severity: str = "warning"
-    fix: str = "the rule's fix"
-    lacks: tuple[str, ...] = ()  # facts it reads and this host has not
-
-    def _check(self, ctx: Context) -> Iterable[Hit]:
-        for lack in self.lacks:
-            assert ctx.fact(*lack.split("."), lacking=lack) is None
-        return self.hits
-
-    @property
-    def check(self) -> Callable[[Context], Iterable[Hit]]:
-        return self._check
-
-    def applies(self, ctx: Context) -> bool:
-        return True
-
-
 def checked(
     project: Path, loader: Loader, rules: Iterable[Any], name: str = "d.yaml"
 ) -> tuple[Any, Path]:
@@ -556,10 +534,10 @@ def test_the_loaders_errors_are_findings_on_the_recipes_keys_and_lines(project: 
 def test_a_recipes_findings_sort_errors_first_then_file_line_key_rule(project: Path) -> None:
     lock_file = str(LOCK)
     rules = [
-        Says(id="R-B", hits=(Hit(key="benchmark.type", message="b"),
+        FakeRule(id="R-B", hits=(Hit(key="benchmark.type", message="b"),
                              Hit(key="name", message="n"),
                              Hit(key="srt_slurm.patches[0]", message="l", file=lock_file))),
-        Says(id="R-A", hits=(Hit(key="benchmark.type", message="a"),
+        FakeRule(id="R-A", hits=(Hit(key="benchmark.type", message="a"),
                              Hit(key="benchmark", message="x", severity="error"),
                              Hit(key="model.path", message="p", severity="error"))),
     ]  # fmt: skip
@@ -583,7 +561,7 @@ def test_a_finding_without_a_line_comes_before_the_recipes_first_line(project: P
     bare = project / "bare.yaml"  # d.yaml without its comment header: name: on line 1
     bare.write_text("name:" + (RECIPES / "d.yaml").read_text().split("name:", 1)[1])
     rules = [
-        Says(
+        FakeRule(
             id="R",
             hits=(
                 Hit(key="name", message="m", severity="error"),
@@ -596,13 +574,13 @@ def test_a_finding_without_a_line_comes_before_the_recipes_first_line(project: P
 
 
 def test_a_dropped_patch_on_a_recipe_says_to_run_an_image_that_carries_it(project: Path) -> None:
-    rules = [Says(id="K3-P", hits=(Hit(key="patches", message="dropped", fix="spec fix"),
+    rules = [FakeRule(id="K3-P", hits=(Hit(key="patches", message="dropped", fix="spec fix"),
                                    Hit(key="patches", message="lock's", fix="lock fix",
                                        file=str(LOCK))))]  # fmt: skip
     result, path = checked(project, Loader.of("not checked", "n"), rules)
     on_recipe, on_lock = result.findings
     # A key of the lock is never pointed at the recipe's line of the same name.
-    named = [Says(id="K3-N", hits=(Hit(key="name", message="m", file=str(LOCK)),))]
+    named = [FakeRule(id="K3-N", hits=(Hit(key="name", message="m", file=str(LOCK)),))]
     (lock_name,) = checked(project, Loader.of("not checked", "n"), named)[0].findings
     assert (lock_name.file, lock_name.key, lock_name.line) == (str(LOCK), "name", None)
     assert (on_lock.file, on_lock.key, on_lock.line, on_lock.fix) == (
@@ -634,7 +612,7 @@ def test_a_model_type_given_is_taken_not_guessed(project: Path) -> None:
 
 def test_a_recipe_result_says_everything_in_its_json(project: Path) -> None:
     loader = Loader.of("not checked", "not materialized")
-    result, path = checked(project, loader, [*RULES, Says(id="R-LACK", lacks=("x.y", "a.b"))])
+    result, path = checked(project, loader, [*RULES, FakeRule(id="R-LACK", lacks=("x.y", "a.b"))])
     out = result.as_json()
     assert list(out) == ["recipe", "name", "image", "findings", "env", "env_changed", "notes",
                          "srt_slurm_loader", "lacked_facts", "not_checked", "errors",

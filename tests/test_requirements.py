@@ -9,16 +9,24 @@ from __future__ import annotations
 
 import json
 import re
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from k3env.checks.verdicts import requirement_rows
+from k3env.checks.matrix import markdown, run_matrix
+from k3env.checks.variants import tokenizer_note
+from k3env.checks.verdicts import CheckResult, ImageReport, requirement_rows
 from k3env.cli import main
 from k3env.config.lock import load_lock
 from k3env.config.spec import load_spec
 from k3env.config.twinreq import parse_pinned, pinned_versions, twin_disagreements
+from k3env.errors import LockError
+from k3env.hashing import file_sha256
+from k3env.image import twin
+from k3env.log import Log
+from k3env.state import State
 from k3env.versions import Installed, unmet_requirements
 
 from .conftest import replace_in
@@ -251,9 +259,6 @@ def test_a_bad_variant_is_refused_with_where_and_what(
 
 
 def test_the_matrix_names_each_variant_cell_and_why_it_failed(repo: Path) -> None:
-    from k3env.checks.matrix import markdown, run_matrix
-    from k3env.checks.verdicts import CheckResult, ImageReport
-
     lock = load_lock(repo / LOCK)
     specs = [
         load_spec(repo / f"images/{n}.toml", lock) for n in ("kimi-k3-direct-f", "kimi-k3-dynamo")
@@ -305,13 +310,6 @@ def test_a_failed_tokenizer_names_the_variants_whose_pinned_runtime_loads_it(
 ) -> None:
     """Read from each variant's pinned runtime wheel (here: wheels written into the
     wheelhouse, found by sha256, so no index is asked)."""
-    import zipfile
-
-    from k3env.checks.variants import tokenizer_note
-    from k3env.hashing import file_sha256
-    from k3env.log import Log
-    from k3env.state import State
-
     state = State(tmp_path / "state")
     wheelhouse = state.path("wheels")
     wheelhouse.mkdir(parents=True)
@@ -342,9 +340,6 @@ def test_a_failed_tokenizer_names_the_variants_whose_pinned_runtime_loads_it(
 
 
 def test_the_twin_plan_refuses_an_edited_or_missing_generated_file(repo: Path) -> None:
-    from k3env.errors import LockError
-    from k3env.image import twin
-
     debs = Path("pins/cpu-twin.debian.txt")
     debs.write_text(debs.read_text() + "extra 1 all " + "0" * 64 + "\n")
     with pytest.raises(
@@ -363,9 +358,6 @@ def test_the_twin_plan_refuses_an_edited_or_missing_generated_file(repo: Path) -
 def test_a_vllm_variant_is_under_every_image_of_its_column(repo: Path) -> None:
     """A release laid over the twin changes the direct images too: every cell of its column
     is built and verified, and its header names the variant's vLLM."""
-    from k3env.checks.matrix import markdown, run_matrix
-    from k3env.checks.verdicts import CheckResult, ImageReport
-
     lock = load_lock(repo / LOCK)
     specs = [load_spec(repo / "images/kimi-k3-direct-f.toml", lock)]
 
@@ -403,9 +395,6 @@ def test_a_vllm_variant_is_under_every_image_of_its_column(repo: Path) -> None:
 def test_the_smoke_column_says_each_cells_serve_verdict_and_what_it_could_not_run(
     repo: Path,
 ) -> None:
-    from k3env.checks.matrix import markdown, run_matrix
-    from k3env.checks.verdicts import CheckResult, ImageReport
-
     lock = load_lock(repo / LOCK)
     specs = [load_spec(repo / "images/kimi-k3-direct-f.toml", lock)]
     asked = []

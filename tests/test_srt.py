@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
+import importlib.metadata
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from k3env.cli import main
+from k3env.config.cluster import load_cluster
+from k3env.config.lock import load_lock
+from k3env.config.spec import load_spec
+from k3env.errors import SpecError
+from k3env.log import Log
+from k3env.srt import materialize as srt
+from k3env.srt.fates import patch_fates
+from k3env.srt.materialize import MARKER
+from k3env.srt.recipe import recipe
 from k3env.state import State
 
 from .conftest import replace_in
@@ -31,6 +43,19 @@ def materialize(capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[dict[s
     assert code == 0, captured.err
     out: dict[str, object] = json.loads(captured.out)
     return out, captured.err
+
+
+def refused(capsys: pytest.CaptureFixture[str], path: Path | None = None, data: bytes = b"") -> str:
+    """What `srt materialize` prints as it exits 2, with ``path`` holding ``data`` meanwhile."""
+    original = path.read_bytes() if path else b""
+    if path:
+        path.write_bytes(data)
+    try:
+        assert main(["srt", "materialize"]) == 2
+        return capsys.readouterr().err
+    finally:
+        if path:
+            path.write_bytes(original)
 
 
 def test_materialize_applies_patches_in_order_and_reuses_the_cache(
@@ -120,14 +145,6 @@ def test_job_time_lookups_and_the_dry_run_catch_what_loading_does_not(
 
 
 def test_dynamo_recipe_asks_for_no_install_when_dynamo_is_baked(srt_repo: Path) -> None:
-    import dataclasses
-
-    from k3env.config.cluster import load_cluster
-    from k3env.config.lock import load_lock
-    from k3env.config.spec import load_spec
-    from k3env.errors import SpecError
-    from k3env.srt.recipe import recipe
-
     lock = load_lock(LOCK)
     spec = load_spec(srt_repo / "images/kimi-k3-dynamo.toml", lock)
     assert spec.dynamo_install == "baked"
@@ -161,14 +178,6 @@ def test_dynamo_recipe_asks_for_no_install_when_dynamo_is_baked(srt_repo: Path) 
 def test_a_benchmark_whose_image_has_no_aiperf_is_refused_unless_it_names_its_client(
     srt_repo: Path,
 ) -> None:
-    import dataclasses
-
-    from k3env.config.cluster import load_cluster
-    from k3env.config.lock import load_lock
-    from k3env.config.spec import load_spec
-    from k3env.errors import SpecError
-    from k3env.srt.recipe import recipe
-
     spec = load_spec(srt_repo / "images/kimi-k3-direct-d.toml", load_lock(LOCK))
     bare = dataclasses.replace(spec, components=())
     cluster = load_cluster(srt_repo / "clusters/b200-dgxc.toml")
@@ -184,10 +193,6 @@ def test_a_benchmark_whose_image_has_no_aiperf_is_refused_unless_it_names_its_cl
 
 
 def test_a_spec_with_an_unknown_dynamo_install_mode_is_refused(srt_repo: Path) -> None:
-    from k3env.config.lock import load_lock
-    from k3env.config.spec import load_spec
-    from k3env.errors import SpecError
-
     path = srt_repo / "images/kimi-k3-dynamo.toml"
     path.write_text('dynamo_install = "at-job-start"\n' + path.read_text())
     with pytest.raises(SpecError, match="unknown Dynamo install mode") as e:
@@ -200,8 +205,7 @@ def test_patch_whose_sha256_differs_is_refused(
 ) -> None:
     patch = srt_repo / "patches/srt-slurm/pr278-direct-vllm-multinode.patch"
     patch.write_text(patch.read_text() + "\n")
-    assert main(["srt", "materialize"]) == 2
-    err = capsys.readouterr().err
+    err = refused(capsys)
     assert "srt_slurm.patches[1].sha256" in err and "--update-hashes" in err
 
 
@@ -213,8 +217,7 @@ def test_conflicting_patch_is_refused_naming_the_hunk(
     start = text.index("[[srt_slurm.patches]]")
     second = text.index("[[srt_slurm.patches]]", start + 1)
     LOCK.write_text(text[:start] + text[second:])
-    assert main(["srt", "materialize"]) == 2
-    err = capsys.readouterr().err
+    err = refused(capsys)
     assert "does not apply" in err and "src/srtctl/core/schema.py, hunk @@" in err
     assert not list(State().path("srt").glob(".*partial"))  # nothing half-materialized
 
@@ -264,26 +267,16 @@ def test_srtctl_gets_the_pinned_closure_and_an_edit_to_it_is_found(
     # An edit to the installed srtctl (not to the checkout) is found on the next use.
     site = next(Path(python).parent.parent.glob("lib/python3*/site-packages"))
     config = site / "srtctl/core/config.py"
-    original = config.read_text()
-    config.write_text(original.replace("def load_config(path):", "def load_config(path):  #"))
-    try:
-        assert main(["srt", "materialize"]) == 2
-        err = capsys.readouterr().err
-        assert "srtctl's environment changed since k3env installed it" in err
-        assert "srtctl/core/config.py" in err
-    finally:
-        config.write_text(original)
+    edited = config.read_bytes().replace(b"def load_config(path):", b"def load_config(path):  #")
+    err = refused(capsys, config, edited)
+    assert "srtctl's environment changed since k3env installed it" in err
+    assert "srtctl/core/config.py" in err
     materialize(capsys)
     # Bytecode runs without its source being read: an edited .pyc is found too; one Python
     # writes later for a module pip did not compile is not an edit.
     (pyc,) = (site / "srtctl/core/__pycache__").glob("config.*.pyc")
     data = pyc.read_bytes()
-    pyc.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
-    try:
-        assert main(["srt", "materialize"]) == 2
-        assert "__pycache__/config." in capsys.readouterr().err
-    finally:
-        pyc.write_bytes(data)
+    assert "__pycache__/config." in refused(capsys, pyc, data[:-1] + bytes([data[-1] ^ 1]))
     (site / "srtctl/__pycache__/later.cpython-311.pyc").write_bytes(b"written at run time")
     materialize(capsys)
 
@@ -303,8 +296,7 @@ def test_a_pinned_closure_that_does_not_satisfy_srtctl_is_refused(
     (srt_repo / "pins/srtctl.requirements.txt").write_text("\n".join(kept))
     assert main(["lock", "--update-hashes", "-q"]) == 0
     capsys.readouterr()
-    assert main(["srt", "materialize"]) == 2
-    err = capsys.readouterr().err
+    err = refused(capsys)
     assert "srtctl's pinned requirements do not satisfy srt-slurm v1.0.36" in err
     assert "pyyaml" in err.lower() and "srt_slurm.requirements" in err
     entries = list((Path(os.environ["K3ENV_STATE_DIR"]) / "srt").iterdir())
@@ -314,13 +306,8 @@ def test_a_pinned_closure_that_does_not_satisfy_srtctl_is_refused(
 def test_dirty_cache_is_an_error(srt_repo: Path, capsys: pytest.CaptureFixture[str]) -> None:
     first, _ = materialize(capsys)
     schema = Path(str(first["path"])) / "src/src/srtctl/core/schema.py"
-    original = schema.read_text()
-    schema.write_text(original + "# local edit\n")
-    try:
-        assert main(["srt", "materialize"]) == 2
-        assert "the srt-slurm cache is dirty" in capsys.readouterr().err
-    finally:
-        schema.write_text(original)
+    edited = schema.read_bytes() + b"# local edit\n"
+    assert "the srt-slurm cache is dirty" in refused(capsys, schema, edited)
     materialize(capsys)
 
 
@@ -328,26 +315,14 @@ def test_dirty_cache_is_an_error(srt_repo: Path, capsys: pytest.CaptureFixture[s
 def test_a_rewritten_cache_marker_is_an_error_not_a_traceback(
     srt_repo: Path, capsys: pytest.CaptureFixture[str], text: str
 ) -> None:
-    from k3env.srt.materialize import MARKER
-
     first, _ = materialize(capsys)
     marker = Path(str(first["path"])) / MARKER
-    original = marker.read_bytes()
-    marker.write_text(text)
-    try:
-        assert main(["srt", "materialize"]) == 2
-        assert "the srt-slurm cache's marker" in capsys.readouterr().err
-    finally:
-        marker.write_bytes(original)
+    assert "the srt-slurm cache's marker" in refused(capsys, marker, text.encode())
 
 
 def test_srt_patch_fates_after_a_version_bump(
     srt_repo: Path, upstream: Upstream, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from k3env.config.lock import load_lock
-    from k3env.log import Log
-    from k3env.srt.fates import patch_fates
-
     fates = patch_fates(load_lock(LOCK), Log(quiet=True))
     assert [f.status for f in fates] == ["applies", "applies"]
     # v1.0.37 carries PR #278: bump to it, and the PR patch is reported upstream.
@@ -375,12 +350,6 @@ def test_srtctls_venv_gets_a_pip_that_installs_into_it(
 ) -> None:
     """k3env's own pip installs into a venv made without one; where k3env has no pip (or one
     older than ``--python``), the venv gets its own. Either way pip reports the venv's site."""
-    import importlib.metadata
-    import sys
-
-    from k3env.log import Log
-    from k3env.srt import materialize as srt
-
     if not host_pip:
         real = importlib.metadata.version
 

@@ -16,7 +16,7 @@ import signal
 import stat
 import subprocess
 import tracemalloc
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +61,13 @@ def no_hang() -> Iterator[None]:
 
 
 @pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """An empty tree to read."""
+    (tmp_path / "root").mkdir()
+    return tmp_path / "root"
+
+
+@pytest.fixture
 def host_file(tmp_path: Path) -> Path:
     """A host file outside every tree the tests read."""
     path = tmp_path / "host" / "secret.txt"
@@ -78,11 +85,7 @@ def record_b64(data: bytes) -> str:
 
 
 # --- the reader ---------------------------------------------------------------------------------
-def test_a_record_linked_to_a_host_file_is_named_and_not_read(
-    tmp_path: Path, host_file: Path
-) -> None:
-    root = tmp_path / "root"
-    root.mkdir()
+def test_a_record_linked_to_a_host_file_is_named_and_not_read(root: Path, host_file: Path) -> None:
     (root / "RECORD").symlink_to(host_file)
     with pytest.raises(UntrustedFileError) as e:
         untrusted.read_text(root, "RECORD", shown_as="/")
@@ -90,57 +93,50 @@ def test_a_record_linked_to_a_host_file_is_named_and_not_read(
     assert SECRET not in e.value.render()
 
 
-def test_a_link_to_etc_shadow_is_refused(tmp_path: Path) -> None:
-    root = tmp_path / "root"
-    root.mkdir()
-    (root / "RECORD").symlink_to("/etc/shadow")
-    with pytest.raises(UntrustedFileError, match="RECORD is a symlink to /etc/shadow; not"):
-        untrusted.read_bytes(root, "RECORD")
-    with pytest.raises(UntrustedFileError, match="symlink to /etc/shadow"):
-        untrusted.file_sha256(root, "RECORD")
-
-
-def test_a_directory_on_the_way_that_is_a_link_is_refused(tmp_path: Path, host_file: Path) -> None:
-    root = tmp_path / "root"
-    (root / "usr").mkdir(parents=True)
+def test_a_directory_on_the_way_that_is_a_link_is_refused(root: Path, host_file: Path) -> None:
+    (root / "usr").mkdir()
     (root / "usr/lib").symlink_to(host_file.parent)
     with pytest.raises(UntrustedFileError, match=r"^/usr/lib is a symlink to .*host; not"):
         untrusted.read_bytes(root, "usr/lib/secret.txt", shown_as="/")
 
 
-def test_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
-    root = tmp_path / "root"
-    root.mkdir()
-    os.mkfifo(root / "rc")
-    with pytest.raises(UntrustedFileError, match=r"^rc is a FIFO, not a regular file; not read"):
-        untrusted.read_bytes(root, "rc")
-    with pytest.raises(UntrustedFileError, match="is a FIFO"):
-        untrusted.file_sha256(root, "rc")
-
-
-@pytest.mark.skipif(not can_mknod(), reason="mknod needs root")
-def test_a_character_device_is_refused_not_read_until_memory_runs_out(tmp_path: Path) -> None:
-    root = tmp_path / "root"
-    root.mkdir()
-    os.mknod(root / "zero", 0o644 | stat.S_IFCHR, os.makedev(1, 5))  # /dev/zero's numbers
-    with pytest.raises(UntrustedFileError, match=r"^zero is a character device, not a regular"):
-        untrusted.read_bytes(root, "zero")
-
-
-def test_a_sparse_2_gib_file_is_refused_by_its_size_not_read(tmp_path: Path) -> None:
-    root = tmp_path / "root"
-    root.mkdir()
-    with (root / "RECORD").open("wb") as f:
+def _sparse(path: Path) -> None:
+    with path.open("wb") as f:
         f.truncate(2 << 30)
-    with pytest.raises(UntrustedFileError, match="2147483648 bytes or more, over the limit"):
-        untrusted.read_bytes(root, "RECORD")
-    with pytest.raises(UntrustedFileError, match="over the limit of 1048576"):
-        untrusted.file_sha256(root, "RECORD", limit=1 << 20)
 
 
-def test_hashing_is_streamed_never_a_whole_file_read(tmp_path: Path) -> None:
-    root = tmp_path / "root"
-    root.mkdir()
+@pytest.mark.parametrize(
+    ("name", "make", "refused", "hashed", "limit"),
+    [
+        ("RECORD", lambda p: p.symlink_to("/etc/shadow"), "RECORD is a symlink to /etc/shadow; not",
+         "symlink to /etc/shadow", None),
+        ("rc", os.mkfifo, r"^rc is a FIFO, not a regular file; not read", "is a FIFO", None),
+        pytest.param(
+            "zero", lambda p: os.mknod(p, 0o644 | stat.S_IFCHR, os.makedev(1, 5)),  # /dev/zero's
+            r"^zero is a character device, not a regular", "is a character device", None,
+            marks=pytest.mark.skipif(not can_mknod(), reason="mknod needs root")),
+        ("RECORD", _sparse, "2147483648 bytes or more, over the limit",
+         "over the limit of 1048576", 1 << 20),
+    ],
+    ids=["link-to-etc-shadow", "fifo-without-blocking", "character-device-not-read-until-memory-"
+         "runs-out", "sparse-2-gib-file-by-its-size-not-read"],
+)  # fmt: skip
+def test_a_link_a_special_file_or_an_oversized_one_is_refused(
+    root: Path,
+    name: str,
+    make: Callable[[Path], object],
+    refused: str,
+    hashed: str,
+    limit: int | None,
+) -> None:
+    make(root / name)
+    with pytest.raises(UntrustedFileError, match=refused):
+        untrusted.read_bytes(root, name)
+    with pytest.raises(UntrustedFileError, match=hashed):
+        untrusted.file_sha256(root, name, limit=limit)
+
+
+def test_hashing_is_streamed_never_a_whole_file_read(root: Path) -> None:
     size = 64 << 20
     with (root / "big.so").open("wb") as f:
         f.truncate(size)
@@ -159,15 +155,14 @@ def test_hashing_is_streamed_never_a_whole_file_read(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("rel", ["../host/secret.txt", "a/../../x", "", "a\0b"])
-def test_a_path_that_climbs_out_is_refused(tmp_path: Path, rel: str) -> None:
-    (tmp_path / "root/a").mkdir(parents=True)
+def test_a_path_that_climbs_out_is_refused(root: Path, rel: str) -> None:
+    (root / "a").mkdir()
     with pytest.raises(UntrustedFileError, match="not a path inside the tree"):
-        untrusted.read_bytes(tmp_path / "root", rel)
+        untrusted.read_bytes(root, rel)
 
 
-def test_a_regular_file_is_read_and_a_missing_one_is_none(tmp_path: Path) -> None:
-    root = tmp_path / "root"
-    (root / "a").mkdir(parents=True)
+def test_a_regular_file_is_read_and_a_missing_one_is_none(root: Path) -> None:
+    (root / "a").mkdir()
     (root / "a/f").write_bytes(b"ok\n")
     assert untrusted.read_bytes(root, "/a/f") == b"ok\n"
     assert untrusted.read_bytes(root, "a/missing") is None

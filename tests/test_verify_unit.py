@@ -27,7 +27,8 @@ from k3env.checks.verdicts import (
 )
 from k3env.checks.verify import verify_image, verify_images
 from k3env.config.lock import load_lock
-from k3env.config.spec import load_spec
+from k3env.config.pins import Lock
+from k3env.config.spec import ImageSpec, load_spec
 from k3env.engine.protocol import RunResult
 from k3env.errors import EngineError, StateError
 from k3env.image.build import BuildResult, build_all, make_builder
@@ -96,17 +97,17 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fake_engine: FakeEn
     )
 
 
-def built(engine: FakeEngine, project: Project) -> BuildResult:
+def built(engine: FakeEngine, project: Project) -> tuple[Lock, ImageSpec, BuildResult]:
+    """The project's lock and spec, and the spec built."""
     lock = project.lock()
-    return make_builder(lock, engine, project.state, QUIET, False).build(project.spec(lock))
+    spec = project.spec(lock)
+    return lock, spec, make_builder(lock, engine, project.state, QUIET, False).build(spec)
 
 
 def test_plan_carries_profiles_env_components_versions_and_patch_skips(
     fake_engine: FakeEngine, project: Project
 ) -> None:
-    lock = project.lock()
-    spec = project.spec(lock)
-    build = built(fake_engine, project)
+    lock, spec, build = built(fake_engine, project)
     assert [(p.name, p.status) for p in build.patches] == [
         ("int64", "applied"),
         ("other", "skipped"),
@@ -231,9 +232,7 @@ def test_patch_rows_judge_the_images_copy_of_each_target(
     status: str,
     output: str,
 ) -> None:
-    lock = project.lock()
-    spec = project.spec(lock)
-    build = built(fake_engine, project)
+    lock, spec, build = built(fake_engine, project)
     rows = patch_rows(lock, spec, build, targets)
     assert rows == [
         CheckResult(
@@ -294,9 +293,7 @@ def answering(fake_engine: FakeEngine, seen: dict[str, Any]) -> None:
 def test_verify_image_runs_the_probe_once_and_records_facts_by_image_id(
     fake_engine: FakeEngine, project: Project, tmp_path: Path
 ) -> None:
-    lock = project.lock()
-    spec = project.spec(lock)
-    build = built(fake_engine, project)
+    lock, spec, build = built(fake_engine, project)
     seen: dict[str, Any] = {}
     answering(fake_engine, seen)
     state = State(tmp_path)
@@ -336,9 +333,7 @@ def test_verify_image_runs_the_probe_once_and_records_facts_by_image_id(
     assert len([v for v, _ in fake_engine.calls if v == "run"]) == runs
     # A changed plan (another env value baked) is asked afresh.
     replace_in(project.spec_path, 'A = "1"', 'A = "2"')
-    lock = project.lock()
-    spec = project.spec(lock)
-    fresh = verify_image(fake_engine, state, lock, spec, built(fake_engine, project), twin=False)
+    fresh = verify_image(fake_engine, state, *built(fake_engine, project), twin=False)
     assert fresh.cached is False
     assert len([v for v, _ in fake_engine.calls if v == "run"]) > runs
 
@@ -348,9 +343,7 @@ def test_each_check_the_plan_asked_for_and_the_probe_did_not_report_is_not_run(
 ) -> None:
     """The probe answers two of the fifteen checks its plan asks for: the thirteen others are
     not run (never skipped, never passed), and so is every check of an unreadable record."""
-    lock = project.lock()
-    spec = project.spec(lock)
-    build = built(fake_engine, project)
+    lock, spec, build = built(fake_engine, project)
     seen: dict[str, Any] = {}
     answering(fake_engine, seen)
     state = State(tmp_path)
@@ -394,43 +387,33 @@ def test_preflight_finds_the_facts_of_the_recorded_build(
     assert load_facts(state, lock, spec) == (facts, f"{build.reference} (linux/amd64)")
 
 
-def test_a_probe_that_prints_no_verdict_is_an_engine_error(
-    fake_engine: FakeEngine, project: Project, tmp_path: Path
+@pytest.mark.parametrize(
+    ("exit_code", "stdout", "stderr", "said"),
+    [
+        (1, "Traceback (most recent call last):\n",
+         "ModuleNotFoundError: No module named 'argparse'\n",
+         ["the probe printed no verdict: it exited 1", "No module named 'argparse'"]),
+        (-9, MARK + '{"plans": [{"results": [{"check": "ver', "killed after 300 s", []),
+    ],
+    ids=["no-verdict-line", "truncated-verdict-line"],
+)  # fmt: skip
+def test_a_probe_that_prints_no_whole_verdict_is_an_engine_error(
+    fake_engine: FakeEngine,
+    project: Project,
+    tmp_path: Path,
+    exit_code: int,
+    stdout: str,
+    stderr: str,
+    said: list[str],
 ) -> None:
-    lock = project.lock()
-    spec = project.spec(lock)
-    build = built(fake_engine, project)
-    fake_engine.on_run(
-        lambda image, argv, env, mounts: RunResult(
-            exit_code=1,
-            stdout="Traceback (most recent call last):\n",
-            stderr="ModuleNotFoundError: No module named 'argparse'\n",
-        )
-    )
+    lock, spec, build = built(fake_engine, project)
+    fake_engine.on_run(lambda *a: RunResult(exit_code=exit_code, stdout=stdout, stderr=stderr))
     state = State(tmp_path)
     with pytest.raises(EngineError) as e:
         verify_image(fake_engine, state, lock, spec, build, twin=False)
-    assert "the probe printed no verdict: it exited 1" in str(e.value)
-    assert "No module named 'argparse'" in str(e.value)
+    assert all(line in str(e.value) for line in said), str(e.value)
     assert e.value.where == build.image_id
     assert read(state, Facts, build.image_id) is None
-
-
-def test_a_truncated_verdict_line_is_an_engine_error(
-    fake_engine: FakeEngine, project: Project, tmp_path: Path
-) -> None:
-    lock = project.lock()
-    spec = project.spec(lock)
-    build = built(fake_engine, project)
-    fake_engine.on_run(
-        lambda image, argv, env, mounts: RunResult(
-            exit_code=-9,
-            stdout=MARK + '{"plans": [{"results": [{"check": "ver',
-            stderr="killed after 300 s",
-        )
-    )
-    with pytest.raises(EngineError):
-        verify_image(fake_engine, State(tmp_path), lock, spec, build, twin=False)
 
 
 def test_images_with_the_same_files_share_one_container_and_an_unshared_one_runs_alone(
@@ -565,9 +548,7 @@ def test_verify_records_dpkgs_installed_packages_as_the_sbom_parses_them(
 def test_a_record_from_before_dpkg_was_read_is_filled_in_without_the_probe(
     fake_engine: FakeEngine, project: Project, tmp_path: Path
 ) -> None:
-    lock = project.lock()
-    spec = project.spec(lock)
-    build = built(fake_engine, project)
+    lock, spec, build = built(fake_engine, project)
     payload = {"plans": [{"results": ROWS, "facts": FACTS, "patch_targets": {}}]}
     fake_engine.on_run(
         lambda *a: RunResult(exit_code=0, stdout=MARK + json.dumps(payload) + "\n", stderr="")
