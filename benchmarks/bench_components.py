@@ -16,7 +16,6 @@ answer), so the figures are those of cache hits.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -31,7 +30,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from twin_image import rmi  # noqa: E402
+from twin_image import arguments, rmi  # noqa: E402
 
 from k3env.config.lock import load_lock  # noqa: E402
 from k3env.engine.dockerd import DockerEngine  # noqa: E402
@@ -45,15 +44,8 @@ IMAGE = "kimi-k3-dynamo"
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument(
-        "--quick",
-        action="store_true",
-        help="each step once on what this host holds: nothing removed, its state's records",
-    )
-    args = ap.parse_args()
+    quick = "each step once on what this host holds: nothing removed, its state's records"
+    args = arguments(__doc__, quick, repeat=1).parse_args()
     repeat = 1 if args.quick else args.repeat
 
     engine = DockerEngine()

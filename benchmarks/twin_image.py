@@ -1,8 +1,9 @@
-"""What several benchmarks start from: one image spec built over the CPU twin (cached), with
-the engine and state it was built in; removing an image from the engine."""
+"""What several benchmarks start from: their options, one image spec built over the CPU twin
+(cached) with the engine and state it was built in; removing an image from the engine."""
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,16 @@ from k3env.engine.dockerd import DockerEngine  # noqa: E402
 from k3env.image.build import BuildResult, make_builder  # noqa: E402
 from k3env.log import Log  # noqa: E402
 from k3env.state import State  # noqa: E402
+
+
+def arguments(doc: str, quick: str, repeat: int | None = None) -> argparse.ArgumentParser:
+    """--json, --quick (``quick`` says what it does) and, with a default, --repeat."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--quick", action="store_true", help=quick)
+    if repeat is not None:
+        ap.add_argument("--repeat", type=int, default=repeat)
+    return ap
 
 
 def twin_build(image: str) -> tuple[DockerEngine, State, BuildResult]:
