@@ -79,6 +79,11 @@ def dumps(
         raise NotFinite(f"a number in it is not finite ({e}): JSON has none") from e
 
 
+def canonical(value: Any) -> bytes:
+    """``value`` in the one byte form k3env hashes and sends: sorted keys, no spaces."""
+    return dumps(value, compact=True).encode()
+
+
 def depth(value: Any, *, finite: bool = False) -> int:
     """How deep ``value`` nests (a scalar 0, ``[]`` 1), found without recursion; ``finite``:
     a non-finite float anywhere in it (``1e999`` parses as one) raises ``NotFinite``."""

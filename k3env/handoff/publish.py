@@ -112,10 +112,6 @@ def _platform_json(platform: str) -> dict[str, str]:
     return out
 
 
-def _json(doc: object) -> bytes:
-    return jsontext.dumps(doc, compact=True).encode()
-
-
 def _registry_doc(body: bytes, where: str) -> dict[str, Any]:
     """A manifest, an index or a config a registry sent: a strict JSON object, or an
     EngineError naming it."""
@@ -269,7 +265,7 @@ def _config_of(repository: str, digest: str) -> bytes:
 
 
 def index_body(images: Sequence[PlatformImage]) -> bytes:
-    return _json(
+    return jsontext.canonical(
         {
             "schemaVersion": 2,
             "mediaType": INDEX,

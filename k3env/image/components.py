@@ -96,10 +96,6 @@ def components_key(base: ResolvedBase, pins: Sequence[ComponentPin]) -> str:
     )
 
 
-def requirements_text(pins: Sequence[ComponentPin]) -> str:
-    return "".join(w.requirement + "\n" for c in pins for w in c.wheels)
-
-
 def closure_pins(lock: Lock, pin: ComponentPin, variant: str) -> Pinned:
     """``pin``'s closure file, read after checking it against the lock's sha256: what the
     layer installs beside the release's own wheel."""
@@ -148,8 +144,9 @@ def bake(
         for d in (req, out, meta):
             d.mkdir()
         closure = closure or {}
-        extra = "".join(pinned_line(n, v, hs) + "\n" for n, (v, hs) in sorted(closure.items()))
-        write_atomic(req / "requirements.txt", (requirements_text(pins) + extra).encode())
+        lines = [w.requirement for c in pins for w in c.wheels]
+        lines += [pinned_line(n, v, hs) for n, (v, hs) in sorted(closure.items())]
+        write_atomic(req / "requirements.txt", "".join(x + "\n" for x in lines).encode())
         # The base's own platform: a compiled wheel's file differs by architecture.
         platform = platform_name(base.image.os, base.image.architecture)
         wheelhouse = download_wheels(req / "requirements.txt", state, log, platform)
@@ -180,7 +177,7 @@ def bake(
             created_by=f"k3env components {names}",
             comment=f"k3env {__version__}",
         )
-        config_json = jsontext.dumps(config, compact=True).encode()
+        config_json = jsontext.canonical(config)
         # The engine is sent the registry form (gzip): the blob a publish sends, and the one
         # the manifest names.
         blob = keep_layer(state, layer, diff_id)
