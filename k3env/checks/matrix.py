@@ -79,10 +79,6 @@ def baked_versions(vlock: Lock, spec: ImageSpec) -> str:
     return ", ".join(f"{w.name} {w.version}" for c in pins for w in c.wheels)
 
 
-def variant_locks(lock: Lock, names: Sequence[str]) -> list[tuple[str, Lock]]:
-    return [(PINNED, lock)] + [(n, lock.with_variant(lock.variants[n])) for n in names]
-
-
 def run_matrix(
     lock: Lock,
     specs: Sequence[ImageSpec],
@@ -96,7 +92,8 @@ def run_matrix(
     platform)``, after it, that image's smoke verdict in one line."""
     cells: list[Cell] = []
     pinned: dict[tuple[str, str], str] = {}  # (image, platform) -> the pinned cell's status
-    for name, vlock in variant_locks(lock, variants):
+    locks = [(PINNED, lock)] + [(n, lock.with_variant(lock.variants[n])) for n in variants]
+    for name, vlock in locks:
         changed = set(lock.variants[name].components) if name != PINNED else None
         for platform in platforms:
             for spec in specs:

@@ -384,12 +384,6 @@ def _shaped_manifest(body: bytes, content_type: str, url: str) -> None:
         )
 
 
-def _head_manifest(repository: str, reference: str) -> str:
-    """``HEAD`` a manifest by tag or digest; its ``Docker-Content-Digest`` (for a digest
-    reference: that digest, or an error)."""
-    return _manifest(repository, reference, "HEAD")[0]
-
-
 def _manifest(
     repository: str, reference: str, method: str, *, shaped: bool = True
 ) -> tuple[str, bytes]:
@@ -476,7 +470,7 @@ def enroot_probe(repository: str, digest: str) -> int:
 def manifest_exists(repository: str, digest: str) -> bool:
     """Whether the registry still serves ``repository@digest`` (a registry can be wiped)."""
     try:
-        return _head_manifest(repository, digest) == digest
+        return _manifest(repository, digest, "HEAD")[0] == digest
     except (EngineError, LockError):
         return False
 
