@@ -340,7 +340,8 @@ def _json(data: bytes, shape: type, where: str) -> Any:
     return value
 
 
-def _field(doc: dict[str, Any], key: str, kind: type, where: str, default: Any = ...) -> Any:
+def field(doc: dict[str, Any], key: str, kind: type, where: str, default: Any = ...) -> Any:
+    """``doc[key]`` of ``kind`` (``default`` when absent), or an EngineError naming ``where``."""
     return jsontext.field(doc, key, kind, where=where, default=default, error=EngineError)
 
 
@@ -449,8 +450,8 @@ def tagged_config(repository: str, tag: str) -> str | None:
     except LockError:
         return None  # 404: no such tag
     where = f"{repository}:{tag}"
-    config = _field(_json(body, dict, where), "config", dict, where, default={})
-    digest = _field(config, "digest", str, where, default=None)
+    config = field(_json(body, dict, where), "config", dict, where, default={})
+    digest = field(config, "digest", str, where, default=None)
     return digest if isinstance(digest, str) and DIGEST.fullmatch(digest) else None
 
 
@@ -647,7 +648,7 @@ def get_manifest(repository: str, reference: str) -> tuple[str, str, bytes]:
     """(digest, media type, body) of a manifest or index, by tag or digest."""
     digest, body = _manifest(repository, reference, "GET")
     where = f"{repository}@{reference}"
-    media_type = _field(_json(body, dict, where), "mediaType", str, where, default="")
+    media_type = field(_json(body, dict, where), "mediaType", str, where, default="")
     return digest, media_type, body
 
 
