@@ -26,7 +26,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from k3env.cluster.collect import MANIFEST
 from k3env.cluster.plan import ClusterSmoke, Topology
 from k3env.errors import ConfigError
 from k3env.quoting import one_line, shell_word
@@ -103,7 +102,7 @@ def cpu_sbatch_script(
 ) -> str:
     """The plain sbatch script of the CPU partition mode: one step, the driver in the image
     (pyxis: ``--container-image``), the engine, model and driver mounted read-only."""
-    from k3env.cluster.smoke import VERDICT_LINES, pyxis_image, time_limit
+    from k3env.cluster.smoke import JOB_LINES, VERDICT_LINES, pyxis_image, time_limit
 
     q = shell_word
     d = str(out_dir)
@@ -128,11 +127,7 @@ def cpu_sbatch_script(
                 f"#SBATCH --output={q(d)}/slurm-%j.out",
                 "set -u",
                 f"DIR={q(d)}",
-                'JOB_DIR="${K3ENV_SMOKE_JOB_DIR:-$DIR/job-$SLURM_JOB_ID}"',
-                'mkdir -p "$JOB_DIR/logs"',
-                f'cp "$DIR/bin/{MANIFEST}" "$JOB_DIR/"',
-                'say() { printf \'[k3env-smoke %s] %s\\n\' "$(date +%H:%M:%S)" "$*"'
-                ' | tee -a "$JOB_DIR/job.log"; }',
+                *JOB_LINES,
                 "# Not in the image's /etc/environment: pyxis passes them from the job.",
                 f'export K3ENV_SMOKE_PLAN={q(BIN + "/plan.json")} K3ENV_SMOKE_OUT="$JOB_DIR"',
                 'say "battery (CPU partition mode) on $(hostname)"',
