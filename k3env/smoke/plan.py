@@ -168,7 +168,7 @@ def connector(value: str | None) -> str:
     return str(name) if name else str(value)[:80]
 
 
-def _takes_value(argv: Sequence[str], i: int) -> bool:
+def takes_value(argv: Sequence[str], i: int) -> bool:
     return i + 1 < len(argv) and not argv[i + 1].startswith("-")
 
 
@@ -185,7 +185,7 @@ def reduce_engine_argv(
         arg = argv[i]
         flag = arg.split("=", 1)[0]
         inline = "=" in arg
-        has_value = inline or _takes_value(argv, i)
+        has_value = inline or takes_value(argv, i)
         value = arg.split("=", 1)[1] if inline else (argv[i + 1] if has_value else None)
         step = 1 if inline or not has_value else 2
         if flag in PARALLEL:
