@@ -29,7 +29,7 @@ from typing import Any
 from k3env.cluster.plan import ClusterSmoke, Topology
 from k3env.errors import ConfigError
 from k3env.quoting import one_line, shell_word
-from k3env.smoke.plan import BIN, ENGINE, MODEL, SmokePlan, battery_gates
+from k3env.smoke.plan import BIN, ENGINE, MODEL, SmokePlan
 
 MODE = "cpu-partition"
 DRIVER = f"{BIN}/driver.py"
@@ -76,19 +76,11 @@ def cpu_smoke(
 def cpu_manifest(smoke: ClusterSmoke, *, container: str, digest: str | None,
                  image_id: str | None, stand_in: str) -> dict[str, Any]:  # fmt: skip
     """What the job runs, for ``--collect`` (``k3env-smoke.json``): the mode said."""
-    return {
-        "mode": MODE,
-        "stand_in": stand_in,
-        "image": smoke.image,
-        "profile": smoke.profile,
-        "cluster": smoke.cluster,
-        "layers": None,
-        "container": container,
-        "digest": digest,
-        "image_id": image_id,
-        "topology": {**smoke.topology.__dict__, "gpus": 0},
-        "gates": list(battery_gates(smoke.battery)),
-    }
+    from k3env.cluster.smoke import manifest
+
+    said = manifest(smoke, container=container, digest=digest, image_id=image_id)
+    topology = {**smoke.topology.__dict__, "gpus": 0}
+    return {"mode": MODE, "stand_in": stand_in, **said, "layers": None, "topology": topology}
 
 
 def cpu_sbatch_script(
