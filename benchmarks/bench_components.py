@@ -20,17 +20,15 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from twin_image import arguments, rmi  # noqa: E402
+from twin_image import arguments, k3env, rmi  # noqa: E402
 
 from k3env.config.lock import load_lock  # noqa: E402
 from k3env.engine.dockerd import DockerEngine  # noqa: E402
@@ -72,16 +70,8 @@ def main() -> int:
         workdir = Path(tempfile.mkdtemp(prefix="k3env-bench-matrix-"))
         for d in ("pins", "images", "patches"):
             shutil.copytree(REPO / d, workdir / d)
-        argv = ["k3env", "matrix", "--variant", VARIANT, IMAGE, "--json", "-q"]
-
-        def run() -> dict[str, Any]:
-            proc = subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True)
-            if proc.returncode != 0:
-                sys.exit(f"benchmark command failed: {' '.join(argv)}\n{proc.stderr}")
-            out: dict[str, Any] = json.loads(proc.stdout)
-            return out
-
-        first = run()  # the pinned cell's records, the variant's wheels
+        argv = ["matrix", "--variant", VARIANT, IMAGE]
+        first = k3env(argv, workdir, env)  # the pinned cell's records, the variant's wheels
         cell = next(c for c in first["cells"] if c["variant"] == VARIANT)
         vlock = lock.with_variant(lock.variants[VARIANT])
         vpins = [vlock.components["dynamo"], vlock.components["aiperf"]]
@@ -92,7 +82,7 @@ def main() -> int:
                 rmi(cell["image_id"], variant_layer)
                 shutil.rmtree(state_dir / "verify", ignore_errors=True)
             start = time.perf_counter()
-            again = run()
+            again = k3env(argv, workdir, env)
             variant.append(time.perf_counter() - start)
             cell = next(c for c in again["cells"] if c["variant"] == VARIANT)
         shutil.rmtree(workdir, ignore_errors=True)

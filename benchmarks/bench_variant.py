@@ -34,7 +34,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from twin_image import arguments, rmi  # noqa: E402
+from twin_image import arguments, k3env, rmi  # noqa: E402
 
 from k3env.config.lock import load_lock  # noqa: E402
 from k3env.engine.dockerd import DockerEngine  # noqa: E402
@@ -72,15 +72,6 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     start = time.perf_counter()
     out = fn()
     return time.perf_counter() - start, out
-
-
-def k3env(argv: list[str], cwd: Path, env: dict[str, str]) -> dict[str, Any]:
-    proc = subprocess.run(["k3env", *argv, "--json", "-q"], cwd=cwd, env=env,
-                          capture_output=True, text=True)  # fmt: skip
-    if proc.returncode != 0:
-        sys.exit(f"benchmark command failed: k3env {' '.join(argv)}\n{proc.stderr}")
-    out: dict[str, Any] = json.loads(proc.stdout)
-    return out
 
 
 def main() -> int:

@@ -1,12 +1,15 @@
-"""What several benchmarks start from: their options, one image spec built over the CPU twin
-(cached) with the engine and state it was built in; removing an image from the engine."""
+"""What several benchmarks start from: their options, a k3env command's JSON, one image spec
+built over the CPU twin (cached) with the engine and state it was built in; removing an image
+from the engine."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
@@ -27,6 +30,16 @@ def arguments(doc: str, quick: str, repeat: int | None = None) -> argparse.Argum
     if repeat is not None:
         ap.add_argument("--repeat", type=int, default=repeat)
     return ap
+
+
+def k3env(argv: list[str], cwd: Path, env: dict[str, str]) -> dict[str, Any]:
+    """The --json output of one k3env command run in ``cwd`` (exits on a failure)."""
+    proc = subprocess.run(["k3env", *argv, "--json", "-q"], cwd=cwd, env=env,
+                          capture_output=True, text=True)  # fmt: skip
+    if proc.returncode != 0:
+        sys.exit(f"benchmark command failed: k3env {' '.join(argv)}\n{proc.stderr}")
+    out: dict[str, Any] = json.loads(proc.stdout)
+    return out
 
 
 def twin_build(image: str) -> tuple[DockerEngine, State, BuildResult]:
