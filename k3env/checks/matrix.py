@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from k3env import jsontext
 from k3env.checks.report import MARKS
 from k3env.checks.verdicts import CheckResult, ImageReport
 from k3env.config.pins import OVERLAYS, Lock
@@ -55,20 +56,8 @@ class Cell:
         return (self.image, self.platform)
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "variant": self.variant,
-            "image": self.image,
-            "platform": self.platform,
-            "status": self.status,
-            "same": self.same,
-            "versions": self.versions,
-            "image_id": self.image_id,
-            "stack": dict(self.stack),
-            "first_failure": self.first_failure or None,
-            "not_checked": list(self.unchecked),
-            "smoke": self.smoke,
-            "failed": [f.as_json() for f in self.failed],
-        }
+        return {**jsontext.plain(self, leave=("unchecked",)), "not_checked": list(self.unchecked),
+                "first_failure": self.first_failure or None}  # fmt: skip
 
 
 def baked_versions(vlock: Lock, spec: ImageSpec) -> str:

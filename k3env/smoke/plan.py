@@ -75,13 +75,7 @@ class Role:
     unset: tuple[str, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "role": self.role,
-            "argv": list(self.argv),
-            "env": dict(self.env),
-            "prepend": dict(self.prepend),
-            "unset": list(self.unset),
-        }
+        return jsontext.plain(self)
 
 
 def battery_gates(plan: Mapping[str, Any]) -> tuple[str, ...]:
