@@ -71,6 +71,9 @@ class Topology:
     def said(self) -> str:
         return f"TP{self.tp} x PP{self.pp} on {self.nodes} node(s) of {self.gpus_per_node} GPUs"
 
+    def as_json(self) -> dict[str, int]:
+        return {**self.__dict__, "gpus": self.gpus}
+
 
 @dataclass(frozen=True, kw_only=True)
 class ClusterSmoke:
@@ -91,19 +94,7 @@ class ClusterSmoke:
     not_checked: tuple[str, ...]
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "image": self.image,
-            "profile": self.profile,
-            "cluster": self.cluster,
-            "layers": self.layers,
-            "argv": list(self.argv),
-            "full": {**self.full.__dict__, "gpus": self.full.gpus},
-            "topology": {**self.topology.__dict__, "gpus": self.topology.gpus},
-            "served": self.served,
-            "port": self.port,
-            "changes": list(self.changes),
-            "not_checked": list(self.not_checked),
-        }
+        return jsontext.plain(self, leave=("role", "model_dir", "env", "battery"))
 
 
 def _int(options: Mapping[str, str | bool], flags: Sequence[str], default: int) -> int:

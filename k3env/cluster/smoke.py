@@ -85,7 +85,7 @@ def manifest(
         "container": container,
         "digest": digest,
         "image_id": image_id,
-        "topology": {**smoke.topology.__dict__, "gpus": smoke.topology.gpus},
+        "topology": smoke.topology.as_json(),
         # Planned before the job runs: `--collect` reads a gate missing from the result as
         # not run, never as passed.
         "gates": list(battery_gates(smoke.battery)),
