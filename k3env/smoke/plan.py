@@ -120,21 +120,7 @@ class SmokePlan:
 
     def as_json(self) -> dict[str, Any]:
         """The driver's input (and, hashed, what a record of this run is keyed by)."""
-        return {
-            "image": self.image,
-            "profile": self.profile,
-            "roles": [r.as_json() for r in self.roles],
-            "url": self.url,
-            "served": self.served,
-            "chat": dict(self.chat),
-            "tools": None if self.tools is None else dict(self.tools),
-            "bias_probe": None if self.bias_probe is None else dict(self.bias_probe),
-            "reasoning_parser": self.reasoning_parser,
-            "bench": None if self.bench is None else dict(self.bench),
-            "env": dict(self.env),
-            "timeouts": dict(self.timeouts),
-            "out": OUT,
-        }
+        return {**jsontext.plain(self, leave=("reductions", "not_checked")), "out": OUT}
 
     def identity(self) -> str:
         """What a record of this run is keyed by: the plan without its time bounds."""
