@@ -70,20 +70,11 @@ class Baked:
     files: int
 
     def as_json(self) -> dict[str, object]:
-        return {
-            "key": self.key,
-            "reference": self.reference,
-            "image_id": self.image_id,
-            "wheels": [
-                {"name": w.name, "version": w.version, "sha256": w.sha256}
-                for c in self.components
-                for w in c.wheels
-            ],
-            # Components built from a source commit: where their wheels came from.
-            "sources": {c.name: c.identity[0] for c in self.components if c.source is not None},
-            "replaced": self.replaced,
-            "files": self.files,
-        }
+        wheels = [{"name": w.name, "version": w.version, "sha256": w.sha256}
+                  for c in self.components for w in c.wheels]  # fmt: skip
+        # Components built from a source commit: where their wheels came from.
+        sources = {c.name: c.identity[0] for c in self.components if c.source is not None}
+        return {**jsontext.plain(self, leave=("components",)), "wheels": wheels, "sources": sources}
 
 
 def components_key(base: ResolvedBase, pins: Sequence[ComponentPin]) -> str:
