@@ -23,7 +23,6 @@ process run as a user runs it (k3env with its progress output, `docker build` wi
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -39,6 +38,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from twin_image import arguments  # noqa: E402
 
 from k3env.config.lock import load_lock  # noqa: E402
 from k3env.engine.dockerd import DockerEngine  # noqa: E402
@@ -206,14 +207,8 @@ class PreflightTimes:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument(
-        "--quick",
-        action="store_true",
-        help="every path once (CI: the benchmark still runs, its figures are no verdict)",
-    )
+    quick = "every path once (CI: the benchmark still runs, its figures are no verdict)"
+    ap = arguments(__doc__, quick, repeat=3)
     ap.add_argument(
         "--docker-cli",
         default=DOCKER_CLI,

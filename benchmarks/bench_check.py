@@ -10,7 +10,6 @@ package or a hostile image lays them out; half 100 to a directory) and its RECOR
 
 from __future__ import annotations
 
-import argparse
 import base64
 import hashlib
 import json
@@ -23,6 +22,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from twin_image import arguments  # noqa: E402
 
 from k3env.handoff.squashfs import Squashfs  # noqa: E402
 from k3env.handoff.squashfs_check import _record_items  # noqa: E402
@@ -89,10 +90,7 @@ def run(n: int) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="20,000 entries only")
-    parser.add_argument("--json", action="store_true")
-    args = parser.parse_args()
+    args = arguments(__doc__, "20,000 entries only").parse_args()
     sizes = (20_000,) if args.quick else (50_000, 200_000)
     results = [run(n) for n in sizes]
     if args.json:

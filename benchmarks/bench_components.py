@@ -16,22 +16,19 @@ answer), so the figures are those of cache hits.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from twin_image import rmi  # noqa: E402
+from twin_image import arguments, k3env, rmi  # noqa: E402
 
 from k3env.config.lock import load_lock  # noqa: E402
 from k3env.engine.dockerd import DockerEngine  # noqa: E402
@@ -45,15 +42,8 @@ IMAGE = "kimi-k3-dynamo"
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument(
-        "--quick",
-        action="store_true",
-        help="each step once on what this host holds: nothing removed, its state's records",
-    )
-    args = ap.parse_args()
+    quick = "each step once on what this host holds: nothing removed, its state's records"
+    args = arguments(__doc__, quick, repeat=1).parse_args()
     repeat = 1 if args.quick else args.repeat
 
     engine = DockerEngine()
@@ -80,16 +70,8 @@ def main() -> int:
         workdir = Path(tempfile.mkdtemp(prefix="k3env-bench-matrix-"))
         for d in ("pins", "images", "patches"):
             shutil.copytree(REPO / d, workdir / d)
-        argv = ["k3env", "matrix", "--variant", VARIANT, IMAGE, "--json", "-q"]
-
-        def run() -> dict[str, Any]:
-            proc = subprocess.run(argv, cwd=workdir, env=env, capture_output=True, text=True)
-            if proc.returncode != 0:
-                sys.exit(f"benchmark command failed: {' '.join(argv)}\n{proc.stderr}")
-            out: dict[str, Any] = json.loads(proc.stdout)
-            return out
-
-        first = run()  # the pinned cell's records, the variant's wheels
+        argv = ["matrix", "--variant", VARIANT, IMAGE]
+        first = k3env(argv, workdir, env)  # the pinned cell's records, the variant's wheels
         cell = next(c for c in first["cells"] if c["variant"] == VARIANT)
         vlock = lock.with_variant(lock.variants[VARIANT])
         vpins = [vlock.components["dynamo"], vlock.components["aiperf"]]
@@ -100,7 +82,7 @@ def main() -> int:
                 rmi(cell["image_id"], variant_layer)
                 shutil.rmtree(state_dir / "verify", ignore_errors=True)
             start = time.perf_counter()
-            again = run()
+            again = k3env(argv, workdir, env)
             variant.append(time.perf_counter() - start)
             cell = next(c for c in again["cells"] if c["variant"] == VARIANT)
         shutil.rmtree(workdir, ignore_errors=True)

@@ -13,7 +13,6 @@ file there is this image's recorded export: its sha256 is checked, nothing writt
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import subprocess
@@ -26,7 +25,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from twin_image import twin_build  # noqa: E402
+from twin_image import arguments, twin_build  # noqa: E402
 
 from k3env.handoff.enroot_export import SQUASH_OPTIONS, export_image  # noqa: E402
 from k3env.hashing import file_sha256  # noqa: E402
@@ -102,15 +101,10 @@ def _compare(build: Any, first: Any, root: Path, options: list[str], repeat: int
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = arguments(__doc__, "one k3env export into out/sqsh: not two compared, no docker export "
+                 "or import")  # fmt: skip
     ap.add_argument("--image", help="the image spec (default: kimi-k3-direct-f; "
                     "kimi-k3-dynamo with --quick)")  # fmt: skip
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument(
-        "--quick",
-        action="store_true",
-        help="one k3env export into out/sqsh: not two compared, no docker export or import",
-    )
     args = ap.parse_args()
     args.image = args.image or ("kimi-k3-dynamo" if args.quick else "kimi-k3-direct-f")
 

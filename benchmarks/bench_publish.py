@@ -12,7 +12,6 @@ that both name the same image (config digest). Goal: at most 1.0x.
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from twin_image import twin_build  # noqa: E402
+from twin_image import arguments, twin_build  # noqa: E402
 
 from k3env.engine import registry as api  # noqa: E402
 from k3env.handoff.publish import MOUNTED, PRESENT, SENT, publish  # noqa: E402
@@ -77,15 +76,10 @@ def _cold(state: State, image_id: str, tag: str, tmp: Path) -> dict[str, float]:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap = arguments(__doc__, "one warm round, no cold pair (a cold docker push of the twin is "
+                 "minutes)")  # fmt: skip
     ap.add_argument("--image", default="kimi-k3-dynamo")
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument(
-        "--quick",
-        action="store_true",
-        help="one warm round, no cold pair (a cold docker push of the twin is minutes)",
-    )
     args = ap.parse_args()
     if args.quick:
         args.rounds = 1

@@ -12,7 +12,6 @@ linear in N (seconds per 1,000 packages flat as N grows); exit 1 when 20,000 tak
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -23,6 +22,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from twin_image import arguments  # noqa: E402
 
 from k3env.handoff.sbom import sbom  # noqa: E402
 from k3env.handoff.squashfs import Squashfs  # noqa: E402
@@ -109,9 +110,7 @@ def run(n: int) -> dict[str, Any]:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help=f"{GOAL_N:,} packages only")
-    parser.add_argument("--json", action="store_true")
+    parser = arguments(__doc__, f"{GOAL_N:,} packages only")
     parser.add_argument("--sizes", type=lambda s: [int(x) for x in s.split(",")],
                         help="package counts to time (default 1000,4000,20000)")  # fmt: skip
     args = parser.parse_args()

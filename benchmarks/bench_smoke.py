@@ -11,7 +11,6 @@ keeps one.
 
 from __future__ import annotations
 
-import argparse
 import json
 import shutil
 import sys
@@ -22,6 +21,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from twin_image import arguments  # noqa: E402
 
 from k3env.config.lock import load_lock  # noqa: E402
 from k3env.config.spec import load_specs  # noqa: E402
@@ -35,11 +36,8 @@ GOAL_S = 120.0
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--json", action="store_true")
     quick = "the first image only, warm only, from its smoke record where kept"
-    ap.add_argument("--quick", action="store_true", help=quick)
-    args = ap.parse_args()
+    args = arguments(__doc__, quick).parse_args()
 
     engine = DockerEngine()
     lock = load_lock(REPO / "pins/k3.lock.toml")

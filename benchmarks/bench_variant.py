@@ -19,7 +19,6 @@ the median of ``--repeat`` runs.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -35,7 +34,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from twin_image import rmi  # noqa: E402
+from twin_image import arguments, k3env, rmi  # noqa: E402
 
 from k3env.config.lock import load_lock  # noqa: E402
 from k3env.engine.dockerd import DockerEngine  # noqa: E402
@@ -75,25 +74,9 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - start, out
 
 
-def k3env(argv: list[str], cwd: Path, env: dict[str, str]) -> dict[str, Any]:
-    proc = subprocess.run(["k3env", *argv, "--json", "-q"], cwd=cwd, env=env,
-                          capture_output=True, text=True)  # fmt: skip
-    if proc.returncode != 0:
-        sys.exit(f"benchmark command failed: k3env {' '.join(argv)}\n{proc.stderr}")
-    out: dict[str, Any] = json.loads(proc.stdout)
-    return out
-
-
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument(
-        "--quick",
-        action="store_true",
-        help="each step once on what this host holds: nothing removed, its records",
-    )
-    args = ap.parse_args()
+    quick = "each step once on what this host holds: nothing removed, its records"
+    args = arguments(__doc__, quick, repeat=1).parse_args()
     repeat = 1 if args.quick else args.repeat
 
     workdir = Path(tempfile.mkdtemp(prefix="k3env-bench-variant-"))

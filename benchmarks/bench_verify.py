@@ -8,7 +8,6 @@ over this host's state (its recorded verdicts answer), not a fresh one.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -22,6 +21,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from twin_image import arguments  # noqa: E402
 
 from k3env.checks.probe_run import PROBE_ENV  # noqa: E402
 from k3env.checks.verify import verify_image  # noqa: E402
@@ -37,15 +38,8 @@ SERVE = "vllm.entrypoints.cli.serve"
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--repeat", type=int, default=1)
-    ap.add_argument("--json", action="store_true")
-    ap.add_argument(
-        "--quick",
-        action="store_true",
-        help="one image; verify over this host's state (its records), not a fresh one",
-    )
-    args = ap.parse_args()
+    quick = "one image; verify over this host's state (its records), not a fresh one"
+    args = arguments(__doc__, quick, repeat=1).parse_args()
 
     engine = DockerEngine()
     state = State()

@@ -8,7 +8,7 @@ exported ``.sqsh`` (``handoff.sbom``) and the facts verify reads through the eng
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from k3env.quoting import one_line
@@ -44,16 +44,12 @@ def headers(text: str, names: Sequence[str]) -> dict[str, str]:
     return out
 
 
-def _stanzas(text: str) -> Iterator[dict[str, str]]:
-    for block in re.split(r"\n\s*\n", text):
-        yield headers(block, ("Package", "Version", "Architecture", "Status"))
-
-
 def debian_installed(text: str) -> list[Deb]:
     """Each package dpkg's status text says is installed, in its order (a name not of
     Debian's shape is left out; ``MAX_PACKAGES`` at most)."""
     out = []
-    for s in _stanzas(text):
+    for block in re.split(r"\n\s*\n", text):
+        s = headers(block, ("Package", "Version", "Architecture", "Status"))
         if s.get("Status", "").endswith(" installed") and NAME.match(s.get("Package", "")):
             out.append(Deb(name=s["Package"], version=s.get("Version", ""),
                            arch=s.get("Architecture", "")))  # fmt: skip

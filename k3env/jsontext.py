@@ -14,9 +14,10 @@ read through ``field``, which names the document and key when a type is wrong.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
 
 from k3env.errors import K3envError, StateError
@@ -77,6 +78,26 @@ def dumps(
             raise
         _check_finite(value)  # names where the number sits
         raise NotFinite(f"a number in it is not finite ({e}): JSON has none") from e
+
+
+def canonical(value: Any) -> bytes:
+    """``value`` in the one byte form k3env hashes and sends: sorted keys, no spaces."""
+    return dumps(value, compact=True).encode()
+
+
+def plain(record: Any, *, leave: Collection[str] = ()) -> dict[str, Any]:
+    """A dataclass record's fields (but ``leave``) as JSON values: a tuple or list a list, a
+    mapping a dict, what has ``as_json`` its own."""
+    fields = (f.name for f in dataclasses.fields(record) if f.name not in leave)
+    return {name: _plain(getattr(record, name)) for name in fields}
+
+
+def _plain(value: Any) -> Any:
+    if hasattr(value, "as_json"):
+        return value.as_json()
+    if isinstance(value, (tuple, list)):
+        return [_plain(v) for v in value]
+    return dict(value) if isinstance(value, Mapping) else value
 
 
 def depth(value: Any, *, finite: bool = False) -> int:

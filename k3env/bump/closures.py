@@ -53,38 +53,6 @@ def wheel_moves(committed: Pinned, resolved: Pinned, baked: set[str]) -> list[st
     ]  # fmt: skip
 
 
-def closure_moves(
-    lock: Lock,
-    log: Log,
-    *,
-    find_links: Sequence[str] = (),
-    index_url: str | None = None,
-    debian: bool = True,
-    now: datetime | None = None,
-) -> tuple[str, list[str]]:
-    """(the newest settled cut-off, what taking it would change: one line per moved wheel,
-    prefixed by its platform, and per moved ``.deb``). Nothing is written."""
-    assert lock.twin is not None
-    cutoff = settled_cutoff(now)
-    baked = {canonical_name(w.name) for c in lock.components.values() for w in c.wheels}
-    out: list[str] = []
-    for platform in lock.twin.all_platforms:
-        twin = lock.twin.for_platform(platform)
-        path = lock.resolve_path(twin.requirements, key=f"{twin.key}.requirements")
-        committed = parse_pinned(read_input(path, error=LockError).decode("utf-8", "replace"))
-        newer = resolve_twin(lock, log, resolved_before=cutoff, platform=platform,
-                             find_links=find_links, index_url=index_url)  # fmt: skip
-        out += [f"{platform}: {m}" for m in wheel_moves(committed, newer.pinned, baked)]
-        if debian and twin.debian:
-            pinned = read_debian_list(lock.resolve_path(twin.debian, key=f"{twin.key}.debian"))
-            served = parse_debian_list(
-                resolve_debian(lock, log, platform),
-                where=f"{twin.debian_mirror} {twin.debian_suite}",
-            )
-            out += [f"{platform}: deb {m}" for m in moved(pinned, list(served.values()))]
-    return cutoff, out
-
-
 def twin_outdated(
     lock: Lock,
     log: Log,
@@ -95,12 +63,28 @@ def twin_outdated(
     now: datetime | None = None,
 ) -> Outdated:
     """The twin as a pin of ``k3env outdated``: its cut-off, and what the newest settled one
-    would move (an index or mirror that cannot be asked is said so)."""
+    would move (one line per moved wheel, prefixed by its platform, and per moved ``.deb``;
+    nothing is written). An index or mirror that cannot be asked is said so."""
     assert lock.twin is not None
     current = f"index before {lock.twin.resolved_before or '(no cut-off)'}"
+    cutoff = settled_cutoff(now)
+    baked = {canonical_name(w.name) for c in lock.components.values() for w in c.wheels}
+    moves: list[str] = []
     try:
-        cutoff, moves = closure_moves(lock, log, find_links=find_links, index_url=index_url,
-                                      debian=debian, now=now)  # fmt: skip
+        for platform in lock.twin.all_platforms:
+            twin = lock.twin.for_platform(platform)
+            path = lock.resolve_path(twin.requirements, key=f"{twin.key}.requirements")
+            committed = parse_pinned(read_input(path, error=LockError).decode("utf-8", "replace"))
+            newer = resolve_twin(lock, log, resolved_before=cutoff, platform=platform,
+                                 find_links=find_links, index_url=index_url)  # fmt: skip
+            moves += [f"{platform}: {m}" for m in wheel_moves(committed, newer.pinned, baked)]
+            if debian and twin.debian:
+                pinned = read_debian_list(lock.resolve_path(twin.debian, key=f"{twin.key}.debian"))
+                served = parse_debian_list(
+                    resolve_debian(lock, log, platform),
+                    where=f"{twin.debian_mirror} {twin.debian_suite}",
+                )
+                moves += [f"{platform}: deb {m}" for m in moved(pinned, list(served.values()))]
     except K3envError as e:
         return Outdated(pin=PIN, current=current, error=e.said)
     return Outdated(pin=PIN, current=current, newer=tuple(moves),

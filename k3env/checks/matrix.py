@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
+from k3env import jsontext
 from k3env.checks.report import MARKS
 from k3env.checks.verdicts import CheckResult, ImageReport
 from k3env.config.pins import OVERLAYS, Lock
@@ -55,20 +56,8 @@ class Cell:
         return (self.image, self.platform)
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "variant": self.variant,
-            "image": self.image,
-            "platform": self.platform,
-            "status": self.status,
-            "same": self.same,
-            "versions": self.versions,
-            "image_id": self.image_id,
-            "stack": dict(self.stack),
-            "first_failure": self.first_failure or None,
-            "not_checked": list(self.unchecked),
-            "smoke": self.smoke,
-            "failed": [f.as_json() for f in self.failed],
-        }
+        return {**jsontext.plain(self, leave=("unchecked",)), "not_checked": list(self.unchecked),
+                "first_failure": self.first_failure or None}  # fmt: skip
 
 
 def baked_versions(vlock: Lock, spec: ImageSpec) -> str:
@@ -77,10 +66,6 @@ def baked_versions(vlock: Lock, spec: ImageSpec) -> str:
     if vlock.overlay is not None:
         pins.append(vlock.overlay)
     return ", ".join(f"{w.name} {w.version}" for c in pins for w in c.wheels)
-
-
-def variant_locks(lock: Lock, names: Sequence[str]) -> list[tuple[str, Lock]]:
-    return [(PINNED, lock)] + [(n, lock.with_variant(lock.variants[n])) for n in names]
 
 
 def run_matrix(
@@ -96,7 +81,8 @@ def run_matrix(
     platform)``, after it, that image's smoke verdict in one line."""
     cells: list[Cell] = []
     pinned: dict[tuple[str, str], str] = {}  # (image, platform) -> the pinned cell's status
-    for name, vlock in variant_locks(lock, variants):
+    locks = [(PINNED, lock)] + [(n, lock.with_variant(lock.variants[n])) for n in variants]
+    for name, vlock in locks:
         changed = set(lock.variants[name].components) if name != PINNED else None
         for platform in platforms:
             for spec in specs:

@@ -12,6 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from k3env import jsontext
 from k3env.config.patchfile import load_patch_file
 from k3env.config.pinned_files import verify_patch_file
 from k3env.config.pins import Lock, TwinPin
@@ -128,17 +129,8 @@ class ImageReport:
         return summary(gates) if gates else NOT_CHECKED
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "image": self.image,
-            "reference": self.reference,
-            "image_id": self.image_id,
-            "platform": self.platform,
-            "seconds": round(self.seconds, 3),
-            "cached": self.cached,
-            "matrix": {c: self.status(c) for c in CHECKS},
-            "results": [r.as_json() for r in self.results],
-            "facts": dict(self.facts),
-        }
+        return {**jsontext.plain(self), "seconds": round(self.seconds, 3),
+                "matrix": {c: self.status(c) for c in CHECKS}}  # fmt: skip
 
 
 def twin_of(lock: Lock, twin: bool, platform: str) -> TwinPin | None:

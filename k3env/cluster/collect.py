@@ -107,21 +107,12 @@ class ClusterVerdict:
 
     def as_json(self) -> dict[str, Any]:
         return {
-            "directory": self.directory,
+            **jsontext.plain(self, leave=("manifest", "job")),
             "ok": self.ok,
-            "image": self.manifest.get("image"),
-            "container": self.manifest.get("container"),
-            "digest": self.manifest.get("digest"),
-            "cluster": self.manifest.get("cluster"),
+            **{k: self.manifest.get(k) for k in ("image", "container", "digest", "cluster")},
             "layers": self.manifest.get("layers"),
             "mode": self.manifest.get("mode") or "gpu",
             "job": None if self.job is None else dict(self.job.__dict__),
-            "gates": [g.as_json() for g in self.gates],
-            "failures": [f.as_json() for f in self.failures],
-            "reached": self.reached,
-            "skipped": list(self.skipped),
-            "recorded": self.recorded,
-            "notes": list(self.notes),
         }
 
 

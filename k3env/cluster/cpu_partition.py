@@ -26,11 +26,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from k3env.cluster.collect import MANIFEST
 from k3env.cluster.plan import ClusterSmoke, Topology
 from k3env.errors import ConfigError
 from k3env.quoting import one_line, shell_word
-from k3env.smoke.plan import BIN, ENGINE, MODEL, SmokePlan, battery_gates
+from k3env.smoke.plan import BIN, ENGINE, MODEL, SmokePlan
 
 MODE = "cpu-partition"
 DRIVER = f"{BIN}/driver.py"
@@ -77,19 +76,11 @@ def cpu_smoke(
 def cpu_manifest(smoke: ClusterSmoke, *, container: str, digest: str | None,
                  image_id: str | None, stand_in: str) -> dict[str, Any]:  # fmt: skip
     """What the job runs, for ``--collect`` (``k3env-smoke.json``): the mode said."""
-    return {
-        "mode": MODE,
-        "stand_in": stand_in,
-        "image": smoke.image,
-        "profile": smoke.profile,
-        "cluster": smoke.cluster,
-        "layers": None,
-        "container": container,
-        "digest": digest,
-        "image_id": image_id,
-        "topology": {**smoke.topology.__dict__, "gpus": 0},
-        "gates": list(battery_gates(smoke.battery)),
-    }
+    from k3env.cluster.smoke import manifest
+
+    said = manifest(smoke, container=container, digest=digest, image_id=image_id)
+    topology = {**smoke.topology.__dict__, "gpus": 0}
+    return {"mode": MODE, "stand_in": stand_in, **said, "layers": None, "topology": topology}
 
 
 def cpu_sbatch_script(
@@ -103,7 +94,7 @@ def cpu_sbatch_script(
 ) -> str:
     """The plain sbatch script of the CPU partition mode: one step, the driver in the image
     (pyxis: ``--container-image``), the engine, model and driver mounted read-only."""
-    from k3env.cluster.smoke import VERDICT_LINES, pyxis_image, time_limit
+    from k3env.cluster.smoke import JOB_LINES, VERDICT_LINES, pyxis_image, time_limit
 
     q = shell_word
     d = str(out_dir)
@@ -128,11 +119,7 @@ def cpu_sbatch_script(
                 f"#SBATCH --output={q(d)}/slurm-%j.out",
                 "set -u",
                 f"DIR={q(d)}",
-                'JOB_DIR="${K3ENV_SMOKE_JOB_DIR:-$DIR/job-$SLURM_JOB_ID}"',
-                'mkdir -p "$JOB_DIR/logs"',
-                f'cp "$DIR/bin/{MANIFEST}" "$JOB_DIR/"',
-                'say() { printf \'[k3env-smoke %s] %s\\n\' "$(date +%H:%M:%S)" "$*"'
-                ' | tee -a "$JOB_DIR/job.log"; }',
+                *JOB_LINES,
                 "# Not in the image's /etc/environment: pyxis passes them from the job.",
                 f'export K3ENV_SMOKE_PLAN={q(BIN + "/plan.json")} K3ENV_SMOKE_OUT="$JOB_DIR"',
                 'say "battery (CPU partition mode) on $(hostname)"',

@@ -31,6 +31,7 @@ from k3env.checks.argv import parse_options
 from k3env.config.cluster import Cluster
 from k3env.config.spec import ImageSpec, ServeProfile
 from k3env.errors import SpecError
+from k3env.smoke.plan import takes_value
 
 # Set per node by the launcher (srt-slurm, or the sbatch script): never taken from the profile.
 LAUNCHER_FLAGS = ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless")
@@ -70,6 +71,9 @@ class Topology:
     def said(self) -> str:
         return f"TP{self.tp} x PP{self.pp} on {self.nodes} node(s) of {self.gpus_per_node} GPUs"
 
+    def as_json(self) -> dict[str, int]:
+        return {**self.__dict__, "gpus": self.gpus}
+
 
 @dataclass(frozen=True, kw_only=True)
 class ClusterSmoke:
@@ -90,19 +94,7 @@ class ClusterSmoke:
     not_checked: tuple[str, ...]
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "image": self.image,
-            "profile": self.profile,
-            "cluster": self.cluster,
-            "layers": self.layers,
-            "argv": list(self.argv),
-            "full": {**self.full.__dict__, "gpus": self.full.gpus},
-            "topology": {**self.topology.__dict__, "gpus": self.topology.gpus},
-            "served": self.served,
-            "port": self.port,
-            "changes": list(self.changes),
-            "not_checked": list(self.not_checked),
-        }
+        return jsontext.plain(self, leave=("role", "model_dir", "env", "battery"))
 
 
 def _int(options: Mapping[str, str | bool], flags: Sequence[str], default: int) -> int:
@@ -138,10 +130,6 @@ def sized(full: Topology, layers: int | None) -> Topology:
     )
 
 
-def _takes_value(argv: Sequence[str], i: int) -> bool:
-    return i + 1 < len(argv) and not argv[i + 1].startswith("-")
-
-
 def smoke_argv(
     argv: Sequence[str], topology: Topology, layers: int | None
 ) -> tuple[tuple[str, ...], list[str]]:
@@ -155,7 +143,7 @@ def smoke_argv(
     while i < len(argv):
         arg = argv[i]
         flag, inline, rest = arg.partition("=")
-        has_value = bool(inline) or (flag not in SWITCHES and _takes_value(argv, i))
+        has_value = bool(inline) or (flag not in SWITCHES and takes_value(argv, i))
         value = rest if inline else (argv[i + 1] if has_value else None)
         step = 1 if inline or not has_value else 2
         if flag in LAUNCHER_FLAGS:

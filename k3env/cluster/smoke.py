@@ -37,6 +37,14 @@ from k3env.smoke.plan import battery_gates
 from k3env.srt.recipe import recipe
 
 RUNTIMES = ("pyxis", "none")
+# After every smoke job script's #SBATCH lines and $DIR: its own directory, manifest and log.
+JOB_LINES = (
+    'JOB_DIR="${K3ENV_SMOKE_JOB_DIR:-$DIR/job-$SLURM_JOB_ID}"',
+    'mkdir -p "$JOB_DIR/logs"',
+    f'cp "$DIR/bin/{MANIFEST}" "$JOB_DIR/"',
+    'say() { printf \'[k3env-smoke %s] %s\\n\' "$(date +%H:%M:%S)" "$*"'
+    ' | tee -a "$JOB_DIR/job.log"; }',
+)
 # The end of every smoke job script: no result, a gate failed or not run, or no gate passed
 # (k3env.verdict's rule), is a failed job.
 VERDICT_LINES = (
@@ -77,7 +85,7 @@ def manifest(
         "container": container,
         "digest": digest,
         "image_id": image_id,
-        "topology": {**smoke.topology.__dict__, "gpus": smoke.topology.gpus},
+        "topology": smoke.topology.as_json(),
         # Planned before the job runs: `--collect` reads a gate missing from the result as
         # not run, never as passed.
         "gates": list(battery_gates(smoke.battery)),
@@ -177,11 +185,7 @@ def sbatch_script(
         "set -u",
         f"DIR={q(str(out_dir))}",
         f"RUNTIME=${{K3ENV_SMOKE_RUNTIME:-{q(runtime)}}}",
-        'JOB_DIR="${K3ENV_SMOKE_JOB_DIR:-$DIR/job-$SLURM_JOB_ID}"',
-        'mkdir -p "$JOB_DIR/logs"',
-        f'cp "$DIR/bin/{MANIFEST}" "$JOB_DIR/"',
-        'say() { printf \'[k3env-smoke %s] %s\\n\' "$(date +%H:%M:%S)" "$*"'
-        ' | tee -a "$JOB_DIR/job.log"; }',
+        *JOB_LINES,
         'mapfile -t NODES < <(scontrol show hostnames "$SLURM_JOB_NODELIST")',
         'HEAD="${NODES[0]}"',
         *exports,

@@ -92,6 +92,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, app: App) -> int:
     log = app.log
     from k3env.bump.body import as_json, title
+    from k3env.bump.closures import regenerate as regenerate_twin
     from k3env.bump.evaluate import evaluate
     from k3env.bump.pins import candidate_lock, commit_branch, commit_to_tag, leaf_changes
     from k3env.config.cluster import load_cluster
@@ -116,8 +117,13 @@ def run(args: argparse.Namespace, app: App) -> int:
         new_lock = lock
     else:
         new_lock, changes = candidate_lock(lock, changes_wanted)
-    # srt-slurm 2.x: its patches, srtctl's requirements, the schema and the recipes move too.
-    regenerate = _regenerate_twin(args, app) if twin else _crossing(args, app, lock, changes_wanted)
+    # The twin's files regenerated at the new cut-off (the leaves); for srt-slurm 2.x, its
+    # patches, srtctl's requirements, the schema and the recipes move too.
+    regenerate = (
+        partial(regenerate_twin, log=log, find_links=args.twin_find_links,
+                index_url=args.twin_index_url)
+        if twin else _crossing(args, app, lock, changes_wanted)
+    )  # fmt: skip
     if args.edit_only:
         return _edit_only(app, args, lock, changes_wanted, changes, regenerate)
     # --source names the source of the pin bumped: srt-slurm's for an srt-slurm bump, else
@@ -205,20 +211,6 @@ def _after(
         if regenerated is not None and not written:
             restore(regenerated.saved)
     return new_lock, changes, after, text, written, crossing
-
-
-def _regenerate_twin(
-    args: argparse.Namespace, app: App
-) -> Callable[[Lock, dict[str, str]], Regenerated]:
-    """``bump twin``: the twin's files regenerated at the new cut-off (the leaves)."""
-
-    def regenerate_twin(lock: Lock, leaves: dict[str, str]) -> Regenerated:
-        from k3env.bump.closures import regenerate
-
-        return regenerate(lock, leaves, app.log, find_links=args.twin_find_links,
-                          index_url=args.twin_index_url)  # fmt: skip
-
-    return regenerate_twin
 
 
 def _crossing(

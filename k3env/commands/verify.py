@@ -22,6 +22,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from k3env import jsontext
 from k3env.commands.app import App, image_args, platform_arg
 from k3env.files import write_atomic
 from k3env.verdict import NOT_CHECKED, PASSED, Gate, bad, exit_code
@@ -126,12 +127,7 @@ class Attested:
     said: str  # one line
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "export": self.export,
-            "files": list(self.files),
-            "gates": [g.as_json() for g in self.gates],
-            "said": self.said,
-        }
+        return jsontext.plain(self)
 
 
 def _attested(state: State, image_id: str, key: VerifyKey | None) -> Attested:

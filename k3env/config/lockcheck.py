@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from k3env import jsontext
 from k3env.config.pinned_files import FileCheck, check_files
 from k3env.config.pins import Lock
 from k3env.config.srtschema import load_srt_schema
@@ -43,16 +44,7 @@ class LockReport:
             "sha256": lock.sha256,
             "pins": lock.pins_summary(),
             "unresolved": [{"key": u.key, "hint": u.hint} for u in lock.unresolved],
-            "files": [
-                {
-                    "key": f.key,
-                    "file": f.file,
-                    "expected": f.expected,
-                    "actual": f.actual,
-                    "ok": f.ok,
-                }
-                for f in self.files
-            ],
+            "files": [{**jsontext.plain(f), "ok": f.ok} for f in self.files],
             "stale": [f.key for f in self.stale],
             "twin_disagreements": list(self.disagree),
             "srt_schema_stale": self.schema_stale,

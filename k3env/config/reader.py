@@ -314,17 +314,13 @@ class Table:
             raise self.fail(key, f"{value!r} is not a valid value here", fix)
         return str(value)
 
-    def _finish_schema(self, extra_allowed: Iterable[str]) -> None:
-        assert self.schema is not None
-        _finish(self.schema, self._required, extra_allowed)
-
     def done(self, extra_allowed: Iterable[str] = ()) -> None:
         """Reject every key that no accessor asked for."""
         import difflib
 
         allowed = self._seen | set(extra_allowed)
         if self.schema is not None:
-            self._finish_schema(extra_allowed)
+            _finish(self.schema, self._required, extra_allowed)
         for key in self.data:
             if key not in allowed:
                 close = difflib.get_close_matches(key, sorted(allowed), n=1)

@@ -26,7 +26,6 @@ from k3env.errors import EngineError
 
 CLASSIC = "classic"
 CONTAINERD = "containerd"
-STORES = (CLASSIC, CONTAINERD)
 
 # What /info's DriverStatus says on the containerd image store: [["driver-type",
 # "io.containerd.snapshotter.v1"]] (moby daemon/containerd/service.go, LayerStoreStatus); a

@@ -340,7 +340,8 @@ def _json(data: bytes, shape: type, where: str) -> Any:
     return value
 
 
-def _field(doc: dict[str, Any], key: str, kind: type, where: str, default: Any = ...) -> Any:
+def field(doc: dict[str, Any], key: str, kind: type, where: str, default: Any = ...) -> Any:
+    """``doc[key]`` of ``kind`` (``default`` when absent), or an EngineError naming ``where``."""
     return jsontext.field(doc, key, kind, where=where, default=default, error=EngineError)
 
 
@@ -382,12 +383,6 @@ def _shaped_manifest(body: bytes, content_type: str, url: str) -> None:
             where=url,
             fix="check the registry (or a proxy in front of it): nothing was recorded",
         )
-
-
-def _head_manifest(repository: str, reference: str) -> str:
-    """``HEAD`` a manifest by tag or digest; its ``Docker-Content-Digest`` (for a digest
-    reference: that digest, or an error)."""
-    return _manifest(repository, reference, "HEAD")[0]
 
 
 def _manifest(
@@ -455,8 +450,8 @@ def tagged_config(repository: str, tag: str) -> str | None:
     except LockError:
         return None  # 404: no such tag
     where = f"{repository}:{tag}"
-    config = _field(_json(body, dict, where), "config", dict, where, default={})
-    digest = _field(config, "digest", str, where, default=None)
+    config = field(_json(body, dict, where), "config", dict, where, default={})
+    digest = field(config, "digest", str, where, default=None)
     return digest if isinstance(digest, str) and DIGEST.fullmatch(digest) else None
 
 
@@ -476,7 +471,7 @@ def enroot_probe(repository: str, digest: str) -> int:
 def manifest_exists(repository: str, digest: str) -> bool:
     """Whether the registry still serves ``repository@digest`` (a registry can be wiped)."""
     try:
-        return _head_manifest(repository, digest) == digest
+        return _manifest(repository, digest, "HEAD")[0] == digest
     except (EngineError, LockError):
         return False
 
@@ -653,7 +648,7 @@ def get_manifest(repository: str, reference: str) -> tuple[str, str, bytes]:
     """(digest, media type, body) of a manifest or index, by tag or digest."""
     digest, body = _manifest(repository, reference, "GET")
     where = f"{repository}@{reference}"
-    media_type = _field(_json(body, dict, where), "mediaType", str, where, default="")
+    media_type = field(_json(body, dict, where), "mediaType", str, where, default="")
     return digest, media_type, body
 
 

@@ -103,7 +103,7 @@ def statement(
             },
         },
     }
-    return jsontext.dumps(doc, compact=True).encode()
+    return jsontext.canonical(doc)
 
 
 def attest(sqsh: Path, sqsh_sha256: str, fs: Squashfs, key: SigningKey) -> list[Path]:

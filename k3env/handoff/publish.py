@@ -112,10 +112,6 @@ def _platform_json(platform: str) -> dict[str, str]:
     return out
 
 
-def _json(doc: object) -> bytes:
-    return jsontext.dumps(doc, compact=True).encode()
-
-
 def _registry_doc(body: bytes, where: str) -> dict[str, Any]:
     """A manifest, an index or a config a registry sent: a strict JSON object, or an
     EngineError naming it."""
@@ -126,22 +122,18 @@ def _registry_doc(body: bytes, where: str) -> dict[str, Any]:
     return doc
 
 
-def _get(doc: dict[str, Any], key: str, kind: type, where: str, default: Any = ...) -> Any:
-    return jsontext.field(doc, key, kind, where=where, default=default, error=EngineError)
-
-
 def _descriptor(entry: Any, where: str) -> tuple[str, int, str]:
     """(digest, size, media type) of a manifest's layer entry, each checked."""
     if not isinstance(entry, dict):
         raise EngineError("a layer entry is not an object", where=where,
                           fix="check the registry (or a proxy in front of it)")  # fmt: skip
-    digest = _get(entry, "digest", str, where)
+    digest = registry.field(entry, "digest", str, where)
     registry.check_digest(digest, where)
-    size = _get(entry, "size", int, where)
+    size = registry.field(entry, "size", int, where)
     if size < 0:
         raise EngineError(f"layer {digest[:19]} has a negative size", where=where,
                           fix="check the registry (or a proxy in front of it)")  # fmt: skip
-    return digest, size, _get(entry, "mediaType", str, where, default=LAYER_MEDIA_TYPE)
+    return digest, size, registry.field(entry, "mediaType", str, where, default=LAYER_MEDIA_TYPE)
 
 
 def _diff_ids(config: dict[str, Any], where: str, error: type[K3envError]) -> list[str]:
@@ -168,7 +160,7 @@ def _base_manifest(name: str, digest: str, platform: str) -> tuple[str, dict[str
     if media_type in (INDEX, _DOCKER_LIST) or "manifests" in doc:
         match = [
             m
-            for m in _get(doc, "manifests", list, where)
+            for m in registry.field(doc, "manifests", list, where)
             if isinstance(m, dict)
             and isinstance(m.get("platform"), dict)
             and platform_of(m["platform"]) == platform
@@ -179,7 +171,7 @@ def _base_manifest(name: str, digest: str, platform: str) -> tuple[str, dict[str
                 where=where,
                 fix="pin a base that is built for this platform",
             )
-        chosen = _get(match[0], "digest", str, where)
+        chosen = registry.field(match[0], "digest", str, where)
         registry.check_digest(chosen, where)
         _d, _t, body = registry.get_manifest(repository, chosen)
         doc = _registry_doc(body, f"{repository}@{chosen}")
@@ -216,7 +208,7 @@ def plan_image(state: State, image_id: str) -> PlatformImage:
             )  # fmt: skip
         source, base = _base_manifest(str(name), str(digest), platform)
         where = f"{source}@{digest}"
-        base_config = _get(base, "config", dict, where, default={})
+        base_config = registry.field(base, "config", dict, where, default={})
         if base_config.get("digest") != labels.get(_BASE_ID):
             raise CheckFailed(
                 f"the base {source}@{str(digest)[:19]} is image "
@@ -231,7 +223,7 @@ def plan_image(state: State, image_id: str) -> PlatformImage:
             f"{source}@{config_digest}",
             EngineError,
         )
-        base_layers = _get(base, "layers", list, where, default=[])
+        base_layers = registry.field(base, "layers", list, where, default=[])
         if base_diff_ids != diff_ids or len(base_layers) != len(diff_ids):
             raise CheckFailed(
                 f"the layers of {source}@{str(digest)[:19]} are not the first layers of image "
@@ -269,7 +261,7 @@ def _config_of(repository: str, digest: str) -> bytes:
 
 
 def index_body(images: Sequence[PlatformImage]) -> bytes:
-    return _json(
+    return jsontext.canonical(
         {
             "schemaVersion": 2,
             "mediaType": INDEX,
@@ -394,14 +386,14 @@ def _refuse_to_move(
     where = f"{repository}:{tag}"
     doc = _registry_doc(body, where)
     if media_type in (INDEX, _DOCKER_LIST) or "manifests" in doc:
-        entries = _get(doc, "manifests", list, where, default=[])
+        entries = registry.field(doc, "manifests", list, where, default=[])
         named = sorted(str(m.get("digest")) if isinstance(m, dict) else "" for m in entries)
         ours = sorted(p.digest for p in images)
         what = f"an index of {[n[:19] for n in named]}"
         if named == ours:
             return
     else:
-        config = str(_get(doc, "config", dict, where, default={}).get("digest"))
+        config = str(registry.field(doc, "config", dict, where, default={}).get("digest"))
         what = f"image {config[:19]}"
         if len(images) == 1 and config == images[0].image_id:
             return

@@ -55,13 +55,9 @@ class Artifact:
     media_type: str  # the file's own type
 
 
-def _json(doc: object) -> bytes:
-    return jsontext.dumps(doc, compact=True).encode()
-
-
 def artifact_manifest(artifact: Artifact, subject: dict[str, Any]) -> bytes:
     """The manifest of one attached file (its bytes are a function of the file and subject)."""
-    return _json(
+    return jsontext.canonical(
         {
             "schemaVersion": 2,
             "mediaType": OCI_MANIFEST,
@@ -122,7 +118,8 @@ def _fallback(repository: str, subject: str, stored: list[dict[str, Any]], log: 
             log.info(f"    {where}: entry {i} dropped ({why}): {_shown(entry)}")
         elif entry["digest"] not in ours:  # ours: replaced by what we just stored
             keep.append(entry)
-    index = _json({"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": keep + stored})
+    doc = {"schemaVersion": 2, "mediaType": OCI_INDEX, "manifests": keep + stored}
+    index = jsontext.canonical(doc)
     registry.put_manifest(repository, tag, index, OCI_INDEX)
     log.info(f"    {repository}:{tag}: {len(keep) + len(stored)} referrer(s) (the registry has no "
              "referrers API: the spec's fallback tag)")  # fmt: skip

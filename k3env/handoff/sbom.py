@@ -144,10 +144,6 @@ def debian_packages(fs: Squashfs) -> list[Package]:
     ]
 
 
-def _pinned_wheels(prov: Provenance) -> dict[tuple[str, str], str]:
-    return {(canonical_name(w.name), w.version): w.sha256 for w in prov.wheels}
-
-
 def _package(p: Package) -> Component:
     qualifiers = {"arch": p.arch} if p.arch else None
     purl = PackageURL(type=p.kind, namespace="debian" if p.kind == "deb" else None, name=p.name,
@@ -229,7 +225,8 @@ def _created(fs: Squashfs) -> datetime:
 def document(fs: Squashfs) -> Document:
     """The CycloneDX 1.6 JSON of the image in ``fs`` (its bytes: a function of the file)."""
     prov = read_provenance(fs)
-    packages = python_packages(fs, _pinned_wheels(prov)) + debian_packages(fs)
+    pinned = {(canonical_name(w.name), w.version): w.sha256 for w in prov.wheels}
+    packages = python_packages(fs, pinned) + debian_packages(fs)
     return render(
         image=_image(prov),
         components=[*map(_package, packages), *_pins(prov)],

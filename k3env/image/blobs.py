@@ -152,7 +152,7 @@ def oci_manifest(config: Described, layers: Sequence[Described]) -> bytes:
         "config": {"mediaType": config.media_type, "digest": config.digest, "size": config.size},
         "layers": [{"mediaType": x.media_type, "digest": x.digest, "size": x.size} for x in layers],
     }
-    return jsontext.dumps(doc, compact=True).encode()
+    return jsontext.canonical(doc)
 
 
 def _layer_path(state: State, diff_id: str, level: int) -> Path:

@@ -77,26 +77,10 @@ class BuildResult:
     base_engine_id: str
 
     def as_json(self) -> dict[str, object]:
-        return {
-            "image": self.image,
-            "reference": self.reference,
-            "image_id": self.image_id,
-            "manifest": self.manifest,
-            "engine_id": self.engine_id,
-            "inputs": self.inputs,
-            "cached": self.cached,
-            "base": self.base,
-            "base_id": self.base_id,
-            "twin": self.twin,
-            "patches": [
-                {"name": p.name, "target": p.target, "status": p.status, "detail": p.detail}
-                for p in self.patches
-            ],
-            "env": list(self.env),
-            "components": list(self.components),
-            "seconds": round(self.seconds, 3),
-            "platform": self.platform,
-        }
+        patches = [{"name": p.name, "target": p.target, "status": p.status, "detail": p.detail}
+                   for p in self.patches]  # fmt: skip
+        return {**jsontext.plain(self, leave=("base_engine_id", "patches")), "patches": patches,
+                "seconds": round(self.seconds, 3)}  # fmt: skip
 
 
 def _patch_plan(

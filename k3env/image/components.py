@@ -70,20 +70,11 @@ class Baked:
     files: int
 
     def as_json(self) -> dict[str, object]:
-        return {
-            "key": self.key,
-            "reference": self.reference,
-            "image_id": self.image_id,
-            "wheels": [
-                {"name": w.name, "version": w.version, "sha256": w.sha256}
-                for c in self.components
-                for w in c.wheels
-            ],
-            # Components built from a source commit: where their wheels came from.
-            "sources": {c.name: c.identity[0] for c in self.components if c.source is not None},
-            "replaced": self.replaced,
-            "files": self.files,
-        }
+        wheels = [{"name": w.name, "version": w.version, "sha256": w.sha256}
+                  for c in self.components for w in c.wheels]  # fmt: skip
+        # Components built from a source commit: where their wheels came from.
+        sources = {c.name: c.identity[0] for c in self.components if c.source is not None}
+        return {**jsontext.plain(self, leave=("components",)), "wheels": wheels, "sources": sources}
 
 
 def components_key(base: ResolvedBase, pins: Sequence[ComponentPin]) -> str:
@@ -94,10 +85,6 @@ def components_key(base: ResolvedBase, pins: Sequence[ComponentPin]) -> str:
             "components": [{"name": c.name, "wheels": c.identity} for c in pins],
         }
     )
-
-
-def requirements_text(pins: Sequence[ComponentPin]) -> str:
-    return "".join(w.requirement + "\n" for c in pins for w in c.wheels)
 
 
 def closure_pins(lock: Lock, pin: ComponentPin, variant: str) -> Pinned:
@@ -148,8 +135,9 @@ def bake(
         for d in (req, out, meta):
             d.mkdir()
         closure = closure or {}
-        extra = "".join(pinned_line(n, v, hs) + "\n" for n, (v, hs) in sorted(closure.items()))
-        write_atomic(req / "requirements.txt", (requirements_text(pins) + extra).encode())
+        lines = [w.requirement for c in pins for w in c.wheels]
+        lines += [pinned_line(n, v, hs) for n, (v, hs) in sorted(closure.items())]
+        write_atomic(req / "requirements.txt", "".join(x + "\n" for x in lines).encode())
         # The base's own platform: a compiled wheel's file differs by architecture.
         platform = platform_name(base.image.os, base.image.architecture)
         wheelhouse = download_wheels(req / "requirements.txt", state, log, platform)
@@ -180,7 +168,7 @@ def bake(
             created_by=f"k3env components {names}",
             comment=f"k3env {__version__}",
         )
-        config_json = jsontext.dumps(config, compact=True).encode()
+        config_json = jsontext.canonical(config)
         # The engine is sent the registry form (gzip): the blob a publish sends, and the one
         # the manifest names.
         blob = keep_layer(state, layer, diff_id)

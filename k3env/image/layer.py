@@ -214,7 +214,7 @@ def assemble(
     config = image_config(
         base, diff_id=diff_id, env=env, labels=labels, created_by=created_by, comment=comment
     )
-    config_json = jsontext.dumps(config, compact=True).encode()
+    config_json = jsontext.canonical(config)
     return Assembled(
         config_json=config_json,
         image_id=sha256_digest(config_json),
@@ -326,11 +326,11 @@ def load_archive(
         }  # fmt: skip
         members += [
             (_blob_name(manifest.digest), manifest.body),
-            ("index.json", jsontext.dumps(index, compact=True).encode()),
+            ("index.json", jsontext.canonical(index)),
         ]
     members.append(("manifest.json", jsontext.dumps(docker, sort_keys=False).encode()))
     if known:
-        members.append(("oci-layout", jsontext.dumps(OCI_LAYOUT, compact=True).encode()))
+        members.append(("oci-layout", jsontext.canonical(OCI_LAYOUT)))
     head = b"".join(_member(name, len(d)) + d + _padding(len(d)) for name, d in members)
     size = len(data) if isinstance(data, bytes) else data.stat().st_size
     if size != layer.size:

@@ -237,8 +237,9 @@ def ensure_stage1(
             }
         # The engine is sent the layer's registry form (gzip, stored blocks): the blob the
         # twin's manifest names, in the content store of a containerd engine.
-        blob = _keep(state or State(Path(tmp) / "state"), layer, diff_id, _json(config), log)
-        names, manifest, parts = load_archive(_json(config), [diff_id], blob, blob.path, [])
+        raw = jsontext.canonical(config)
+        blob = _keep(state or State(Path(tmp) / "state"), layer, diff_id, raw, log)
+        names, manifest, parts = load_archive(raw, [diff_id], blob, blob.path, [])
         if state is not None and manifest is not None:
             keep_manifest(state, manifest)
         return load_checked(engine, parts, names, p.stage1_ref, log)
@@ -263,10 +264,6 @@ def _foreign_debootstrap(twin: TwinPin, root: Path, p: TwinPlan, log: Log) -> No
     run_debootstrap(["chroot", str(root), "/debootstrap/debootstrap", "--second-stage"], log,
                     epoch=p.epoch,
                     what=f"debootstrap --second-stage (under {machine} emulation)")  # fmt: skip
-
-
-def _json(config: object) -> bytes:
-    return jsontext.dumps(config, compact=True).encode()
 
 
 # --- stage 2 ------------------------------------------------------------------------------
@@ -305,7 +302,7 @@ def _stage2(
 ) -> str:
     with tempfile.TemporaryDirectory(prefix="k3env-twin-") as tmp:
         made = _stage2_layer(lock, p, engine, state, log, Path(tmp), keep=True, send=send_blobs)
-        config = _json(_stage2_config(made.stage1, made.diff_id, p))
+        config = jsontext.canonical(_stage2_config(made.stage1, made.diff_id, p))
         # The layer's file goes to the engine as it is (its registry form: stored gzip), named
         # by the manifest a push of the twin sends (``publish_kept``).
         blob = kept_layer(state, made.diff_id, TWIN_LEVEL)

@@ -38,11 +38,6 @@ def platform_flags(platform: str = DEFAULT_PLATFORM) -> list[str]:
     return [flag for tag in platform_tags(platform) for flag in ("--platform", tag)]
 
 
-def held_hashes(wheelhouse: Path) -> set[str]:
-    """The sha256 of every wheel in the wheelhouse."""
-    return set(held_files(wheelhouse))
-
-
 def held_files(wheelhouse: Path) -> dict[str, Path]:
     """sha256 -> file, for every wheel in the wheelhouse (each file hashed once: the answers
     are kept beside them, keyed by name, size and mtime)."""
@@ -66,12 +61,6 @@ def held_files(wheelhouse: Path) -> dict[str, Path]:
     return {sha: wheelhouse / key.split(":", 1)[0] for key, sha in fresh.items()}
 
 
-def pinned_hash_sets(requirements: Path) -> list[set[str]]:
-    """Per requirement line, the sha256 values it accepts."""
-    text = read_input(requirements).decode("utf-8", "replace")
-    return [set(hashes) for _, hashes in parse_pinned(text).values()]
-
-
 def download_wheels(
     requirements: Path, state: State, log: Log, platform: str = DEFAULT_PLATFORM
 ) -> Path:
@@ -79,8 +68,9 @@ def download_wheels(
     wheelhouse already holds a file for every line, the index is not asked at all."""
     wheelhouse = state.path("wheels")
     wheelhouse.mkdir(parents=True, exist_ok=True)
-    held = held_hashes(wheelhouse)
-    wanted = pinned_hash_sets(requirements)
+    held = set(held_files(wheelhouse))
+    pinned = parse_pinned(read_input(requirements).decode("utf-8", "replace"))
+    wanted = [set(hashes) for _, hashes in pinned.values()]  # per line, the sha256 it accepts
     if wanted and all(w & held for w in wanted):
         log.info(f"    wheelhouse {wheelhouse}: all {len(wanted)} pinned wheels held")
         return wheelhouse

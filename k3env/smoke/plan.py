@@ -75,13 +75,7 @@ class Role:
     unset: tuple[str, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "role": self.role,
-            "argv": list(self.argv),
-            "env": dict(self.env),
-            "prepend": dict(self.prepend),
-            "unset": list(self.unset),
-        }
+        return jsontext.plain(self)
 
 
 def battery_gates(plan: Mapping[str, Any]) -> tuple[str, ...]:
@@ -126,21 +120,7 @@ class SmokePlan:
 
     def as_json(self) -> dict[str, Any]:
         """The driver's input (and, hashed, what a record of this run is keyed by)."""
-        return {
-            "image": self.image,
-            "profile": self.profile,
-            "roles": [r.as_json() for r in self.roles],
-            "url": self.url,
-            "served": self.served,
-            "chat": dict(self.chat),
-            "tools": None if self.tools is None else dict(self.tools),
-            "bias_probe": None if self.bias_probe is None else dict(self.bias_probe),
-            "reasoning_parser": self.reasoning_parser,
-            "bench": None if self.bench is None else dict(self.bench),
-            "env": dict(self.env),
-            "timeouts": dict(self.timeouts),
-            "out": OUT,
-        }
+        return {**jsontext.plain(self, leave=("reductions", "not_checked")), "out": OUT}
 
     def identity(self) -> str:
         """What a record of this run is keyed by: the plan without its time bounds."""
@@ -168,7 +148,7 @@ def connector(value: str | None) -> str:
     return str(name) if name else str(value)[:80]
 
 
-def _takes_value(argv: Sequence[str], i: int) -> bool:
+def takes_value(argv: Sequence[str], i: int) -> bool:
     return i + 1 < len(argv) and not argv[i + 1].startswith("-")
 
 
@@ -185,7 +165,7 @@ def reduce_engine_argv(
         arg = argv[i]
         flag = arg.split("=", 1)[0]
         inline = "=" in arg
-        has_value = inline or _takes_value(argv, i)
+        has_value = inline or takes_value(argv, i)
         value = arg.split("=", 1)[1] if inline else (argv[i + 1] if has_value else None)
         step = 1 if inline or not has_value else 2
         if flag in PARALLEL:

@@ -79,20 +79,7 @@ class SmokeReport:
         return [*self.not_checked, *unchecked(self.gates)]
 
     def as_json(self) -> dict[str, Any]:
-        return {
-            "image": self.image,
-            "image_id": self.image_id,
-            "profile": self.profile,
-            "platform": self.platform,
-            "serves": self.ok,
-            "stand_in": self.stand_in,
-            "seconds": self.seconds,
-            "cached": self.cached,
-            "roles": list(self.roles),
-            "gates": [g.as_json() for g in self.gates],
-            "reductions": list(self.reductions),
-            "not_checked": list(self.not_checked),
-        }
+        return {**jsontext.plain(self), "serves": self.ok}
 
 
 def _gates(plan: SmokePlan, result: dict[str, Any] | None, run_words: str) -> tuple[Gate, ...]:

@@ -37,11 +37,6 @@ def loads_schema(srt: SrtSlurmPin) -> int:
     return 2 if two else 1
 
 
-def recipe_schema(data: Any) -> Any:
-    """A recipe's ``schema:`` as written (1: none, the pre-2.0 layout)."""
-    return data.get("schema", 1) if isinstance(data, Mapping) else 1
-
-
 def _has(data: Mapping[str, Any], key: str) -> bool:
     section, _, name = key.partition(".")
     if not name:
@@ -53,7 +48,7 @@ def _has(data: Mapping[str, Any], key: str) -> bool:
 def refusal(srt: SrtSlurmPin, data: Any) -> tuple[str, str] | None:
     """(key, message) of the pinned srt-slurm's refusal of a recipe of the other schema, in its
     own words; None when it loads this schema."""
-    written = recipe_schema(data)
+    written = data.get("schema", 1) if isinstance(data, Mapping) else 1  # 1: none, pre-2.0
     if loads_schema(srt) == 2:
         if written == 2 and not isinstance(written, bool):
             legacy = [key for key in SRT2_LEGACY_KEYS if _has(data, key)]

@@ -247,8 +247,10 @@ def materialize(lock: Lock, state: State, log: Log, *, source: str | None = None
     requirements = _requirements(lock, srt)
     final = state.path("srt", cache_key(srt)[:20])
     origin = require_git_source(source, "--source") if source else srt.git
-    if final.exists():
-        return _reuse(final, srt, len(patches), log)
+    if final.exists():  # the cache entry, checked unchanged since k3env made it
+        record = _check_cache(final, log)
+        log.info(f"    srt-slurm {srt.version} + {len(patches)} patch(es): cache hit {final}")
+        return _materialized(final, record, reused=True)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.{os.getpid()}.partial")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -263,13 +265,6 @@ def materialize(lock: Lock, state: State, log: Log, *, source: str | None = None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return _materialized(final, record, reused=False)
-
-
-def _reuse(final: Path, srt: SrtSlurmPin, patches: int, log: Log) -> Materialized:
-    """The cache entry ``final``, checked unchanged since k3env made it."""
-    record = _check_cache(final, log)
-    log.info(f"    srt-slurm {srt.version} + {patches} patch(es): cache hit {final}")
-    return _materialized(final, record, reused=True)
 
 
 def _install(
