@@ -71,7 +71,7 @@ def test_the_runs_that_served_pass_the_parser_and_say_what_it_did_not_judge(
     code, out = judge(RECIPES / name)
     assert code == 0 and findings(out, "K3-ENGINE-ARGS") == []
     said = {n["what"]: n["why"] for n in unchecked(out)}
-    values = "the values of --host, --kv-transfer-config, --served-model-name"
+    values = "the values of --host, --device-ids, --kv-transfer-config, --served-model-name"
     assert values in said or name == "d.yaml"
     # The twin's vLLM does not read the K3 image's own names: not judged by a stand-in.
     names = [w for w in said if w.startswith("the VLLM_ names")]

@@ -62,7 +62,16 @@ SRT_DEFAULTS: Mapping[str, Any] = {
     # Installed at every job start unless `install: false`.
     "dynamo.install": True,
     "dynamo.version": "0.8.0",
+    # The Dynamo worker's `--request-plane` (schema.py DynamoConfig.request_plane).
+    "dynamo.request_plane": "tcp",
+    # false: the worker gets `--device-ids` (vllm.py VLLMProtocol, build_worker_command).
+    "backend.set_cuda_visible_devices": False,
+    # One process per GPU of a `data-parallel-size` worker (else per_node: one per node).
+    "backend.dp_launch_mode": "per_gpu",
 }
+# src/srtctl/ports.py VLLM_DATA_PARALLEL_RPC_PORT: a DP leader's first `--data-parallel-rpc-port`.
+SRT_DP_RPC_PORT = 8400
+SRT_KV_EVENTS_PORT = 5200  # ports.py KV_EVENTS_PORT_BASE: the first worker's kv-events endpoint
 # backends/vllm.py `_CONNECTOR_MAP`: the connector shorthands and the JSON they become.
 SRT_CONNECTORS: Mapping[str, Mapping[str, str]] = {
     "nixl": {"kv_connector": "NixlConnector", "kv_role": "kv_both"},

@@ -6,8 +6,9 @@ The command lines follow srt-slurm's ``backends/vllm.py: build_worker_command`` 
 v1.0.36 + PR #278): ``vllm serve /model`` for ``frontend.type: vllm`` (with the multi-node
 patch's leader flags on more than one node), else ``python3 -m dynamo.vllm`` with the
 connector srt-slurm turns into ``--kv-transfer-config`` (``nixl`` unless the recipe says
-otherwise), then ``vllm_config.aggregated`` as flags (sorted, ``_`` -> ``-``, ``true`` a bare
-flag, ``false`` dropped). The environment is the image's baked env, then
+otherwise), ``--device-ids``, the data-parallel or multi-node flags, ``--request-plane``,
+``--dump-config-to`` and ``--kv-events-config``, then ``vllm_config.aggregated`` as flags
+(sorted, ``_`` -> ``-``, ``true`` a bare flag, ``false`` dropped): the first worker's leader. The environment is the image's baked env, then
 ``backend.aggregated_environment``, then ``environment`` (srt-slurm exports both inside the
 container, after it starts: they win); the benchmark client's is the image's and the top-level
 ``environment`` only. When srt-slurm installs Dynamo at job start, the rules
@@ -24,17 +25,28 @@ from typing import Any
 
 from k3env import jsontext
 from k3env.checks.argv import ParsedCommand, parse_options
-from k3env.checks.known import DYNAMO_COMMITS, MODELS, SRT_CONNECTORS, SRT_DEFAULTS
+from k3env.checks.known import (
+    DYNAMO_COMMITS,
+    MODELS,
+    SRT_CONNECTORS,
+    SRT_DEFAULTS,
+    SRT_DP_RPC_PORT,
+    SRT_KV_EVENTS_PORT,
+)
 from k3env.checks.preflight import Context, Finding
 from k3env.config.cluster import Cluster
 from k3env.config.pins import Lock
 from k3env.config.spec import Command, ImageSpec, ServeProfile
-from k3env.config.srtrecipe import BENCH_ENV_KEY, ENGINE_KEY, FRONTEND_ENV_KEY, Recipe
+from k3env.config.srtrecipe import BENCH_ENV_KEY, ENGINE_KEY, FRONTEND_ENV_KEY, Recipe, job_shape
 from k3env.errors import ConfigError
 from k3env.image.envpolicy import merged_env
 from k3env.versions import in_range
 
 PROFILE = "aggregated"
+# Stand-ins for what exists on the cluster only: the leader node's IP, and the config dump
+# srt-slurm's worker_stage.start_worker always asks for (`<its log dir>/<node>_config.json`).
+LEADER = "node-0"
+DUMP_CONFIG = f"/outputs/JOB_ID/logs/{LEADER}_config.json"
 # Where srt-slurm's vllm frontend binds (srt-slurm allocates the port; any stands in).
 DIRECT_PREFIX = ("vllm", "serve", "/model", "--host", "0.0.0.0", "--port", "8000")
 FRONTEND_ARGV = ("python3", "-m", "dynamo.frontend", "--http-port", "8000")
@@ -108,11 +120,11 @@ def flag_args(flags: Mapping[str, Any]) -> list[str]:
     return out
 
 
-def json_flag(flag: str, value: Mapping[str, Any]) -> str:
+def json_flag(flag: str, value: Mapping[str, Any], *, compact: bool = True) -> str:
     """A mapping as the JSON word of ``flag``; a NaN or an infinity in it is refused (it has
     no JSON spelling a server could read)."""
     try:
-        return jsontext.dumps(value, compact=True, sort_keys=False)
+        return jsontext.dumps(value, compact=compact, sort_keys=False)
     except jsontext.NotFinite as e:
         raise ConfigError(f"{flag}: {e}", where="the recipe's flags",
                           fix="write a finite number there") from e  # fmt: skip
@@ -121,8 +133,61 @@ def json_flag(flag: str, value: Mapping[str, Any]) -> str:
 def _multinode(nodes: int) -> list[str]:
     """The leader's flags the multi-node patch adds (``--master-addr/--nnodes/--node-rank``)."""
     return (
-        ["--master-addr", "node-0", "--nnodes", str(nodes), "--node-rank", "0"] if nodes > 1 else []
+        ["--master-addr", LEADER, "--nnodes", str(nodes), "--node-rank", "0"] if nodes > 1 else []
     )
+
+
+def _local_gpus(recipe: Recipe) -> int:
+    """The GPUs a worker of the recipe's mode gets on its leader's node."""
+    shape = job_shape(recipe.doc)
+    role = shape.role("agg" if recipe.mode == "aggregated" else recipe.mode)
+    return min(role.gpus if role else shape.gpus_per_node, shape.gpus_per_node)
+
+
+def _device_ids(recipe: Recipe, count: int | None = None) -> list[str]:
+    """``--device-ids`` of the leader's GPUs (its first ``count``), unless the recipe sets
+    ``backend.set_cuda_visible_devices`` (srt-slurm then sets CUDA_VISIBLE_DEVICES)."""
+    count = _local_gpus(recipe) if count is None else count
+    default = SRT_DEFAULTS["backend.set_cuda_visible_devices"]
+    if recipe.backend.get("set_cuda_visible_devices", default) or count < 1:
+        return []
+    return ["--device-ids", ",".join(str(i) for i in range(count))]
+
+
+def _placement(recipe: Recipe, flags: dict[str, Any], nodes: int) -> list[str]:
+    """build_worker_command's flags for where the Dynamo leader runs: ``--device-ids``, then
+    with ``data-parallel-size`` the data-parallel flags (by ``backend.dp_launch_mode``), else
+    the multi-node ones; the flags it derives leave ``flags``."""
+    local = _local_gpus(recipe)
+    if all(flags.get(k) is None for k in ("data-parallel-size", "data_parallel_size")):
+        return [*_device_ids(recipe, local), *_multinode(nodes)]
+    per_node = (
+        recipe.backend.get("dp_launch_mode", SRT_DEFAULTS["backend.dp_launch_mode"]) == "per_node"
+    )
+    derived = ("rpc-port", "size-local", "start-rank", "hybrid-lb") if per_node else ("rpc-port",)
+    for key in [f"data-parallel-{k}" for k in derived] + (["headless"] if per_node else []):
+        flags.pop(key, None)
+        flags.pop(key.replace("-", "_"), None)
+    where = ["--data-parallel-address", LEADER, "--data-parallel-rpc-port", str(SRT_DP_RPC_PORT)]
+    if per_node:
+        return [*_device_ids(recipe, local), "--data-parallel-size-local", str(local),
+                "--data-parallel-start-rank", "0", *where, "--data-parallel-hybrid-lb"]  # fmt: skip
+    return [*_device_ids(recipe, 1), "--data-parallel-rank", "0", *where]  # a GPU per process
+
+
+def _kv_events(recipe: Recipe) -> list[str]:
+    """``--kv-events-config`` where ``backend.kv_events_config`` enables it for this mode."""
+    given = recipe.backend.get("kv_events_config")
+    if isinstance(given, Mapping):
+        mine = given.get(recipe.mode)
+    else:
+        mine = given is True and recipe.mode != "aggregated"
+    if mine is not True and not isinstance(mine, Mapping):
+        return []
+    payload = {"publisher": "zmq", "topic": "kv-events", "enable_kv_cache_events": True,
+               **(mine if isinstance(mine, Mapping) else {}),
+               "endpoint": f"tcp://*:{SRT_KV_EVENTS_PORT}"}  # fmt: skip
+    return ["--kv-events-config", json_flag("--kv-events-config", payload, compact=False)]
 
 
 def _nodes(recipe: Recipe) -> int:
@@ -168,12 +233,11 @@ def commands(recipe: Recipe, notes: list[str]) -> tuple[Command, ...]:
         for key in ("host", "port", "connector"):
             flags.pop(key, None)
         flags.setdefault("served-model-name", name)
-        argv = [*DIRECT_PREFIX, *_multinode(nodes), *flag_args(flags)]
+        argv = [*DIRECT_PREFIX, *_multinode(nodes), *_device_ids(recipe), *flag_args(flags)]
         return (Command(role="vllm-serve", argv=tuple(argv)),)
     worker = ["python3", "-m", "dynamo.vllm", "--model", "/model", "--served-model-name", name]
     if disagg:  # build_worker_command: `--disaggregation-mode` for a prefill or decode worker
         worker += ["--disaggregation-mode", recipe.mode]
-    flags.pop("served-model-name", None)
     connector = flags.pop("connector", None)
     if connector is None:
         connector = recipe.backend.get("connector", SRT_DEFAULTS["backend.connector"])
@@ -190,7 +254,9 @@ def commands(recipe: Recipe, notes: list[str]) -> tuple[Command, ...]:
             "--kv-transfer-config",
             jsontext.dumps(dict(preset), sort_keys=False) if preset else str(connector),
         ]
-    worker += [*_multinode(nodes), *flag_args(flags)]
+    plane = (recipe.dynamo or {}).get("request_plane", SRT_DEFAULTS["dynamo.request_plane"])
+    worker += [*_placement(recipe, flags, nodes), "--request-plane", str(plane)]
+    worker += ["--dump-config-to", DUMP_CONFIG, *_kv_events(recipe), *flag_args(flags)]
     return (
         Command(role="dynamo-frontend", argv=FRONTEND_ARGV),
         Command(role="dynamo-worker", argv=tuple(worker)),
@@ -422,10 +488,14 @@ def _flag_key(recipe: Recipe, message: str) -> str:
     """The engine flag a message is about, as the recipe spells its key (the first one the
     message names that the recipe sets), else the engine flags' section."""
     spelled = {str(k).replace("_", "-"): str(k) for k in recipe.engine_flags}
+    # Flags srt-slurm derives from another key: that key (`request_plane` where it is written).
+    derived = {"nnodes": "resources.agg_nodes", "device-ids": "backend.set_cuda_visible_devices"}
+    if "request_plane" in (recipe.dynamo or {}):
+        derived["request-plane"] = "dynamo.request_plane"
     for m in _FLAG.finditer(message):
         flag = m.group(0)[2:]
-        if flag == "nnodes":
-            return "resources.agg_nodes"
+        if flag in derived:
+            return derived[flag]
         if flag in spelled:
             return f"{ENGINE_KEY}.{spelled[flag]}"
     if "kv-transfer-config" in spelled and any(w in message for w in _KV_WORDS):
