@@ -8,7 +8,8 @@ patch's leader flags on more than one node), else ``python3 -m dynamo.vllm`` wit
 connector srt-slurm turns into ``--kv-transfer-config`` (``nixl`` unless the recipe says
 otherwise), ``--device-ids``, the data-parallel or multi-node flags, ``--request-plane``,
 ``--dump-config-to`` and ``--kv-events-config``, then ``vllm_config.aggregated`` as flags
-(sorted, ``_`` -> ``-``, ``true`` a bare flag, ``false`` dropped): the first worker's leader. The environment is the image's baked env, then
+(sorted, ``_`` -> ``-``, ``true`` a bare flag, ``false`` dropped): the first worker's leader.
+The environment is the image's baked env, then
 ``backend.aggregated_environment``, then ``environment`` (srt-slurm exports both inside the
 container, after it starts: they win); the benchmark client's is the image's and the top-level
 ``environment`` only. When srt-slurm installs Dynamo at job start, the rules
