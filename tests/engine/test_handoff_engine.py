@@ -17,6 +17,7 @@ from k3env.cli import main
 from k3env.engine.dockerd import DockerEngine
 from k3env.state import State
 
+from ..test_push_unit import rc_script
 from .conftest import REGISTRY, TEST_LOCK, BaseFixture, _require, run_json, write_project
 
 pytestmark = [pytest.mark.engine, pytest.mark.registry]
@@ -100,24 +101,7 @@ def _enroot_rc(config: dict[str, object]) -> str:
     assert isinstance(labels, dict)
     head = "".join(f"# {k} {v}\n" for k, v in sorted(labels.items()))
     assert config.get("Cmd") == ["python3"] and not config.get("Entrypoint")
-    return (
-        head
-        + "\n"
-        + (
-            'mkdir -p "/" 2> /dev/null\n'
-            'cd "/" && unset OLDPWD || exit 1\n'
-            "\n"
-            "if [ -s /etc/rc.local ]; then\n"
-            "    . /etc/rc.local\n"
-            "fi\n"
-            "\n"
-            "if [ $# -gt 0 ]; then\n"
-            '    exec  "$@"\n'
-            "else\n"
-            "    exec  'python3'\n"
-            "fi\n"
-        )
-    )
+    return head + "\n" + rc_script("/", "", "'python3'")
 
 
 def test_export_is_deterministic_and_laid_out_as_enroot_does(
