@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -16,6 +17,15 @@ from .fake_srt.upstream import Upstream, build
 
 REPO = Path(__file__).resolve().parent.parent
 LOCK = Path("pins/k3.lock.toml")
+
+
+def upstream_dir(holding: str) -> Path | None:
+    """The ../shared/upstream (or $K3ENV_UPSTREAM) that holds the file ``holding``, if any."""
+    for candidate in (os.environ.get("K3ENV_UPSTREAM"), REPO.parent / "shared/upstream",
+                      Path("/work/shared/upstream")):  # fmt: skip
+        if candidate and (Path(candidate) / holding).is_file():
+            return Path(candidate)
+    return None
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ compares is what this code says when it runs.
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 import tarfile
 from collections.abc import Iterator
@@ -20,19 +19,11 @@ import pytest
 
 from k3env.hashing import file_sha256
 
-from .conftest import REPO
+from .conftest import upstream_dir
 
 ARCHIVE = "srt-slurm-2.x-partial.tar.gz"
 # ../shared/upstream/README.md records it by this sha256.
 ARCHIVE_SHA256 = "c348c8cf7b1a2f7064c17c455d5df21da0b0b8575588de8bba4d2c15ad5c28e5"
-
-
-def upstream_dir() -> Path | None:
-    for candidate in (os.environ.get("K3ENV_UPSTREAM"), REPO.parent / "shared/upstream",
-                      Path("/work/shared/upstream")):  # fmt: skip
-        if candidate and (Path(candidate) / ARCHIVE).is_file():
-            return Path(candidate)
-    return None
 
 
 @dataclass(frozen=True)
@@ -59,7 +50,7 @@ class Srt2:
 
 @pytest.fixture(scope="session")
 def srt2(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Srt2]:
-    upstream = upstream_dir()
+    upstream = upstream_dir(ARCHIVE)
     if upstream is None:
         pytest.skip(f"../shared/upstream/{ARCHIVE} (srt-slurm 2.x's real code)")
     archive = upstream / ARCHIVE

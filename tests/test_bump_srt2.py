@@ -25,9 +25,9 @@ from k3env.config.lock import load_lock
 from k3env.hashing import file_sha256
 from k3env.log import Log
 
-from .conftest import REPO
+from .conftest import REPO, upstream_dir
 from .fake_srt.upstream import Upstream, commit, git
-from .srt2_upstream import ARCHIVE, ARCHIVE_SHA256, Srt2, srt2, upstream_dir
+from .srt2_upstream import ARCHIVE, ARCHIVE_SHA256, Srt2, srt2
 
 __all__ = ["srt2"]  # the session fixture, used by name
 
@@ -49,7 +49,7 @@ def overlay(repo: Path, partial: Path) -> None:
 def release(upstream: Upstream, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A clone of the fake upstream with two 2.x-shaped tags: v2.0.0 on top of v1.0.38 (both
     PR patches in its history), v2.0.1 on v1.0.36 alone (PR #278's schema hunks conflict)."""
-    where = upstream_dir()
+    where = upstream_dir(ARCHIVE)
     if where is None:
         pytest.skip(f"../shared/upstream/{ARCHIVE} (srt-slurm 2.x's real code)")
     assert file_sha256(where / ARCHIVE) == ARCHIVE_SHA256

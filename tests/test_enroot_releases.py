@@ -31,7 +31,7 @@ from k3env.handoff.squashfs_check import PROVENANCE_GATE, _rc_items
 from k3env.hashing import file_sha256
 from k3env.verdict import FAILED, PASSED, Gate
 
-from .conftest import REPO
+from .conftest import REPO, upstream_dir
 
 RELEASES = {"4.1.2": "enroot-4.1.2.tar.gz", "main-8ea147d": "enroot-main-8ea147d.tar.gz"}
 MAIN = "8ea147d337da60cb1c557140f3a85cdf0d620968"
@@ -56,19 +56,11 @@ NOT_PUSHED = replace(THIS, pushed=None, pushed_digests=())
 EXPECTED = next(data for p, data, _ in enroot_files(CONFIG) if p == "etc/rc").decode()
 
 
-def _upstream() -> Path | None:
-    for candidate in (os.environ.get("K3ENV_UPSTREAM"), REPO.parent / "shared/upstream",
-                      Path("/work/shared/upstream")):  # fmt: skip
-        if candidate and (Path(candidate) / RELEASES["4.1.2"]).is_file():
-            return Path(candidate)
-    return None
-
-
 @pytest.fixture(scope="session")
 def enroot_src(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Each release's ``src/``, extracted once a session, its archive's sha256 the one
     ../shared/upstream/README.md gives."""
-    upstream = _upstream()
+    upstream = upstream_dir(RELEASES["4.1.2"])
     if upstream is None or shutil.which("jq") is None:
         pytest.skip("../shared/upstream's enroot sources and jq (scripts/host-setup.sh)")
     readme = (upstream / "README.md").read_text()

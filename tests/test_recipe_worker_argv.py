@@ -7,7 +7,6 @@ srt-slurm is committed here: every flag compared is what its code returns when i
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -23,7 +22,7 @@ from k3env.config.lock import load_lock
 from k3env.config.srtrecipe import load_recipe
 from k3env.hashing import file_sha256
 
-from .conftest import REPO
+from .conftest import REPO, upstream_dir
 
 BUNDLE = "srt-slurm.bundle"
 # ../shared/upstream/README.md records it by this sha256.
@@ -42,9 +41,7 @@ def _git(*args: str) -> str:
 @pytest.fixture(scope="module")
 def srt_src(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """srt-slurm's ``src/`` at the lock's tag and commit, with the lock's patches applied."""
-    places = (os.environ.get("K3ENV_UPSTREAM"), REPO.parent / "shared/upstream",
-              "/work/shared/upstream")  # fmt: skip
-    where = next((Path(p) for p in places if p and (Path(p) / BUNDLE).is_file()), None)
+    where = upstream_dir(BUNDLE)
     if where is None:
         pytest.skip(f"../shared/upstream/{BUNDLE} (srt-slurm's real code)")
     assert file_sha256(where / BUNDLE) == BUNDLE_SHA256, f"{where / BUNDLE} is not the recorded one"
