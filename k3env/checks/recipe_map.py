@@ -145,10 +145,9 @@ def _local_gpus(recipe: Recipe) -> int:
     return min(role.gpus if role else shape.gpus_per_node, shape.gpus_per_node)
 
 
-def _device_ids(recipe: Recipe, count: int | None = None) -> list[str]:
-    """``--device-ids`` of the leader's GPUs (its first ``count``), unless the recipe sets
+def _device_ids(recipe: Recipe, count: int) -> list[str]:
+    """``--device-ids`` of the leader's first ``count`` GPUs, unless the recipe sets
     ``backend.set_cuda_visible_devices`` (srt-slurm then sets CUDA_VISIBLE_DEVICES)."""
-    count = _local_gpus(recipe) if count is None else count
     default = SRT_DEFAULTS["backend.set_cuda_visible_devices"]
     if recipe.backend.get("set_cuda_visible_devices", default) or count < 1:
         return []
@@ -234,7 +233,12 @@ def commands(recipe: Recipe, notes: list[str]) -> tuple[Command, ...]:
         for key in ("host", "port", "connector"):
             flags.pop(key, None)
         flags.setdefault("served-model-name", name)
-        argv = [*DIRECT_PREFIX, *_multinode(nodes), *_device_ids(recipe), *flag_args(flags)]
+        argv = [
+            *DIRECT_PREFIX,
+            *_multinode(nodes),
+            *_device_ids(recipe, _local_gpus(recipe)),
+            *flag_args(flags),
+        ]
         return (Command(role="vllm-serve", argv=tuple(argv)),)
     worker = ["python3", "-m", "dynamo.vllm", "--model", "/model", "--served-model-name", name]
     if disagg:  # build_worker_command: `--disaggregation-mode` for a prefill or decode worker
